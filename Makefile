@@ -1,0 +1,20 @@
+# Two entry points: `make audit` (the main job) and `make test`. Both set up .venv first.
+PYTHON ?= python3
+VENV := .venv
+# The local CPU build; override on a GPU machine, e.g. `make test TORCH=torch`.
+TORCH ?= torch==2.13.0
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q $(TORCH)
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $@
+
+.PHONY: setup audit test
+setup: $(VENV)/.installed
+
+audit: setup
+	$(VENV)/bin/gradprobe --arch tinystories-33m
+
+test: setup
+	$(VENV)/bin/python -m pytest -q
