@@ -132,7 +132,22 @@ def _apply_overrides(arch: Architecture, overrides: dict[str, int]) -> dict[str,
                              f"{settings['num_key_value_heads']} key/value heads")
     if settings["hidden_size"] % heads:
         raise ValueError(f"hidden size {settings['hidden_size']} is not divisible by {heads} heads")
+    _keep_special_tokens_in_vocab(arch.family, settings)
     return settings
+
+
+def _keep_special_tokens_in_vocab(family: str, settings: dict[str, Any]) -> None:
+    """A shrunk vocabulary must still hold the special token ids (GPT-Neo's are 50256).
+
+    Without this, transformers warns that the config is invalid and generation would index out
+    of range; the last id of the smaller vocabulary stands in for them.
+    """
+    defaults = _config_class(family)()
+    last = settings["vocab_size"] - 1
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        token = settings.get(key, getattr(defaults, key, None))
+        if isinstance(token, int) and token > last:
+            settings[key] = last
 
 
 def _config_class(family: str):

@@ -1,0 +1,36 @@
+"""Small shared fixtures: scaled-down members of the named architectures and their calibration."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from architectures import build_model
+from architectures.calibration import synthetic_batches
+
+TINY_GPT_NEO = dict(layers=2, hidden=64, vocab=256, heads=4)  # tied head, like TinyStories-33M
+TINY_MISTRAL = dict(layers=2, hidden=64, vocab=256, heads=4, kv_heads=2, intermediate=128)  # untied
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny tensors gain nothing from a second thread, and idle OpenMP threads spin on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def tiny_gpt_neo():
+    return build_model("tinystories-33m", seed=0, **TINY_GPT_NEO)
+
+
+@pytest.fixture
+def tiny_mistral():
+    return build_model("mistral-7b", seed=0, **TINY_MISTRAL)
+
+
+@pytest.fixture
+def tokens():
+    """Two batches of 2 x 16 token ids, inside the tiny vocabulary."""
+    return synthetic_batches(256, sequence_length=16, batch_size=2, num_batches=2, seed=0)
