@@ -1,0 +1,17 @@
+"""auditor: stage-by-stage memory of any Python/PyTorch algorithm.
+
+capture (this package's `stage`, `audit`, `probes/`, `targets`) -> run record (`record`:
+events.jsonl and run.json) -> analysis -> renderers. Nothing here knows what is audited.
+
+    import auditor
+    with auditor.Audit(out="runs/x", memray=True, stage_targets=["m:Class.method"]) as audit:
+        with auditor.stage("load"):
+            ...
+    record = auditor.load("runs/x")
+"""
+from auditor.audit import Audit, AuditorWarning
+from auditor.record import RunRecordError, load, rebuild
+from auditor.stage import active_audit, mark, stage, track
+
+__all__ = ["Audit", "AuditorWarning", "RunRecordError", "active_audit", "load", "mark",
+           "rebuild", "stage", "track"]

@@ -1,13 +1,23 @@
 """`gradprobe`: prune a named architecture (random weights) or a local checkpoint folder.
 
-    gradprobe --arch tinystories-33m --sparsity 0.1 --strategy magnitude
+    gradprobe --arch tinystories-33m --sparsity 0.1 --strategy magnitude [--variant lean]
+              [--masks-out masks.safetensors] [--summary-json summary.json]
 
 Prints what was pruned, the wall time and the process's memory as the OS saw it. Mistakes in
 what the user typed end with one line on stderr and exit status 2.
+
+For comparing variants from other processes (`auditor compare`):
+  --masks-out FILE     the final masks as safetensors: one uint8 tensor (0/1, 1 = pruned) per
+                       parameter name, every parameter included
+  --summary-json FILE  {variant, architecture, parameters, prunable, candidates, pruned, sparsity,
+                       mask_digest, rss_before_build, rss_after_build, rss_after_prune, peak_rss,
+                       prune_seconds, build_seconds}: counts, bytes and seconds
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import time
 
@@ -15,8 +25,9 @@ import torch
 
 from .masks import mask_digest
 from .process_memory import current_rss, peak_rss
-from .pruner import GradProbe, check_settings
+from .pruner import check_settings
 from .strategies import STRATEGIES
+from .variants import VARIANTS, check_variant, make_pruner
 
 STORAGE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 MiB = 1 << 20
@@ -28,7 +39,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="gradprobe", description="Prune a causal LM with GradProbe (baseline).")
+    parser = _Parser(prog="gradprobe", description="Prune a causal LM with GradProbe or one of its variants.")
     parser.add_argument("--arch", default="tinystories-33m",
                         help="architecture name (random weights) or local checkpoint folder")
     for name in ("layers", "hidden", "vocab", "heads"):
@@ -41,8 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threshold", type=float, default=2.0, help="gradient threshold tau")
     parser.add_argument("--strategy", choices=sorted(STRATEGIES), default="magnitude")
     parser.add_argument("--per-layer", action="store_true", help="one threshold per tensor")
-    parser.add_argument("--storage-dtype", choices=sorted(STORAGE_DTYPES), default="fp32",
-                        help="dtype of the saved state and gradient records")
+    parser.add_argument("--storage-dtype", choices=sorted(STORAGE_DTYPES),
+                        help="dtype of the saved state and gradient records (default: the variant's, "
+                             "fp32 except low-precision's bf16)")
+    parser.add_argument("--variant", default="baseline", metavar="NAME",
+                        help=f"GradProbe variant: {', '.join(VARIANTS)} (default: baseline)")
+    parser.add_argument("--masks-out", metavar="FILE",
+                        help="write the final masks as safetensors: one uint8 0/1 tensor per parameter")
+    parser.add_argument("--summary-json", metavar="FILE", help="write the summary as JSON (bytes, seconds)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's own)")
     parser.add_argument("--text", help="calibration text file (needs --tokenizer)")
@@ -62,9 +79,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> str:
-    storage_dtype = STORAGE_DTYPES[args.storage_dtype]
-    check_settings(args.sparsity, args.reduction, args.batches, args.threshold, storage_dtype)
+    storage_dtype = STORAGE_DTYPES[args.storage_dtype] if args.storage_dtype else None
+    check_settings(args.sparsity, args.reduction, args.batches, args.threshold, storage_dtype or torch.float32)
     _check_machine(args)
+    check_variant(args.variant)
+    _check_output_folders(args)
     from transformers import AutoModelForCausalLM  # noqa: F401  (counted in "before build")
 
     from architectures import build_model
@@ -74,29 +93,76 @@ def run(args: argparse.Namespace) -> str:
     model = build_model(args.arch, seed=args.seed, device=args.device, **_overrides(args))
     rss["after build"], built_s = current_rss(), time.perf_counter() - start
     batches = _calibration(args, model.config.vocab_size)
-    pruner = GradProbe(model, args.strategy, per_layer=args.per_layer)  # alive while RSS is read
-    result = pruner.prune(batches, sparsity=args.sparsity, num_batches=args.batches,
-                          reduction_factor=args.reduction, gradient_threshold=args.threshold,
-                          storage_dtype=storage_dtype)
+    pruner = make_pruner(args.variant, model, args.strategy, per_layer=args.per_layer)  # alive while RSS is read
+    settings = dict(sparsity=args.sparsity, num_batches=args.batches, reduction_factor=args.reduction,
+                    gradient_threshold=args.threshold)
+    if storage_dtype is not None:  # otherwise the variant's own default
+        settings["storage_dtype"] = storage_dtype
+    result = pruner.prune(batches, **settings)
     rss["after prune"] = current_rss()
-    return _summary(args, model, result, built_s, rss)
+    summary = _summary(args, model, result, built_s, rss)
+    _write_outputs(args, result, summary)
+    return _render(args, model, _storage_name(pruner, storage_dtype), summary)
 
 
-def _summary(args, model, result, built_s: float, rss: dict[str, int]) -> str:
+def _summary(args, model, result, built_s: float, rss: dict[str, int]) -> dict:
+    """The run in numbers: counts, bytes and seconds (what --summary-json writes)."""
+    return {
+        "variant": args.variant, "architecture": args.arch,
+        "parameters": sum(p.numel() for p in model.parameters()), "prunable": result.prunable,
+        "candidates": result.candidates, "pruned": result.pruned, "sparsity": result.sparsity,
+        "mask_digest": mask_digest(result.masks),
+        "rss_before_build": rss["before build"], "rss_after_build": rss["after build"],
+        # The kernel updates its high-water mark lazily: it can lag a fresh RSS reading by a page or two.
+        "rss_after_prune": rss["after prune"], "peak_rss": max(peak_rss(), *rss.values()),
+        "prune_seconds": result.seconds, "build_seconds": built_s,
+    }
+
+
+def _render(args, model, storage: str, summary: dict) -> str:
     rows = [
-        ("parameters", f"{sum(p.numel() for p in model.parameters()):,}"),
-        ("prunable parameters", f"{result.prunable:,}"),
-        ("candidates", f"{result.candidates:,} ({100 * result.candidates / result.prunable:.3f}% of prunable)"),
-        ("pruned", f"{result.pruned:,} ({100 * result.pruned / max(1, result.candidates):.2f}% of candidates)"),
-        ("final sparsity", f"{100 * result.sparsity:.3f}% of prunable parameters"),
-        ("wall time", f"{result.seconds:.2f} s pruning, {built_s:.2f} s building the model"),
-        *[(f"RSS {when}", f"{value / MiB:,.1f} MiB") for when, value in rss.items()],
-        ("peak RSS", f"{peak_rss() / MiB:,.1f} MiB"),
+        ("variant", summary["variant"]),
+        ("parameters", f"{summary['parameters']:,}"),
+        ("prunable parameters", f"{summary['prunable']:,}"),
+        ("candidates", f"{summary['candidates']:,} ({100 * summary['candidates'] / summary['prunable']:.3f}% of prunable)"),
+        ("pruned", f"{summary['pruned']:,} ({100 * summary['pruned'] / max(1, summary['candidates']):.2f}% of candidates)"),
+        ("final sparsity", f"{100 * summary['sparsity']:.3f}% of prunable parameters"),
+        ("wall time", f"{summary['prune_seconds']:.2f} s pruning, {summary['build_seconds']:.2f} s building the model"),
+        *[(f"RSS {when}", f"{summary['rss_' + when.replace(' ', '_')] / MiB:,.1f} MiB")
+          for when in ("before build", "after build", "after prune")],
+        ("peak RSS", f"{summary['peak_rss'] / MiB:,.1f} MiB"),
     ]
     if args.device == "cuda":
         rows.append(("CUDA peak allocated", f"{torch.cuda.max_memory_allocated() / MiB:,.1f} MiB"))
-    rows.append(("mask digest", mask_digest(result.masks)))
-    return "\n".join([_headline(args, model)] + [f"{label:<21}{value}" for label, value in rows])
+    rows.append(("mask digest", summary["mask_digest"]))
+    return "\n".join([_headline(args, model, storage)] + [f"{label:<21}{value}" for label, value in rows])
+
+
+def _write_outputs(args, result, summary: dict) -> None:
+    if args.summary_json:
+        with open(args.summary_json, "w") as out:
+            json.dump(summary, out, indent=2)
+            out.write("\n")
+    if args.masks_out:
+        from safetensors.torch import save_file
+        # A bool tensor viewed as uint8 is the same bytes, 0 or 1: no copy on CPU.
+        save_file({name: mask.to("cpu").view(torch.uint8) for name, mask in result.masks.items()},
+                  args.masks_out)
+
+
+def _check_output_folders(args: argparse.Namespace) -> None:
+    """Before the model is built: a typo in an output path should not cost a whole prune."""
+    for option in ("masks_out", "summary_json"):
+        path = getattr(args, option)
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.path.isdir(folder):
+            raise ValueError(f"--{option.replace('_', '-')}: folder {folder!r} does not exist")
+
+
+def _storage_name(pruner, asked: torch.dtype | None) -> str:
+    """The storage dtype the run used: the one asked for, else the variant's own default."""
+    dtype = asked or getattr(pruner, "storage_dtype", torch.float32)
+    return next((name for name, known in STORAGE_DTYPES.items() if known == dtype), str(dtype))
 
 
 def _check_machine(args: argparse.Namespace) -> None:
@@ -130,12 +196,12 @@ def _calibration(args: argparse.Namespace, vocab_size: int) -> list[torch.Tensor
     return batches
 
 
-def _headline(args: argparse.Namespace, model: torch.nn.Module) -> str:
+def _headline(args: argparse.Namespace, model: torch.nn.Module, storage: str) -> str:
     scope = "per-layer" if args.per_layer else "global"
     return (f"gradprobe: {args.arch} ({model.config.model_type}), {args.strategy} {scope}, "
             f"s={args.sparsity} r={args.reduction} tau={args.threshold}, "
             f"{args.batches} batches of {args.batch_size}x{args.seq_len} tokens, "
-            f"{args.storage_dtype} storage, {args.device}, {torch.get_num_threads()} threads")
+            f"{storage} storage, {args.device}, {torch.get_num_threads()} threads")
 
 
 if __name__ == "__main__":

@@ -1,20 +1,30 @@
 """The gradient record G: per element, the running maximum of |grad| over the calibration batches."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
 from .blocks import row_blocks
 
 
-def record_gradients(model: torch.nn.Module, tensors: dict[str, torch.Tensor], batches: Iterable,
-                     loss_fn: Callable, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """One forward and backward per batch; the model's `.grad` is left as the last backward left it."""
-    record: dict[str, torch.Tensor] = {}
+def gradient_passes(model: torch.nn.Module, batches: Iterable, loss_fn: Callable) -> Iterator[None]:
+    """One forward and backward per batch, yielding after each backward, when `.grad` is this batch's.
+
+    The loop every gradient record shares; what is read from the gradients, and when, is the
+    reader's: after the backward (below), or during it (`gradprobe.variants.gradient_hooks`).
+    """
     for x, y in batches:
         model.zero_grad(set_to_none=True)
         loss_fn(model(x), y).backward()
+        yield
+
+
+def record_gradients(model: torch.nn.Module, tensors: dict[str, torch.Tensor], batches: Iterable,
+                     loss_fn: Callable, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Dense G; the model's `.grad` is left as the last backward left it."""
+    record: dict[str, torch.Tensor] = {}
+    for _ in gradient_passes(model, batches, loss_fn):
         for name, tensor in tensors.items():
             keep_running_max(record, name, tensor, dtype)
     return record

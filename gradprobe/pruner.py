@@ -4,7 +4,9 @@
 
 Each phase is its own method, so a caller (or an auditor, from outside) can watch it:
 save_state -> record_original_gradients -> select_candidates -> reduce_candidates ->
-record_reduced_gradients -> decide -> apply_masks. As the baseline, it keeps every structure
+record_reduced_gradients -> decide -> apply_masks. The first five run in `measure`, inside
+`measuring()`; a variant (`gradprobe.variants`) reorders or extends those two and shares the
+rest: the loop, the restore on failure and the decision rule. As the baseline, it keeps every structure
 the spec names, whole, and leaves them on the pruner when `prune` returns:
 
     saved_state          S   a copy of every parameter, in the storage dtype
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -90,13 +93,10 @@ class GradProbe:
         batches = CalibrationBatches(loader, num_batches, device=self._device())
         loss_fn = loss_fn or causal_lm_loss
         start = time.perf_counter()
-        self.save_state(storage_dtype)
+        self._forget(storage_dtype)  # a new run never holds two runs' structures
         try:
-            with dropout_disabled(self.model):
-                self.record_original_gradients(batches, loss_fn)
-                self.select_candidates(batches, sparsity)
-                self.reduce_candidates(reduction_factor)
-                self.record_reduced_gradients(batches, loss_fn)
+            with dropout_disabled(self.model), self.measuring():
+                self.measure(batches, loss_fn, sparsity, reduction_factor)
             self.decide(gradient_threshold)
             self.apply_masks()
         except BaseException:
@@ -104,9 +104,26 @@ class GradProbe:
             raise
         return self._result(time.perf_counter() - start)
 
+    def measuring(self) -> AbstractContextManager:
+        """What the model runs under while it is measured, besides dropout off: nothing, here.
+
+        A variant enters its own context (activation checkpointing, say) and gets it undone,
+        on failure too, by the same loop.
+        """
+        return nullcontext()
+
+    def measure(self, batches: Iterable, loss_fn: Callable, sparsity: float,
+                reduction_factor: float) -> None:
+        """Every phase that touches the model, in the spec's order: S, G0, M_t, reduction, G1."""
+        self.save_state(self.storage_dtype)
+        self.record_original_gradients(batches, loss_fn)
+        self.select_candidates(batches, sparsity)
+        self.reduce_candidates(reduction_factor)
+        self.record_reduced_gradients(batches, loss_fn)
+
     def save_state(self, storage_dtype: torch.dtype = torch.float32) -> None:
         """S: a full copy of every parameter, taken before anything changes."""
-        self._forget(storage_dtype)
+        self.storage_dtype = storage_dtype
         self.saved_state = {name: p.detach().to(storage_dtype, copy=True)
                             for name, p in self.parameters.items()}
 
@@ -141,10 +158,14 @@ class GradProbe:
         self.masks = {}
         for name, p in self.parameters.items():
             if name in self.candidates:
-                self.masks[name] = final_mask(self.candidates[name], self.gradients_original[name],
-                                              self.gradients_reduced[name], gradient_threshold)
+                self.masks[name] = self.final_mask(name, gradient_threshold)
             else:
                 self.masks[name] = torch.zeros(p.shape, dtype=torch.bool, device=p.device)
+
+    def final_mask(self, name: str, gradient_threshold: float) -> torch.Tensor:
+        """One prunable tensor's M_f, from its dense records."""
+        return final_mask(self.candidates[name], self.gradients_original[name],
+                          self.gradients_reduced[name], gradient_threshold)
 
     @torch.no_grad()
     def apply_masks(self) -> None:
@@ -169,10 +190,13 @@ class GradProbe:
             elif name in self.saved_state and _holds_exactly(self.storage_dtype, p.dtype):
                 p.copy_(self.saved_state[name])
 
+    def candidate_count(self) -> int:
+        return count_true(self.candidates)
+
     def _result(self, seconds: float) -> PruneResult:
         pruned = count_true({name: self.masks[name] for name in self.candidates})
         total = element_count(self.prunable)
-        return PruneResult(self.masks, pruned / total, count_true(self.candidates), pruned, total, seconds)
+        return PruneResult(self.masks, pruned / total, self.candidate_count(), pruned, total, seconds)
 
     def _device(self) -> torch.device:
         return next(iter(self.parameters.values())).device

@@ -1,0 +1,270 @@
+"""Attribution: where the RSS of a stage goes, by component and by category.
+
+A stage's census is taken at its end, so attribution explains the stage's **end** RSS:
+
+    components (census)                                 sum = census total
+    tensors held by autograd / not reachable            live-tensor meter minus census (when metered)
+    RSS beyond the census (allocator slack, ...)        RSS at the end minus census total
+    ------------------------------------------------------------------------------------
+    RSS at the end of the stage                         = census total + beyond the census
+
+"RSS beyond the census" is never dropped, even when it is negative (a census larger than
+RSS means pages counted as tensor bytes were never touched). Where the live-tensor meter is
+present, it splits into the tensors the census cannot reach and the rest.
+
+"Weights", as the ratios in the report use the word, are the parameters: the components of
+category "weights" other than module buffers (`*.buffers`: attention masks, rotary tables),
+which algorithms do not copy. On a real model the two differ by a few percent; on a tiny test
+model the causal-mask buffers can outweigh the parameters.
+
+Projection columns come from the record's `projections` list (see `projection_views`).
+Everything here is a pure function of the run record.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+WEIGHTS = "weights"
+BEYOND_CENSUS = "RSS beyond the census (allocator slack, interpreter, libraries)"
+UNSEEN_TENSORS = "tensors held by autograd / not reachable (live-tensor meter minus census)"
+BEYOND_LIVE = "RSS beyond live tensors (allocator slack, interpreter, libraries)"
+
+
+@dataclass
+class ComponentRow:
+    name: str
+    category: str
+    bytes: int
+    share: float | None  # of the stage's RSS at its end
+
+
+@dataclass
+class Attribution:
+    """One stage's end RSS, attributed."""
+    stage: str
+    status: str
+    rss_end: int | None
+    rss_peak: int | None
+    rows: list[ComponentRow]              # largest first
+    categories: list[tuple[str, int]]     # (category, bytes), largest first
+    census: int                           # sum of the components
+    beyond_census: int | None             # rss_end - census
+    live_tensors_end: int | None          # the live-tensor meter at the stage end, when present
+    unseen: int | None                    # live_tensors_end - census, when metered
+    beyond_live: int | None               # rss_end - live_tensors_end, when metered
+    weights: int                          # parameters (category weights, buffers excluded)
+    buffers: int                          # module buffers (category weights)
+
+    def share(self, value: int | None) -> float | None:
+        if value is None or not self.rss_end:
+            return None
+        return value / self.rss_end
+
+
+def stage_depths(record: dict) -> dict[str, int]:
+    """Depth of each stage path: 0 for top-level stages."""
+    depths: dict[str, int] = {}
+    for entry in record["stages"]:  # start order: a parent comes before its children
+        parent = entry.get("parent")
+        depths[entry["path"]] = 0 if parent is None else depths.get(parent, 0) + 1
+    return depths
+
+
+def finished(record: dict) -> list[dict]:
+    return [s for s in record["stages"] if s.get("status") != "open" and s.get("end_s") is not None]
+
+
+def census_order(record: dict) -> list[dict]:
+    """The finished stages that carry a census, in the order their censuses were taken."""
+    return sorted((s for s in finished(record) if s.get("components") is not None),
+                  key=lambda s: (s["end_s"], s.get("id", 0)))
+
+
+def peak_stage(record: dict) -> dict | None:
+    """The stage entry holding the run's peak RSS (by id, else by path)."""
+    peak = record.get("peak") or {}
+    stage_id, path = peak.get("stage_id"), peak.get("stage")
+    for entry in record["stages"]:
+        if stage_id is not None and entry.get("id") == stage_id:
+            return entry
+    for entry in record["stages"]:
+        if path is not None and entry["path"] == path:
+            return entry
+    return None
+
+
+def final_stage(record: dict) -> dict | None:
+    """The last stage to finish with a census: what is left when the algorithm returns."""
+    ordered = census_order(record)
+    return ordered[-1] if ordered else None
+
+
+def is_buffer(name: str) -> bool:
+    return name == "buffers" or name.endswith(".buffers")
+
+
+def weights_bytes(stage: dict) -> int | None:
+    """Parameters at the stage end (category weights, module buffers excluded); None without a census."""
+    components = stage.get("components")
+    if components is None:
+        return None
+    weights = [(n, c["bytes"]) for n, c in components.items() if c.get("category") == WEIGHTS]
+    parameters = sum(b for n, b in weights if not is_buffer(n))
+    return parameters if parameters else sum(b for _, b in weights)
+
+
+def run_weights(record: dict) -> int | None:
+    """The weights for the run's ratios: at the peak stage, else at the last census."""
+    for entry in (peak_stage(record), final_stage(record)):
+        if entry is not None and entry.get("components") is not None:
+            return weights_bytes(entry)
+    return None
+
+
+def live_tensor_peak(record: dict) -> tuple[int, str] | None:
+    """The highest live-tensor meter reading of the run and the stage holding it, if metered."""
+    best = None
+    for entry in finished(record):
+        meter = entry.get("live_tensors") or {}
+        if meter.get("peak") is not None and (best is None or meter["peak"] > best[0]):
+            best = (meter["peak"], entry["path"])
+    return best
+
+
+def attribute(stage: dict) -> Attribution | None:
+    """The stage's end RSS by component and category; None when the stage has no census."""
+    components = stage.get("components")
+    if components is None:
+        return None
+    rss = stage.get("rss") or {}
+    rss_end = rss.get("end")
+    census = sum(c["bytes"] for c in components.values())
+
+    def share(value):
+        return value / rss_end if rss_end else None
+
+    rows = sorted((ComponentRow(name, c.get("category") or "other", c["bytes"], share(c["bytes"]))
+                   for name, c in components.items()), key=lambda r: (-r.bytes, r.name))
+    totals: dict[str, int] = {}
+    for row in rows:
+        totals[row.category] = totals.get(row.category, 0) + row.bytes
+    meter = stage.get("live_tensors") or {}
+    live_end = meter.get("end")
+    weights = weights_bytes(stage) or 0
+    buffers = sum(c["bytes"] for n, c in components.items()
+                  if c.get("category") == WEIGHTS and is_buffer(n))
+    return Attribution(
+        stage=stage["path"], status=stage.get("status", "ok"), rss_end=rss_end,
+        rss_peak=rss.get("peak"), rows=rows,
+        categories=sorted(totals.items(), key=lambda kv: (-kv[1], kv[0])), census=census,
+        beyond_census=None if rss_end is None else rss_end - census,
+        live_tensors_end=live_end,
+        unseen=None if live_end is None else live_end - census,
+        beyond_live=None if live_end is None or rss_end is None else rss_end - live_end,
+        weights=weights, buffers=buffers)
+
+
+def attributions(record: dict) -> list[Attribution]:
+    """Every stage with a census, in census order."""
+    return [a for a in (attribute(s) for s in census_order(record)) if a is not None]
+
+
+# -- projections -------------------------------------------------------------------------
+
+@dataclass
+class ProjectedStage:
+    components: dict[str, int] = field(default_factory=dict)  # name -> projected bytes
+    unseen: int | None = None        # tensors the census cannot see, projected
+    transient: int | None = None     # transient inside the stage, projected
+    beyond_tensors: int | None = None  # RSS beyond live tensors (not scaled)
+    tensor_peak: int | None = None
+    rss_peak: int | None = None
+
+
+@dataclass
+class ProjectionView:
+    """One projection of the run to a target, whatever its method, in one shape."""
+    method: str
+    target: str
+    target_dtype: str | None
+    peak_rss: int | None
+    peak_stage: str | None
+    live_tensor_peak: int | None
+    stages: dict[str, ProjectedStage]
+
+    @property
+    def label(self) -> str:
+        dtype = f" {self.target_dtype}" if self.target_dtype else ""
+        return f"{self.method}: {self.target}{dtype}"
+
+
+_METHOD_ORDER = {"scaled": 0, "traced": 1}
+
+
+def projection_views(record: dict) -> list[ProjectionView]:
+    """The record's `projections`, grouped by target with scaled before traced.
+
+    An item is either a dict as `auditor.analysis.projection.project` returns (method,
+    target, stages[{path, components{name: {projected}}, unseen_tensors, transient,
+    beyond_tensors, tensor_peak, rss_peak}], peak), or a traced run: a run record of its own
+    (`schema` present), or `{method, target, target_dtype?, record}`; a traced run's bytes
+    are taken as its projection: its component bytes and live-tensor meter (the RSS of a
+    traced run is the tracing process's, not the target's, so it is not used). Items of
+    neither shape are skipped.
+    """
+    views = []
+    for item in record.get("projections") or []:
+        if not isinstance(item, dict):
+            continue
+        if "schema" in item or isinstance(item.get("record"), dict):
+            view = _traced_run_view(item)
+        elif isinstance(item.get("stages"), list):
+            view = _projection_view(item)
+        else:
+            view = None
+        if view is not None:
+            views.append(view)
+    return sorted(views, key=lambda v: (v.target, v.target_dtype or "", _METHOD_ORDER.get(v.method, 2), v.method))
+
+
+def _projection_view(item: dict) -> ProjectionView:
+    stages = {}
+    for entry in item["stages"]:
+        if not isinstance(entry, dict) or "path" not in entry:
+            continue
+        stages[entry["path"]] = ProjectedStage(
+            components={name: c.get("projected", c.get("bytes"))
+                        for name, c in (entry.get("components") or {}).items()},
+            unseen=(entry.get("unseen_tensors") or {}).get("projected"),
+            transient=(entry.get("transient") or {}).get("projected"),
+            beyond_tensors=entry.get("beyond_tensors"),
+            tensor_peak=entry.get("tensor_peak"), rss_peak=entry.get("rss_peak"))
+    peak = item.get("peak") or {}
+    if not peak and stages:
+        path, best = max(stages.items(), key=lambda kv: kv[1].rss_peak or 0)
+        peak = {"stage": path, "rss": best.rss_peak}
+    return ProjectionView(method=item.get("method", "scaled"), target=str(item.get("target", "?")),
+                          target_dtype=item.get("target_dtype"), peak_rss=peak.get("rss"),
+                          peak_stage=peak.get("stage"),
+                          live_tensor_peak=item.get("live_tensor_peak"), stages=stages)
+
+
+def _traced_run_view(item: dict) -> ProjectionView:
+    run = item["record"] if isinstance(item.get("record"), dict) else item
+    workload = run.get("workload") or {}
+    stages = {}
+    for entry in run.get("stages") or []:
+        if not isinstance(entry, dict) or "path" not in entry:
+            continue
+        meter = entry.get("live_tensors") or {}
+        stages[entry["path"]] = ProjectedStage(
+            components={n: c["bytes"] for n, c in (entry.get("components") or {}).items()},
+            unseen=(meter["end"] - sum(c["bytes"] for c in entry["components"].values()))
+            if meter.get("end") is not None and entry.get("components") else None,
+            tensor_peak=meter.get("peak"))
+    metered = [(s.tensor_peak, path) for path, s in stages.items() if s.tensor_peak is not None]
+    best = max(metered) if metered else (None, None)
+    return ProjectionView(method=item.get("method", "traced"),
+                          target=str(item.get("target") or workload.get("architecture") or run.get("name", "?")),
+                          target_dtype=item.get("target_dtype") or workload.get("dtype"),
+                          peak_rss=None, peak_stage=best[1], live_tensor_peak=best[0], stages=stages)

@@ -1,0 +1,497 @@
+"""The audit: owns the probes and the run record for one run.
+
+    with auditor.Audit(out="runs/x", name="prune", memray=True) as audit:
+        prune(model)
+    audit.record          # the run record (also runs/x/run.json)
+
+At every stage boundary each probe's high-water mark is folded into every open stage (all
+threads) and into the run, then reset for the stage that opens. A stage open at a boundary
+has been open since the previous reset, so each stage's peak is exact, and a child's reset
+never erases its parent's peak.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import shlex
+import sys
+import threading
+import time
+import warnings
+import weakref
+from datetime import datetime, timezone
+from pathlib import Path
+
+from auditor import record as run_record
+from auditor.probes import cuda as cuda_probe
+from auditor.probes.python_heap import PythonHeapProbe
+from auditor.probes.rss import RssProbe
+from auditor.stage import _set_active, active_audit
+from auditor.targets import Staging
+
+
+class AuditorWarning(UserWarning):
+    """A probe that could not run, or a stage the audit had to close itself."""
+
+
+class _OpenStage:
+    __slots__ = ("entry", "opener", "starts", "peaks")
+
+    def __init__(self, entry: dict, opener, starts: dict, peaks: dict):
+        self.entry, self.opener, self.starts, self.peaks = entry, opener, starts, peaks
+
+
+class Audit:
+    def __init__(self, out: str | os.PathLike | None = None, name: str | None = None, *,
+                 memray: bool = False, tracemalloc: bool = False, census: bool = False,
+                 cuda_history: bool = False, stage_targets=(), command: str | None = None,
+                 on_stage_end=None):
+        """Validates everything (ValueError, one line) and creates nothing until entered."""
+        self.name = name or "audit"
+        self.folder = Path(out) if out is not None else new_run_folder(self.name)
+        run_record.check_run_folder(self.folder)
+        self._staging = Staging(stage_targets)
+        self.options = dict(memray=memray, tracemalloc=tracemalloc, census=census,
+                            cuda_history=cuda_history)
+        self.command = command if command is not None else shlex.join([sys.executable, *sys.argv])
+        self.on_stage_end = on_stage_end
+        self.record: dict | None = None
+        self._lock = threading.RLock()
+        self._local = threading.local()
+        self._open: list[_OpenStage] = []
+        self._events: list[dict] = []
+        self._run_peaks: dict[str, int] = {}
+        self._calls: dict[str, int] = {}
+        self._roots: dict[str, tuple] = {}
+        self._next_id = 0
+        self._excluded_s = 0.0
+        self._overhead = {"boundaries_s": 0.0, "census_s": 0.0, "finish_s": 0.0}
+        self._entered = False
+
+    @property
+    def run_json(self) -> Path:
+        return self.folder / run_record.RUN_FILE
+
+    # -- start and finish ----------------------------------------------------------------
+
+    def __enter__(self) -> "Audit":
+        if self._entered:
+            raise RuntimeError("an Audit runs once; create a new one")
+        if active_audit() is not None:
+            raise RuntimeError("another audit is already active in this process")
+        self._entered = True
+        self._t0 = time.perf_counter()
+        started_at = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+        self._staging.apply()  # first: the one step that can still refuse, before any file
+        self._meters, self._memray, self._log = [], None, None
+        try:
+            self._log = run_record.EventLog(self.folder)
+            self._pending_warnings: list[str] = []
+            probes = self._start_probes()
+            rss_at_start = self._meters[0].read()[0]
+            self._run_peaks["rss"] = rss_at_start
+            self._emit({
+                "event": "run_started", "schema": run_record.SCHEMA, "name": self.name,
+                "command": self.command, "started_at": started_at, "device": self._device(),
+                "machine": _machine(), "environment": _environment(), "options": self.options,
+                "process": {"pid": os.getpid(), "rss_at_start": rss_at_start}, "probes": probes,
+            }, durable=True)
+        except BaseException:
+            self._abandon()
+            raise
+        for message in self._pending_warnings:
+            self._warn(message)
+        _set_active(self)
+        return self
+
+    def _abandon(self) -> None:
+        """Undo a start that failed half-way: no tracker, trace or patch left behind."""
+        if self._memray is not None:
+            self._memray.stop()
+        for meter in self._meters:
+            meter.close()
+        if self._log is not None:
+            self._log.close()
+        self._staging.restore()
+
+    def _start_probes(self) -> dict:
+        rss = RssProbe()
+        rss.reset()  # the run's peak counts from here, not from the process's past
+        self._meters = [rss]
+        self._probes = probes = {"rss": rss.describe()}
+        if rss.reason:
+            self._pending_warnings.append(rss.reason)
+        self._cuda = None
+        probes["cuda"] = {"state": "pending"}
+        probes["python_heap"] = {"state": "off"}
+        if self.options["tracemalloc"]:
+            heap = PythonHeapProbe()
+            self._meters.append(heap)
+            probes["python_heap"] = heap.describe()
+        self._poll_cuda()
+        self._take_census = None
+        probes["census"] = {"state": "off"}
+        if self.options["census"]:
+            probes["census"] = self._load_census()
+        self._history = None
+        probes["cuda_history"] = {"state": "off"}
+        if self.options["cuda_history"]:
+            self._history = cuda_probe.CudaHistory()
+            probes["cuda_history"] = self._history.state
+            if not self._history.on:
+                reason = self._history.state["reason"]
+                self._pending_warnings.append(f"CUDA memory history absent: {reason}")
+        self._memray = None
+        probes["memray"] = {"state": "off"}
+        if self.options["memray"]:  # last, so its trace holds as little of our setup as possible
+            from auditor.probes.memray_trace import MemrayTrace
+            self._memray = MemrayTrace(self.folder)
+            probes["memray"] = self._memray.state
+            if not self._memray.on:
+                self._pending_warnings.append(f"memray absent: {self._memray.state['reason']}")
+        return probes
+
+    def _load_census(self) -> dict:
+        try:
+            census = importlib.import_module("auditor.census")
+            self._take_census, self._census_root = census.take_census, census.Root
+        except (ImportError, AttributeError) as error:
+            reason = f"auditor.census is unavailable ({error})"
+            self._pending_warnings.append(f"census absent: {reason}")
+            return {"state": "absent", "reason": reason}
+        return {"state": "on"}
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        began = time.perf_counter()
+        end_s = self._clock()
+        with self._lock:
+            for left in reversed(list(self._open)):
+                self._warn(f"stage {left.entry['path']!r} was still open when the audit ended; "
+                           "closed it there")
+                if left in self._thread_stack():
+                    self._thread_stack().remove(left)
+                self._finish_stage(left, end_s, exc)
+            _set_active(None)
+        self._staging.restore()
+        for target in self._staging.targets:
+            if target.name not in self._calls:
+                self._warn(f"stage target {target.spec} was never called (code that imported it "
+                           "by name before the audit keeps calling the original)")
+        ends = self._final_readings()
+        for meter in self._meters:
+            meter.close()  # before reading the memray trace: tracemalloc would slow it down
+        memray = self._finish_memray()
+        history_file = self._history.finish(self.folder) if self._history else None
+        self._overhead["finish_s"] = time.perf_counter() - began
+        self._emit(self._finish_event(end_s, ends, memray, history_file, exc), durable=True)
+        self._log.close()
+        self.record = run_record.assemble(self._events)
+        run_record.write_json_atomically(self.run_json, self.record)
+        return False
+
+    def _final_readings(self) -> dict:
+        ends = {}
+        with self._lock:
+            self._poll_cuda()
+            for meter in self._meters:
+                values, _, high = meter.read()
+                self._fold(meter.key, high)
+                ends[meter.key] = values
+        if self._cuda is None:
+            self._probes["cuda"] = {"state": "absent", "reason": cuda_probe.absence_reason()}
+        return ends
+
+    def _finish_memray(self) -> dict | None:
+        if self._memray is None or not self._memray.on:
+            return None
+        self._memray.stop()
+        try:
+            return self._memray.summarize()
+        except Exception as error:  # a broken trace must not cost the rest of the record
+            reason = f"{type(error).__name__}: {error}"
+            self._probes["memray"] = {"state": "failed", "reason": reason}
+            self._warn(f"memray trace could not be read: {error}")
+            return None
+
+    def _finish_event(self, end_s, ends, memray, history_file, exc) -> dict:
+        finished = [e["stage"] for e in self._events if e["event"] == "stage_finished"]
+        holder = run_record.peak_stage(finished, self._run_peaks["rss"])
+        peak = {"rss": self._run_peaks["rss"], "stage": holder["path"] if holder else None,
+                "stage_id": holder["id"] if holder else None,
+                "py_heap": self._run_peaks.get("py_heap"),
+                "cuda_allocated": self._run_peaks.get("cuda")}
+        if memray is not None:
+            memray.update(stage=peak["stage"], stage_id=peak["stage_id"])
+        files = {"events": run_record.EVENTS_FILE, "run": run_record.RUN_FILE}
+        if memray:
+            files.update(memray=memray["file"], flamegraph=memray["flamegraph"])
+        if history_file:
+            files["cuda_history"] = history_file
+        return {
+            "event": "run_finished",
+            "finished_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+            "duration_s": round(end_s, 6), "device": self._device(), "environment": _environment(),
+            "process": {**self._events[0]["process"], "rss_at_end": ends["rss"]},
+            "probes": self._probes, "peak": peak, "memray": memray, "exit": _exit_status(exc),
+            "files": files, "audit_overhead_s": {k: round(v, 6) for k, v in self._overhead.items()},
+        }
+
+    # -- stages --------------------------------------------------------------------------
+
+    def open_stage(self, name: str, opener) -> None:
+        began = time.perf_counter()
+        with self._lock:
+            self._poll_cuda()
+            stack = self._thread_stack()
+            parent = stack[-1].entry["path"] if stack else None
+            starts, peaks = {}, {}
+            for meter in self._meters:
+                values, level, high = meter.read()
+                self._fold(meter.key, high)
+                meter.reset()
+                starts[meter.key], peaks[meter.key] = values, level
+            self._next_id += 1
+            entry = {"id": self._next_id, "name": name,
+                     "path": name if parent is None else f"{parent}/{name}", "parent": parent,
+                     "thread": threading.current_thread().name, "start_s": round(self._clock(), 6),
+                     "rss": {"start": starts["rss"]}}
+            opened = _OpenStage(entry, opener, starts, peaks)
+            self._open.append(opened)
+            stack.append(opened)
+            self._emit({"event": "stage_started", "stage": entry})
+            if self._history is not None:
+                self._history.label(entry["path"])
+            self._overhead["boundaries_s"] += time.perf_counter() - began
+
+    def close_stage(self, opener, exc: BaseException | None) -> None:
+        end_s = self._clock()
+        began, census_before = time.perf_counter(), self._overhead["census_s"]
+        with self._lock:
+            stack = self._thread_stack()
+            if not stack or stack[-1].opener is not opener:
+                return  # opened before this audit began
+            closing = stack.pop()
+            self._poll_cuda()
+            entry = self._finish_stage(closing, end_s, exc)
+            if self._history is not None:
+                self._history.label(closing.entry["parent"])
+            census_s = self._overhead["census_s"] - census_before
+            self._overhead["boundaries_s"] += time.perf_counter() - began - census_s
+        if self.on_stage_end is not None:
+            try:
+                self.on_stage_end(entry)
+            except Exception as error:  # a broken progress display must not break the user's code
+                self.on_stage_end = None
+                self._warn(f"on_stage_end failed, switched off: {type(error).__name__}: {error}")
+
+    def _finish_stage(self, closing: _OpenStage, end_s: float, exc) -> dict:
+        ends = {}
+        for meter in self._meters:
+            values, _, high = meter.read()
+            self._fold(meter.key, high)
+            ends[meter.key] = values
+        self._open.remove(closing)
+        started = closing.entry
+        meters = {meter.key: meter for meter in self._meters}
+
+        def field(key):
+            if key not in meters or key not in closing.starts:
+                return None
+            return meters[key].entry(closing.starts[key], ends[key], closing.peaks[key])
+
+        failed = _is_failure(exc)
+        entry = {"id": started["id"], "name": started["name"], "path": started["path"],
+                 "parent": started["parent"], "status": "failed" if failed else "ok",
+                 "start_s": started["start_s"], "end_s": round(end_s, 6),
+                 "rss": field("rss"), "py_heap": field("py_heap"), "cuda": field("cuda"),
+                 "components": None, "tensors": None, "thread": started["thread"],
+                 "error": _describe(exc) if failed else None}
+        if self._take_census is not None:
+            entry["components"], entry["tensors"] = self._census()
+        self._emit({"event": "stage_finished", "stage": entry}, durable=True)
+        return entry
+
+    def mark(self, name: str) -> None:
+        with self._lock:
+            self._poll_cuda()
+            readings = {}
+            for meter in self._meters:
+                values, _, high = meter.read()
+                self._fold(meter.key, high)
+                readings[meter.key] = values
+            stack = self._thread_stack()
+            stage_path = stack[-1].entry["path"] if stack else None
+            self._emit({"event": "mark", "mark": {
+                "name": name, "stage": stage_path, "t_s": round(self._clock(), 6),
+                "thread": threading.current_thread().name, "rss": readings["rss"],
+                "py_heap": readings.get("py_heap"), "cuda": readings.get("cuda")}})
+
+    def numbered(self, name: str) -> str:
+        """`name` for the first call, then `name#2`, `name#3`... (staged targets)."""
+        with self._lock:
+            count = self._calls[name] = self._calls.get(name, 0) + 1
+        return name if count == 1 else f"{name}#{count}"
+
+    # -- probes --------------------------------------------------------------------------
+
+    def _fold(self, key: str, high: int) -> None:
+        for opened in self._open:
+            if high > opened.peaks.get(key, high):
+                opened.peaks[key] = high
+        if high > self._run_peaks.get(key, -1):
+            self._run_peaks[key] = high
+
+    def _poll_cuda(self) -> None:
+        """Switch the CUDA probe on once the audited code has initialized CUDA."""
+        if self._cuda is not None or "torch" not in sys.modules:
+            return
+        cuda = cuda_probe.initialized_cuda()
+        if cuda is None:
+            return
+        self._cuda = cuda_probe.CudaProbe(cuda)
+        values, level, high = self._cuda.read()
+        self._cuda.reset()
+        for opened in self._open:  # no GPU memory existed before CUDA was initialized
+            opened.starts["cuda"], opened.peaks["cuda"] = dict(cuda_probe.CudaProbe.ZERO), high
+        # Initialized during the run: all of its peak is the run's; before it: count from now.
+        self._run_peaks["cuda"] = high if "rss" in self._run_peaks else level
+        self._meters.append(self._cuda)
+        self._probes["cuda"] = self._cuda.describe()
+
+    def _device(self) -> str:
+        return self._cuda.device if self._cuda is not None else "cpu"
+
+    # -- census --------------------------------------------------------------------------
+
+    def track(self, name: str, obj, categories: dict[str, str] | None = None) -> None:
+        if self._take_census is None:
+            return  # census off: holding a reference would only keep memory alive
+        with self._lock:
+            self._roots[name] = (_reference(obj), categories)
+
+    def track_receiver(self, obj) -> None:
+        """Register a staged method's `self` under its class name, once per object."""
+        if self._take_census is None:
+            return
+        with self._lock:
+            for ref, _ in self._roots.values():
+                if ref() is obj:
+                    return
+            base = type(obj).__name__
+            name, count = base, 1
+            while name in self._roots and self._roots[name][0]() is not None:
+                count += 1
+                name = f"{base}#{count}"
+            self._roots[name] = (_reference(obj), None)
+
+    def _census(self) -> tuple[dict | None, dict | None]:
+        """Tensor census at a stage end; its time and transient memory are kept out of stages."""
+        began = time.perf_counter()
+        roots = {}
+        for name, (ref, categories) in list(self._roots.items()):
+            obj = ref()
+            if obj is not None:
+                roots[name] = self._census_root(obj=obj, categories=categories)
+        try:
+            result = self._take_census(roots)
+            components, tensors = result["components"], {"live_bytes": result["live_tensor_bytes"]}
+        except Exception as error:
+            self._warn(f"census failed, switched off: {type(error).__name__}: {error}")
+            self._take_census = None
+            components, tensors = None, None
+        for meter in self._meters:
+            meter.reset()  # the census's own allocations belong to no stage
+        spent = time.perf_counter() - began
+        self._excluded_s += spent
+        self._overhead["census_s"] += spent
+        return components, tensors
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _clock(self) -> float:
+        """Seconds since the audit began, census time excluded."""
+        return time.perf_counter() - self._t0 - self._excluded_s
+
+    def _thread_stack(self) -> list:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+    def _emit(self, event: dict, durable: bool = False) -> None:
+        self._events.append(event)
+        self._log.write(event, durable)
+
+    def _warn(self, message: str) -> None:
+        warnings.warn(message, AuditorWarning, stacklevel=3)
+        self._emit({"event": "warning", "message": message})
+
+
+def new_run_folder(name: str, root: str = "runs") -> Path:
+    """runs/<timestamp>-<name>, numbered if that exists already (created on entry, not here)."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "run"
+    folder, count = Path(root) / f"{stamp}-{safe}", 1
+    while folder.exists():
+        count += 1
+        folder = Path(root) / f"{stamp}-{safe}-{count}"
+    return folder
+
+
+def _reference(obj):
+    """A weak reference where the object allows one, else a strong one (documented)."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
+
+
+def _is_failure(exc) -> bool:
+    if exc is None:
+        return False
+    if isinstance(exc, SystemExit):
+        return exc.code not in (None, 0)
+    return True
+
+
+def _describe(exc) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _exit_status(exc) -> dict:
+    if exc is None:
+        return {"status": "ok", "code": 0, "error": None}
+    if isinstance(exc, SystemExit):
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        return {"status": "ok" if code == 0 else "failed", "code": code,
+                "error": None if code == 0 else _describe(exc)}
+    if isinstance(exc, KeyboardInterrupt):
+        return {"status": "interrupted", "code": 130, "error": "KeyboardInterrupt"}
+    return {"status": "failed", "code": 1, "error": _describe(exc)}
+
+
+def _machine() -> dict:
+    import psutil
+    return {"platform": platform.platform(), "cpus": os.cpu_count(),
+            "memory_total": psutil.virtual_memory().total}
+
+
+def _environment() -> dict:
+    """Versions without importing anything heavy: torch counts only once the run imported it."""
+    torch = sys.modules.get("torch")
+    threads = getattr(torch, "get_num_threads", None)
+    return {"python": platform.python_version(), "torch": _version("torch"),
+            "transformers": _version("transformers"), "threads": threads() if threads else None}
+
+
+def _version(package: str) -> str | None:
+    module = sys.modules.get(package)
+    if module is not None and isinstance(getattr(module, "__version__", None), str):
+        return module.__version__
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+        return version(package)
+    except PackageNotFoundError:
+        return None

@@ -1,0 +1,243 @@
+"""`auditor compare`: does a variant really save memory, and does it still give the same result?
+
+    auditor compare --baseline baseline --variant lean --repeats 3 -- --arch tinystories-33m
+    auditor compare --baseline-cmd big "python big.py" --variant-cmd small "python small.py"
+    auditor compare --from runs/compare-....json -o report.md       (render a record again)
+
+Each side runs in fresh processes, alternating, --repeats times. A bare name is a GradProbe
+variant (`python -m gradprobe --variant NAME ...`, the arguments after `--` passed to every
+GradProbe side); --baseline-cmd / --variant-cmd give any command (split like a shell would, no
+shell run), which may report its loaded RSS and result through AUDITOR_RESULT (see
+auditor/comparison/protocol.py). Writes FILE.md, FILE.png (chart) and FILE.json (the record).
+
+Exit status: 0 when no variant claims a saving with a result differing beyond its tolerance;
+1 when one does (or a run fails); 2 for mistakes in what was typed.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+from datetime import datetime
+from pathlib import Path
+
+from auditor.cli import UsageError
+
+MiB = 1 << 20
+GRADPROBE_USAGE_STATUS = 2  # the gradprobe CLI's status for a mistake in its arguments
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "compare", help="validate a variant's memory saving and its result against a baseline",
+        description="Run a baseline and variants in fresh processes, alternating; compare peak RSS,\n"
+                    "peak over loaded, wall time and results.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="A bare NAME is a GradProbe variant: python -m gradprobe --variant NAME, with the arguments\n"
+               "after -- (e.g. -- --arch tinystories-33m --seq-len 128). A command may report its loaded RSS\n"
+               "and result through AUDITOR_RESULT (auditor/comparison/protocol.py).\n"
+               "Exit status: 0 pass; 1 a variant claims a saving but its result differs beyond its\n"
+               "tolerance, or a run failed; 2 bad input.")
+    parser.add_argument("--baseline", metavar="NAME", help="GradProbe variant as the baseline (default: baseline)")
+    parser.add_argument("--baseline-cmd", nargs=2, metavar=("NAME", "COMMAND"),
+                        help="any command as the baseline, named NAME")
+    parser.add_argument("--variant", metavar="NAME", action="append", default=[],
+                        help="GradProbe variant to compare with the baseline (repeatable)")
+    parser.add_argument("--variant-cmd", nargs=2, metavar=("NAME", "COMMAND"), action="append", default=[],
+                        help="any command as a variant, named NAME (repeatable)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per side (default 3)")
+    parser.add_argument("--tolerance", metavar="NAME=TOL", action="append", default=[],
+                        help="differing result elements a variant may have: a count (10), a fraction "
+                             "(0.001) or a percentage (0.1%%); default exact, or what the run declares")
+    parser.add_argument("--require-result", action="store_true",
+                        help="fail a variant that gives no result to compare")
+    parser.add_argument("-o", "--out", metavar="FILE.md",
+                        help="report file; FILE.png and FILE.json go beside it (default: under runs/)")
+    parser.add_argument("--keep-runs", metavar="DIR", help="keep every run's folder (output, result) in DIR")
+    parser.add_argument("--from", dest="from_record", metavar="RECORD.json",
+                        help="render a saved comparison record again instead of running anything")
+    parser.add_argument("common", nargs="*", metavar="GRADPROBE_ARG",
+                        help="after --: arguments for every GradProbe side")
+    parser.set_defaults(handler=main)
+
+
+def main(args) -> int:
+    from auditor.comparison import Comparison, ComparisonRecordError, RunFailed, run_comparison
+    if args.from_record:
+        if (args.baseline or args.baseline_cmd or args.variant or args.variant_cmd or args.common or args.tolerance
+                or args.keep_runs or args.require_result):
+            raise UsageError("--from renders a saved record again; it takes only -o")
+        try:
+            comparison = Comparison.load(args.from_record)
+        except ComparisonRecordError as error:
+            raise UsageError(str(error)) from None
+        out = _output(args.out or str(Path(args.from_record).with_suffix(".md")))
+        return _finish(comparison, out, console=_console())
+    if args.common and "--" not in args.command_line:
+        raise UsageError(f"unexpected argument {args.common[0]!r}; arguments for GradProbe go after --")
+    if args.repeats < 1:
+        raise UsageError(f"--repeats must be at least 1, got {args.repeats}")
+    baseline, variants, gradprobe_names = _sides(args)
+    out = _output(args.out or _default_out(baseline.name, [v.name for v in variants]))
+    if args.keep_runs and Path(args.keep_runs).exists() and any(Path(args.keep_runs).iterdir()):
+        raise UsageError(f"--keep-runs folder {args.keep_runs!r} is not empty; name a new or empty folder")
+    console = _console()
+    total = (len(variants) + 1) * args.repeats
+    try:
+        comparison = run_comparison(baseline, variants, args.repeats, require_result=args.require_result,
+                                    command=shlex.join(args.command_line), keep_runs=args.keep_runs,
+                                    on_run=lambda run: _progress(console, run, total))
+    except RunFailed as failure:
+        if failure.side.name in gradprobe_names and failure.exit_status == GRADPROBE_USAGE_STATUS:
+            lines = failure.stderr_tail.strip().splitlines()
+            raise UsageError(lines[-1] if lines else str(failure)) from None
+        console.print(f"compare: {failure}", markup=False)
+        if failure.stderr_tail:
+            console.print(f"last lines of its stderr:\n{failure.stderr_tail}", markup=False)
+        return 1
+    except KeyboardInterrupt:
+        console.print("compare: interrupted", markup=False)
+        return 130
+    return _finish(comparison, out, console)
+
+
+# -- what was typed ----------------------------------------------------------------------------
+
+def _sides(args):
+    from auditor.comparison import Side, Tolerance
+    from auditor.comparison.gradprobe_sides import gradprobe_side, known_variants
+    if args.baseline and args.baseline_cmd:
+        raise UsageError("give --baseline NAME or --baseline-cmd NAME COMMAND, not both")
+    if not args.variant and not args.variant_cmd:
+        raise UsageError("nothing to compare: give --variant NAME or --variant-cmd NAME COMMAND")
+    names = [args.baseline or ("baseline" if not args.baseline_cmd else None), *args.variant]
+    names = [name for name in names if name]
+    if names:
+        known = known_variants()
+        for name in names:
+            if name not in known:
+                raise UsageError(f"unknown variant {name!r}; known variants: {', '.join(known)} "
+                                 f"(or give any command with --variant-cmd NAME COMMAND)")
+    if args.common and not names:
+        raise UsageError("arguments after -- go to GradProbe sides, and there is none here")
+    taken: list[str] = []
+    gradprobe_names: set[str] = set()
+
+    def unique(name: str) -> str:
+        label, k = name, 1
+        while label in taken:
+            k += 1
+            label = f"{name}-{k}"
+        taken.append(label)
+        return label
+
+    def command_side(name: str, text: str, flag: str) -> Side:
+        if not name.strip():
+            raise UsageError(f"{flag}: the side needs a name")
+        try:
+            command = shlex.split(text)
+        except ValueError as error:
+            raise UsageError(f"{flag} {name}: cannot split the command {text!r}: {error}") from None
+        if not command:
+            raise UsageError(f"{flag} {name}: the command is empty")
+        if shutil.which(command[0]) is None:
+            raise UsageError(f"{flag} {name}: {command[0]!r} is not an executable file or a command on PATH")
+        return Side(unique(name), command)
+
+    def named_side(variant: str) -> Side:
+        side = gradprobe_side(variant, list(args.common), name=unique(variant))
+        gradprobe_names.add(side.name)
+        return side
+
+    if args.baseline_cmd:
+        baseline = command_side(*args.baseline_cmd, "--baseline-cmd")
+    else:
+        baseline = named_side(args.baseline or "baseline")
+    variants = [named_side(name) for name in args.variant]
+    variants += [command_side(name, text, "--variant-cmd") for name, text in args.variant_cmd]
+    by_name = {side.name: side for side in variants}
+    for item in args.tolerance:
+        name, sep, value = item.partition("=")
+        if not sep or name not in by_name:
+            raise UsageError(f"--tolerance {item!r}: expected NAME=TOL with NAME one of the variants "
+                             f"({', '.join(by_name)})")
+        try:
+            by_name[name].tolerance = Tolerance.parse(value)
+        except ValueError as error:
+            raise UsageError(f"--tolerance {item!r}: {error}") from None
+    return baseline, variants, gradprobe_names
+
+
+def _default_out(baseline: str, variants: list[str]) -> str:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"runs/compare-{baseline}-vs-{'-'.join(variants)}-{stamp}.md"
+
+
+def _output(text: str) -> Path:
+    path = Path(text)
+    if path.suffix != ".md":
+        raise UsageError(f"-o {text!r}: the report is a markdown file, FILE.md (FILE.png and FILE.json go beside it)")
+    if path.is_dir():
+        raise UsageError(f"-o {text!r} is a folder; give a file name ending in .md")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"-o {text!r}: {str(parent)!r} is a file, not a folder")
+            break
+    return path
+
+
+# -- what the user sees --------------------------------------------------------------------------
+
+def _console():
+    from rich.console import Console
+    return Console(stderr=True, highlight=False)
+
+
+def _progress(console, run: dict, total: int) -> None:
+    loaded = "-" if run.get("loaded_rss") is None else f"{run['loaded_rss'] / MiB:,.1f} MiB"
+    result = run.get("result")
+    agreement = ("no result" if not result else
+                 "reference result" if run["order"] == 1 else
+                 f"{result['differing_elements']:,} elements differ" if result["differing_elements"] is not None
+                 else ("same digest" if result["same_as_reference"] else "digest differs"))
+    console.print(f"compare: [{run['order']}/{total}] {run['side']} run {run['repeat']}: peak "
+                  f"{run['peak_rss'] / MiB:,.1f} MiB, loaded {loaded}, {run['wall_s']:.2f} s, {agreement} "
+                  f"(load {run['load_average'][0]:.2f})", markup=False, soft_wrap=True)
+
+
+def _finish(comparison, out: Path, console) -> int:
+    from auditor.renderers import comparison_chart, comparison_markdown
+    summary = comparison.summary
+    json_path = comparison.save(out.with_suffix(".json"))
+    chart = comparison_chart.render(comparison.record, summary, out.with_suffix(".png"))
+    out.write_text(comparison_markdown.render(comparison.record, summary, chart=chart.name))
+    _table(console, comparison.record, summary)
+    console.print(f"report {out}, chart {chart}, record {json_path}", markup=False, soft_wrap=True)
+    return 1 if summary["failed"] else 0
+
+
+def _table(console, record: dict, summary: dict) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+    table = Table(title=f"compare: {record['name']} (median of {record['repeats']}; min-max)",
+                  title_justify="left")
+    for column in ("side", "peak RSS MiB", "loaded MiB", "peak over loaded MiB", "wall s"):
+        table.add_column(column, justify="left" if column == "side" else "right")
+    for side in record["sides"]:
+        s = summary["sides"][side["name"]]
+        table.add_row(escape(side["name"]), _cell(s["peak_rss"], MiB), _cell(s["loaded_rss"], MiB),
+                      _cell(s["overhead"], MiB), _cell(s["wall_s"], 1, 2))
+    console.print(table)
+    for v in summary["variants"]:
+        mark = "[red]FAIL[/]" if v["verdict"] == "fail" else "[green]ok[/]"
+        ratios = (f"peak x{v['peak_ratio']:.3f}" if v["peak_ratio"] is not None else "") + (
+            f", overhead x{v['overhead_ratio']:.3f}" if v["overhead_ratio"] is not None else "")
+        console.print(f"{mark} {escape(v['name'])}: {ratios}; {escape(v['why'])}", soft_wrap=True)
+
+
+def _cell(spread: dict | None, unit: float, digits: int = 1) -> str:
+    if spread is None:
+        return "-"
+    return (f"{spread['median'] / unit:,.{digits}f} "
+            f"({spread['min'] / unit:,.{digits}f}-{spread['max'] / unit:,.{digits}f})")

@@ -1,0 +1,188 @@
+"""`auditor run [options] SCRIPT [ARGS...]`: run a script as `python SCRIPT ARGS` would,
+under audit, and write DIR/run.json (default DIR: a new folder under runs/).
+
+Everything the user typed is checked before anything is created: the script, the output
+folder, and each --stage target (resolved with the script's folder on sys.path, as the
+script itself would import it). The command exits with the script's own status.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import runpy
+import shlex
+import sys
+import traceback
+import warnings
+from pathlib import Path
+
+from auditor.cli import UsageError
+
+MAX_TABLE_ROWS = 40
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "run", help="run a Python script under audit",
+        description="Run SCRIPT as `python SCRIPT ARGS` would, under audit; write DIR/run.json.")
+    parser.add_argument("--out", metavar="DIR",
+                        help="run folder (default: a new folder under runs/)")
+    parser.add_argument("--stage", metavar="TARGET", action="append", default=[], dest="stages",
+                        help="stage every call of module:function or module:Class.method "
+                             "(repeatable)")
+    parser.add_argument("--memray", action="store_true",
+                        help="trace native allocations with memray: top sites and a flamegraph")
+    parser.add_argument("--tracemalloc", action="store_true", help="Python heap per stage")
+    parser.add_argument("--census", action="store_true", help="tensor census at each stage end")
+    parser.add_argument("--cuda-history", action="store_true",
+                        help="record CUDA allocator history (pytorch.org/memory_viz snapshot)")
+    parser.add_argument("--name", help="run name (default: the script's name)")
+    parser.add_argument("script", nargs="?", metavar="SCRIPT", help="the Python script to run")
+    parser.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
+                        help="the script's own arguments (options after SCRIPT are the script's)")
+    parser.set_defaults(handler=main)
+
+
+def main(args) -> int:
+    from auditor.audit import Audit, new_run_folder
+    if args.script is None:
+        raise UsageError("run needs a script: auditor run [options] SCRIPT [ARGS...]")
+    script = Path(args.script)
+    if not script.is_file():
+        what = "is not a file" if script.exists() else "does not exist"
+        raise UsageError(f"script {args.script!r} {what}; give the path of a Python script")
+    name = args.name or script.stem
+    out = Path(args.out) if args.out else new_run_folder(name)
+    console = _console()  # rich is imported here, before the audit, not inside a stage
+    saved_path, saved_argv = list(sys.path), list(sys.argv)
+    sys.path[0:1] = [str(script.resolve().parent)]  # what `python SCRIPT` puts first
+    sys.argv = [args.script, *args.args]
+    try:
+        try:
+            audit = Audit(out, name, memray=args.memray, tracemalloc=args.tracemalloc,
+                          census=args.census, cuda_history=args.cuda_history,
+                          stage_targets=args.stages, command=shlex.join(args.command_line),
+                          on_stage_end=lambda entry: _progress(console, entry))
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+        with _one_line_warnings(console):
+            status = _run_script(audit, script)
+    finally:
+        sys.path[:], sys.argv = saved_path, saved_argv
+    _summary(console, audit)
+    return status
+
+
+def _run_script(audit, script: Path) -> int:
+    """The script's exit status, as the interpreter would give it."""
+    try:
+        with audit:
+            runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exit_:
+        if exit_.code is None or isinstance(exit_.code, int):
+            return exit_.code or 0
+        print(exit_.code, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("KeyboardInterrupt", file=sys.stderr)
+        return 130
+    except BaseException as error:  # the script's own failure: show it as python would
+        _print_script_traceback(error, script)
+        return 1
+    return 0
+
+
+def _print_script_traceback(error: BaseException, script: Path) -> None:
+    """The traceback from the script's first frame on, without the auditor's frames."""
+    target = os.path.abspath(script)
+    tb = error.__traceback__
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != target:
+        tb = tb.tb_next
+    traceback.print_exception(type(error), error, tb or error.__traceback__)
+
+
+# -- what the user sees ------------------------------------------------------------------
+
+def _console():
+    import rich.markup  # noqa: F401  (used while stages close)
+    import rich.table  # noqa: F401
+    from rich.console import Console
+    return Console(stderr=True, highlight=False)
+
+
+@contextlib.contextmanager
+def _one_line_warnings(console):
+    from auditor.audit import AuditorWarning
+    original = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, AuditorWarning):
+            console.print(f"auditor: warning: {message}", markup=False)
+        else:
+            original(message, category, filename, lineno, file, line)
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = original
+
+
+def mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:,.1f} MiB"
+
+
+def signed_mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:+,.1f} MiB"
+
+
+def _progress(console, entry: dict) -> None:
+    from rich.markup import escape
+    rss = entry["rss"]
+    mark = "[green]ok[/]" if entry["status"] == "ok" else "[red]FAILED[/]"
+    console.print(f"[dim]auditor:[/] {mark} {escape(entry['path'])}  rss {mib(rss['end'])} "
+                  f"({signed_mib(rss['end'] - rss['start'])}), peak {mib(rss['peak'])}, "
+                  f"{entry['end_s'] - entry['start_s']:.2f} s", soft_wrap=True)
+
+
+def _summary(console, audit) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+    record = audit.record
+    if record is None:
+        return
+    stages = record["stages"]
+    shown = stages
+    if len(stages) > MAX_TABLE_ROWS:  # keep it short: the highest peaks, in run order
+        highest = sorted(stages, key=lambda s: s["rss"]["peak"] or 0)[-MAX_TABLE_ROWS:]
+        keep = {id(s) for s in highest}
+        shown = [s for s in stages if id(s) in keep]
+    table = Table(title=f"auditor: {record['name']}", title_justify="left")
+    table.add_column("stage", overflow="fold")
+    for column in ("RSS end", "delta", "peak inside", "time"):
+        table.add_column(column, justify="right", no_wrap=True)
+    depth: dict[str, int] = {}
+    for entry in stages:  # start order: a parent comes before its children
+        depth[entry["path"]] = 0 if entry["parent"] is None else depth.get(entry["parent"], 0) + 1
+    for entry in shown:  # a stage is its name indented under its parent, as in a profiler
+        rss = entry["rss"]
+        label = "  " * depth[entry["path"]] + entry["name"]
+        if entry["status"] != "ok":
+            label += f" [{entry['status']}]"
+        table.add_row(escape(label), mib(rss["end"]), signed_mib(rss["end"] - rss["start"]),
+                      mib(rss["peak"]), f"{entry['end_s'] - entry['start_s']:.2f} s")
+    console.print(table)
+    if len(shown) < len(stages):
+        console.print(f"({len(stages) - len(shown)} more stages in run.json)")
+    peak = record["peak"]
+    console.print(f"peak RSS {mib(peak['rss'])} in {peak['stage'] or 'no stage'}; "
+                  f"started at {mib(record['process']['rss_at_start'])}",
+                  markup=False, soft_wrap=True)
+    memray = record.get("memray")
+    if memray and memray["sites"]:
+        top = memray["sites"][0]
+        flamegraph = audit.folder / memray["flamegraph"] if memray["flamegraph"] else "none"
+        console.print(f"memray: top site at the high-water mark {top['location']} "
+                      f"({mib(top['bytes'])}); flamegraph {flamegraph}",
+                      markup=False, soft_wrap=True)
+    console.print(f"run record: {audit.run_json}", markup=False, soft_wrap=True)

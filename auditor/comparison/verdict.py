@@ -1,0 +1,130 @@
+"""From a comparison record alone: per side min/median/max, the ratios against the baseline,
+whether each variant's result agrees with the baseline's, and the verdict.
+
+A side's *overhead* is its peak RSS over its loaded RSS (what the algorithm itself adds on top
+of its inputs), run by run. A variant *claims a saving* when its median peak RSS is below the
+baseline's. It *fails* when it claims a saving and its result differs from the baseline's
+beyond its tolerance (or gives no result to compare while one is required).
+
+Agreement: "identical" (no element differs, or equal digests), "within tolerance",
+"differs" (beyond the tolerance, or unequal digests with nothing to count), or "unknown"
+(a side gave no result to compare).
+"""
+from __future__ import annotations
+
+import statistics
+
+from auditor.comparison.side import EXACT, Tolerance
+
+MiB = 1 << 20
+
+
+def spread(values: list[float]) -> dict | None:
+    values = [value for value in values if value is not None]
+    if not values:
+        return None
+    return {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
+
+
+def side_statistics(runs: list[dict]) -> dict:
+    overheads = [run["peak_rss"] - run["loaded_rss"] for run in runs if run.get("loaded_rss") is not None]
+    return {"runs": len(runs),
+            "peak_rss": spread([run["peak_rss"] for run in runs]),
+            "loaded_rss": spread([run.get("loaded_rss") for run in runs]),
+            "overhead": spread(overheads),
+            "wall_s": spread([run["wall_s"] for run in runs]),
+            "cpu_s": spread([run.get("cpu_s") for run in runs])}
+
+
+def tolerance_of(side: dict, runs: list[dict]) -> tuple[Tolerance, str]:
+    """The side's tolerance and where it came from: the user's, else the run's own, else exact."""
+    if side.get("tolerance") is not None:
+        return Tolerance.from_json(side["tolerance"]), "given"
+    declared = [run["tolerance"] for run in runs if run.get("tolerance") is not None]
+    if declared:
+        return Tolerance.from_json(declared[0]), "declared by the run"
+    return EXACT, "default"
+
+
+def agreement(runs: list[dict], reference: dict | None, tolerance: Tolerance) -> dict:
+    """How `runs` agree with the reference run's result (the worst run counts)."""
+    base = {"tolerance": str(tolerance), "allowance": None, "same_digest": None,
+            "differing_elements": None, "total_elements": None}
+    ref_result = reference and reference.get("result")
+    if not ref_result or any(not run.get("result") for run in runs):
+        who = "the baseline" if not ref_result else "this side"
+        return {**base, "status": "unknown", "reason": f"{who} gave no result to compare"}
+    results = [run["result"] for run in runs]
+    if any(result["kind"] != ref_result["kind"] for result in results):
+        return {**base, "status": "unknown", "reason": "one side gives a result file, the other only a digest"}
+    total = ref_result.get("elements")
+    allowance = tolerance.allowance(total)
+    same = all(result["same_as_reference"] for result in results)
+    counts = [result.get("differing_elements") for result in results]
+    differing = None if None in counts else max(counts)
+    base.update(allowance=allowance, same_digest=same, differing_elements=differing, total_elements=total)
+    if same or differing == 0:
+        return {**base, "status": "identical", "reason": "same result"}
+    if differing is None:
+        return {**base, "status": "differs", "reason": "digests differ (no result file to count elements)"}
+    if allowance is not None and differing <= allowance:
+        return {**base, "status": "within tolerance",
+                "reason": f"{differing:,} elements differ, within the tolerance of {allowance:,}"}
+    return {**base, "status": "differs",
+            "reason": f"{differing:,} of {total:,} elements differ; tolerance {tolerance}"
+                      + ("" if allowance is None or tolerance.fraction is None else f" ({allowance:,})")}
+
+
+def summarise(record: dict) -> dict:
+    sides = record["sides"]
+    runs_of = {side["name"]: [run for run in record["runs"] if run["side"] == side["name"]] for side in sides}
+    stats = {name: side_statistics(runs) for name, runs in runs_of.items()}
+    baseline = next(side for side in sides if side["role"] == "baseline")
+    base_runs = runs_of[baseline["name"]]
+    reference = base_runs[0] if base_runs else None
+    repeatable = agreement(base_runs[1:], reference, EXACT) if len(base_runs) > 1 else None
+    variants = []
+    for side in sides:
+        if side["role"] != "variant":
+            continue
+        tolerance, source = tolerance_of(side, runs_of[side["name"]])
+        agreed = agreement(runs_of[side["name"]], reference, tolerance)
+        variants.append(_judge(side["name"], stats[baseline["name"]], stats[side["name"]], agreed,
+                               tolerance_source=source, require_result=record.get("require_result", False)))
+    return {"baseline": baseline["name"], "sides": stats, "variants": variants,
+            "baseline_repeatable": repeatable, "failed": any(v["verdict"] == "fail" for v in variants)}
+
+
+def _judge(name: str, base: dict, stats: dict, agreed: dict, tolerance_source: str, require_result: bool) -> dict:
+    base_peak, peak = _median(base["peak_rss"]), _median(stats["peak_rss"])
+    base_over, over = _median(base["overhead"]), _median(stats["overhead"])
+    claims = peak is not None and base_peak is not None and peak < base_peak
+    judged = {"name": name, "tolerance_source": tolerance_source, "agreement": agreed,
+              "peak_ratio": _ratio(peak, base_peak), "overhead_ratio": _ratio(over, base_over),
+              "peak_saving": None if peak is None or base_peak is None else base_peak - peak,
+              "overhead_saving": None if over is None or base_over is None else base_over - over,
+              "claims_saving": claims}
+    status = agreed["status"]
+    if claims and status == "differs":
+        verdict, why = "fail", (f"claims a saving of {judged['peak_saving'] / MiB:,.1f} MiB of peak RSS "
+                                f"but its result differs: {agreed['reason']}")
+    elif status == "unknown" and require_result:
+        verdict, why = "fail", f"no result to compare ({agreed['reason']}) and a result is required"
+    elif claims:
+        verdict = "ok"
+        why = (f"saves {judged['peak_saving'] / MiB:,.1f} MiB of peak RSS; result " +
+               {"identical": "identical", "within tolerance": agreed["reason"],
+                "unknown": f"not compared ({agreed['reason']})"}[status])
+    else:
+        verdict = "ok"
+        why = (f"no saving (median peak {-judged['peak_saving'] / MiB:+,.1f} MiB against the baseline); "
+               f"result {status}" + ("" if status == "identical" else f" ({agreed['reason']})"))
+    return {**judged, "verdict": verdict, "why": why}
+
+
+def _median(spread_: dict | None):
+    return None if spread_ is None else spread_["median"]
+
+
+def _ratio(a, b):
+    return None if a is None or not b else a / b

@@ -1,0 +1,135 @@
+"""The main job: audit this project's GradProbe on a named architecture.
+
+This is the only place in `auditor/` that knows GradProbe: which of its methods are phases
+(staged from outside, its source untouched), which of its attributes are which kind of
+memory, and what the algorithm's state needs at the least. Everything else is the generic
+auditor: the same `Audit` runs the job for real on this machine and traced (fake tensors)
+for a 7B target in a subprocess.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+import auditor
+from auditor.audit import Audit
+
+PHASES = ("save_state", "record_original_gradients", "select_candidates", "reduce_candidates",
+          "record_reduced_gradients", "decide", "apply_masks")
+# What the pruner's attributes are, in the report's words (the census walks them by name).
+PRUNER_CATEGORIES = {
+    "saved_state": "saved copies", "candidate_originals": "saved copies",
+    "gradients_original": "gradient records", "gradients_reduced": "gradient records",
+    "candidates": "masks", "masks": "masks",
+}
+
+
+@dataclass
+class Settings:
+    architecture: str = "tinystories-33m"
+    overrides: dict = field(default_factory=dict)
+    variant: str = "baseline"
+    strategy: str = "magnitude"
+    device: str = "cpu"
+    sequence_length: int = 128
+    batch_size: int = 1
+    batches: int = 2
+    sparsity: float = 0.1
+    reduction: float = 0.1
+    threshold: float = 2.0
+    seed: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.sequence_length * self.batch_size
+
+
+def stage_targets(variant: str) -> list[str]:
+    """The phases of the variant's pruner class, as `module:Class.method` targets."""
+    from gradprobe.variants import VARIANTS
+    factory = VARIANTS[variant]
+    cls = getattr(factory, "func", factory)  # presets are partials of the class
+    return [f"{cls.__module__}:{cls.__qualname__}.{phase}" for phase in PHASES
+            if callable(getattr(cls, phase, None))]
+
+
+def run_workload(settings: Settings) -> dict:
+    """Build, calibrate, prune: the audited program. Returns the pruning result's numbers."""
+    import architectures
+    from architectures.calibration import synthetic_batches
+    from gradprobe.variants import make_pruner
+
+    with auditor.stage("build model"):
+        model = architectures.build_model(settings.architecture, seed=settings.seed,
+                                          device=settings.device, **settings.overrides)
+    auditor.track("model", model)
+    batches = synthetic_batches(model.config.vocab_size, settings.sequence_length,
+                                settings.batch_size, settings.batches, seed=settings.seed)
+    pruner = make_pruner(settings.variant, model, settings.strategy)
+    auditor.track("pruner", pruner, categories=PRUNER_CATEGORIES)
+    with auditor.stage("prune"):
+        result = pruner.prune(batches, sparsity=settings.sparsity, num_batches=settings.batches,
+                              reduction_factor=settings.reduction,
+                              gradient_threshold=settings.threshold)
+    return {"candidates": result.candidates, "pruned": result.pruned,
+            "prunable": result.prunable, "sparsity": result.sparsity}
+
+
+def audit(settings: Settings, out: Path, *, memray: bool = False, fake: bool = False,
+          on_stage_end=None) -> dict:
+    """Audit one run of the job; returns the run record (also `out/run.json`)."""
+    name = f"gradprobe-{settings.variant}-{settings.architecture}" + ("-traced" if fake else "")
+    with Audit(out=out, name=name, census=True, live_tensors=True, memray=memray, traced=fake,
+               stage_targets=stage_targets(settings.variant), on_stage_end=on_stage_end) as run:
+        run.annotate("workload", workload(settings))
+        result = run_workload(settings)
+        run.annotate("result", result)
+        run.annotate("minimum", minimum(settings, result["prunable"]))
+    return run.record
+
+
+def workload(settings: Settings) -> dict:
+    return {"architecture": settings.architecture, "overrides": settings.overrides,
+            "tokens": settings.tokens, "dtype": "float32", "settings": asdict(settings)}
+
+
+def minimum(settings: Settings, prunable: int) -> dict:
+    """The least the decision needs to hold, per the spec's memory floor (fp32 storage).
+
+    Activations are left out: they depend on checkpointing and are measured, not declared.
+    """
+    import architectures
+    parameters = architectures.count_parameters(settings.architecture, **settings.overrides)
+    candidates = round(settings.sparsity * prunable)
+    items = [
+        {"name": "model weights", "bytes": 4 * parameters, "why": "the model itself, fp32"},
+        {"name": "candidates' original values", "bytes": 4 * candidates,
+         "why": "to restore the candidates that are kept"},
+        {"name": "G0 at candidates", "bytes": 4 * candidates,
+         "why": "baseline max |grad|, only where a decision is made"},
+        {"name": "G1 running max at candidates", "bytes": 4 * candidates,
+         "why": "max over batches on the reduced model"},
+        {"name": "candidate bitmask", "bytes": (prunable + 7) // 8, "why": "1 bit per prunable weight"},
+    ]
+    return {"items": items, "total": sum(i["bytes"] for i in items),
+            "note": "algorithm state only; activations and one tensor's gradient at a time come on top"}
+
+
+def traced_audit(settings: Settings, out: Path, timeout_s: int = 1800) -> dict:
+    """The job traced on fake tensors in a fresh process (a 7B model fits: nothing is allocated)."""
+    command = [sys.executable, "-m", "auditor.jobs.gradprobe", json.dumps(asdict(settings)), str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"traced run for {settings.architecture} failed: {last}")
+    return auditor.record.load(out)
+
+
+if __name__ == "__main__":  # the traced subprocess: python -m auditor.jobs.gradprobe SETTINGS OUT
+    torch.set_num_threads(1)
+    audit(Settings(**json.loads(sys.argv[1])), Path(sys.argv[2]), fake=True)

@@ -1,0 +1,164 @@
+"""memray: every native allocation (torch CPU tensors included) with its Python and native
+stack, for the whole run. At the end: memray's own peak, the allocations alive at its
+high-water mark grouped into sites (the first frame in user code, file:line), and an offline
+flamegraph in the run folder.
+
+Only one memray Tracker can be active per process (not inside `pytest --memray`, not under
+`memray run`): then the probe reports itself absent instead of failing the audit.
+"""
+from __future__ import annotations
+
+import os
+import site
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+TRACE_FILE = "memray.bin"
+FLAMEGRAPH_FILE = "memray-flamegraph.html"
+TOP_SITES = 10
+NATIVE_FRAMES = 16
+ALL_FRAMES = 1 << 16
+PYTHON_FRAMES = 16
+FRAME_TEXT = 200  # C++ template names run to kilobytes; keep the head
+
+
+class MemrayTrace:
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.state = {"state": "absent"}
+        self._tracker = None
+        try:
+            import memray
+        except ImportError:
+            self.state["reason"] = ("memray is not installed "
+                                    "(pip install memray; Linux and macOS only)")
+            return
+        path = folder / TRACE_FILE
+        tracker = memray.Tracker(path, native_traces=True,
+                                 file_format=memray.FileFormat.AGGREGATED_ALLOCATIONS)
+        try:
+            tracker.__enter__()
+        except RuntimeError as error:
+            path.unlink(missing_ok=True)  # memray creates the file before refusing
+            self.state["reason"] = f"{error} (another memray tracker is running in this process)"
+            return
+        self._tracker = tracker
+        self.state = {"state": "on", "method": "memray native traces, aggregated"}
+
+    @property
+    def on(self) -> bool:
+        return self._tracker is not None
+
+    def stop(self) -> None:
+        if self._tracker is not None:
+            tracker, self._tracker = self._tracker, None
+            tracker.__exit__(None, None, None)
+
+    def summarize(self) -> dict:
+        """Read the trace back: peak, sites alive at the high-water mark, flamegraph."""
+        from memray import FileReader
+        path = self.folder / TRACE_FILE
+        reader = FileReader(os.fspath(path))
+        records = list(reader.get_high_watermark_allocation_records(merge_threads=True))
+        return {
+            "file": TRACE_FILE,
+            "peak_memory": reader.metadata.peak_memory,
+            "total_allocations": reader.metadata.total_allocations,
+            "sites": top_sites(records),
+            "flamegraph": write_flamegraph(reader, records, self.folder),
+        }
+
+
+def top_sites(records, limit: int = TOP_SITES) -> list[dict]:
+    """Allocations alive at the high-water mark, grouped by their first user-code frame."""
+    sites: dict[str, dict] = {}
+    for record in records:
+        user = site_frame(python_stack(record))
+        location = f"{user[1]}:{user[2]}" if user else "<no Python frame>"
+        site_entry = sites.setdefault(location, {
+            "location": location, "function": user[0] if user else None,
+            "bytes": 0, "allocations": 0, "_largest": None})
+        site_entry["bytes"] += record.size
+        site_entry["allocations"] += record.n_allocations
+        if site_entry["_largest"] is None or record.size > site_entry["_largest"].size:
+            site_entry["_largest"] = record
+    ranked = sorted(sites.values(), key=lambda s: s["bytes"], reverse=True)[:limit]
+    for site_entry in ranked:
+        largest = site_entry.pop("_largest")
+        site_entry["python_stack"] = [_frame_text(frame)
+                                      for frame in python_stack(largest)[:PYTHON_FRAMES]]
+        site_entry["native_stack"] = [_frame_text(frame)
+                                      for frame in _hybrid_stack(largest)[:NATIVE_FRAMES]]
+    return ranked
+
+
+def python_stack(record) -> list:
+    """The whole recorded Python stack, innermost first.
+
+    `stack_trace()` without a limit drops, on the main thread, as many outer frames as were
+    on the stack when the tracker started (meant to hide `memray run`'s launcher). Started
+    from inside a library, that hides the user's own frames, often all of them; with an
+    explicit limit memray returns the stack as recorded."""
+    return record.stack_trace(max_stacks=ALL_FRAMES)
+
+
+def site_frame(stack: list):
+    """The innermost frame in user code; an auditor frame met first is reported as itself
+    (the auditor's own allocations are not the user's); the innermost frame otherwise."""
+    for frame in stack:
+        if frame[1].startswith(_AUDITOR_ROOT):
+            return frame
+        if is_user_code(frame[1]):
+            return frame
+    return stack[0] if stack else None
+
+
+def _hybrid_stack(record) -> list:
+    try:
+        return record.hybrid_stack_trace()
+    except (NotImplementedError, RuntimeError, ValueError):
+        return []
+
+
+def _frame_text(frame) -> str:
+    function, filename, line = frame
+    function = function if len(function) <= FRAME_TEXT else function[:FRAME_TEXT] + "..."
+    return f"{function} at {filename}:{line}" if line else f"{function} ({filename})"
+
+
+def _library_roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    roots = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
+    roots.update(getattr(site, "getsitepackages", lambda: [])())
+    roots.add(_AUDITOR_ROOT)
+    return tuple(os.path.join(root, "") for root in roots if root)
+
+
+_AUDITOR_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
+_LIBRARY_ROOTS = _library_roots()
+
+
+def is_user_code(filename: str) -> bool:
+    return not (filename.startswith("<") or filename.startswith(_LIBRARY_ROOTS))
+
+
+def write_flamegraph(reader, records, folder: Path) -> str | None:
+    """Self-contained HTML (no_web: no scripts fetched from a CDN); memray's CLI as fallback."""
+    out = folder / FLAMEGRAPH_FILE
+    try:
+        from memray.reporters.flamegraph import FlameGraphReporter
+        reporter = FlameGraphReporter.from_snapshot(
+            records, memory_records=tuple(reader.get_memory_snapshots()),
+            native_traces=reader.metadata.has_native_traces)
+        with open(out, "w", encoding="utf-8") as f:
+            reporter.render(outfile=f, metadata=reader.metadata, show_memory_leaks=False,
+                            merge_threads=True, inverted=False, no_web=True)
+        return FLAMEGRAPH_FILE
+    except (ImportError, AttributeError, TypeError):  # reporter API moved: use the CLI
+        out.unlink(missing_ok=True)
+        result = subprocess.run(
+            [sys.executable, "-m", "memray", "flamegraph", "--no-web", "-f", "-o", str(out),
+             str(folder / TRACE_FILE)], capture_output=True, text=True)
+        return FLAMEGRAPH_FILE if result.returncode == 0 and out.exists() else None

@@ -1,0 +1,1 @@
+"""Renderers: turn a run record (and what analysis derives from it) into files people read."""

@@ -1,0 +1,74 @@
+"""The run's memory over time as a PNG (matplotlib, Agg backend: no display needed).
+
+RSS readings at stage boundaries and marks joined by a line, each stage's peak drawn inside
+the stage (see `auditor.analysis.timeline`), memray's RSS snapshots and the live-tensor
+meter when the record has them, top-level stages shaded as labelled spans. Drawn on a bare
+matplotlib Figure with an Agg canvas: no pyplot, no global backend switch.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from auditor import units
+from auditor.analysis.timeline import timeline
+
+SPAN_COLOURS = ("#dbe9f6", "#fbe5d0")
+FAILED_COLOUR = "#f4c7c3"
+LABEL_CHARS = 28
+
+
+def write_png(record: dict, path: str | Path) -> Path:
+    """Draw the record's timeline into `path` (a .png); returns the path."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure  # a bare Figure: no pyplot state, no backend switch
+
+    line = timeline(record)
+    peak = max([v for _, v in line.rss] + [v for _, v in line.memray] + [v for _, v in line.live_tensors] + [1])
+    unit, scale = ("GiB", units.GiB) if peak >= 10 * units.GiB else ("MiB", units.MiB)
+
+    figure = Figure(figsize=(11, 4.8), dpi=110, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    for index, span in enumerate(line.spans):
+        colour = FAILED_COLOUR if span.status != "ok" else SPAN_COLOURS[index % 2]
+        axes.axvspan(span.start, max(span.end, span.start + 1e-9), color=colour, alpha=0.9, lw=0,
+                     hatch="//" if span.status != "ok" else None, zorder=0)
+        label = span.label if len(span.label) <= LABEL_CHARS else span.label[:LABEL_CHARS - 1] + "…"
+        if span.status != "ok":
+            label += f" [{span.status}]"
+        axes.text((span.start + span.end) / 2, 0.98, label, transform=axes.get_xaxis_transform(),
+                  rotation=90, ha="center", va="top", fontsize=7, color="#333333", clip_on=True)
+    if line.memray:
+        axes.plot([t for t, _ in line.memray], [v / scale for _, v in line.memray], color="#9e9e9e",
+                  lw=0.8, label="RSS, memray snapshots", zorder=2)
+    if line.rss:
+        axes.plot([t for t, _ in line.rss], [v / scale for _, v in line.rss], color="#1f4e9c",
+                  lw=1.6, marker=".", ms=3, label="RSS (stage boundaries, marks, peaks)", zorder=3)
+    if line.live_tensors:
+        axes.plot([t for t, _ in line.live_tensors], [v / scale for _, v in line.live_tensors],
+                  color="#2e7d32", lw=1.3, ls="--", label="live tensors", zorder=3)
+    if line.peaks:
+        axes.scatter([p.t for p in line.peaks], [p.value / scale for p in line.peaks], marker="^",
+                     color="#c62828", s=28, label="peak inside a stage", zorder=4)
+    if line.run_peak is not None:
+        p = line.run_peak
+        axes.annotate(f"peak {units.size(p.value)}\n{_short(p.stage)}", (p.t, p.value / scale),
+                      xytext=(8, -4), textcoords="offset points", fontsize=8, color="#c62828",
+                      va="top", zorder=5)
+    for t, name, value in line.marks:
+        axes.plot([t], [value / scale], marker="o", color="#6a1b9a", ms=3, zorder=4)
+    axes.set_xlim(0, max(line.end_s, max((t for t, _ in line.rss), default=0), 1e-3))
+    axes.set_ylim(0, peak / scale * 1.12)
+    axes.set_xlabel("seconds since the audit began (census time excluded)")
+    axes.set_ylabel(unit)
+    axes.set_title(f"{record.get('name', 'run')}: memory over time", fontsize=10)
+    axes.grid(axis="y", lw=0.4, alpha=0.6)
+    axes.legend(loc="lower right", fontsize=7, framealpha=0.85)
+    path = Path(path)
+    figure.savefig(path, format="png")
+    return path
+
+
+def _short(text: str | None) -> str:
+    text = text or ""
+    return text if len(text) <= 40 else "…" + text[-39:]

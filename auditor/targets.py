@@ -1,0 +1,181 @@
+"""Staging code that cannot be edited: name a callable, and every call becomes a stage.
+
+    resolve("gradprobe.pruner:GradProbe.record_gradients")   # or "module:function",
+    resolve(GradProbe.record_gradients)                      # or the object itself
+
+A target is patched where it lives (the attribute on its module or class) for the length of
+an audit and restored afterwards. Code that copied the function away before the patch
+(`from m import f` run earlier) keeps calling the original: the CLI therefore patches before
+the script runs. Repeated calls are numbered (`GradProbe.record_gradients#2`); a staged
+method also registers its receiver as a census root named after its class.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import sys
+import types
+from dataclasses import dataclass
+
+from auditor.stage import active_audit, stage
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str        # the stage name, e.g. "GradProbe.record_gradients"
+    owner: object    # the module or class whose attribute is replaced
+    attribute: str
+    spec: str        # "module:qualname", for messages
+
+
+def resolve(target) -> Target:
+    """A Target from "module:function", "module:Class.method" or a function/method object.
+
+    Raises ValueError with a one-line message: no module X / no attribute Y / not callable.
+    """
+    if isinstance(target, Target):
+        return target
+    if isinstance(target, str):
+        module_name, _, qualname = target.partition(":")
+        if not module_name or not qualname:
+            raise ValueError(f"stage target {target!r} should look like module:function "
+                             "or module:Class.method")
+        return _resolve_path(_import(module_name), module_name, qualname)
+    return _resolve_object(target)
+
+
+def _import(module_name: str) -> types.ModuleType:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name and module_name.startswith(error.name):
+            raise ValueError(f"stage target: no module named {module_name!r}") from None
+        raise ValueError(f"stage target: importing {module_name!r} failed: {error}") from None
+    except Exception as error:  # the module's own code failed while importing
+        raise ValueError(f"stage target: importing {module_name!r} failed: "
+                         f"{type(error).__name__}: {error}") from None
+
+
+def _resolve_path(module, module_name: str, qualname: str) -> Target:
+    spec = f"{module_name}:{qualname}"
+    *outer, attribute = qualname.split(".")
+    owner = module
+    for depth, part in enumerate(outer):
+        owner = getattr(owner, part, _MISSING)
+        if owner is _MISSING:
+            where = ".".join([module_name, *outer[:depth]])
+            raise ValueError(f"stage target {spec!r}: {where} has no attribute {part!r}")
+    raw = _raw_attribute(owner, attribute)
+    if raw is _MISSING:
+        where = ".".join([module_name, *outer])
+        raise ValueError(f"stage target {spec!r}: {where} has no attribute {attribute!r}")
+    _check_stageable(raw, spec)
+    return Target(name=qualname, owner=owner, attribute=attribute, spec=spec)
+
+
+def _raw_attribute(owner, attribute: str):
+    """The attribute as stored (staticmethod/classmethod wrappers kept), or _MISSING."""
+    if isinstance(owner, type):
+        for klass in owner.__mro__:
+            if attribute in vars(klass):
+                return vars(klass)[attribute]
+        return _MISSING
+    return getattr(owner, attribute, _MISSING)
+
+
+def _check_stageable(raw, spec: str) -> None:
+    function = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+    if isinstance(function, type):
+        raise ValueError(f"stage target {spec!r} is a class; stage one of its methods "
+                         f"({spec}.method)")
+    if not callable(function):
+        raise ValueError(f"stage target {spec!r} is not callable "
+                         f"(it is a {type(function).__name__})")
+    if inspect.isgeneratorfunction(function) or inspect.iscoroutinefunction(function) \
+            or inspect.isasyncgenfunction(function):
+        raise ValueError(f"stage target {spec!r} is a generator or coroutine function: a "
+                         "call only creates it; stage the code that consumes it")
+
+
+def _resolve_object(obj) -> Target:
+    function = obj.__func__ if inspect.ismethod(obj) else obj
+    if isinstance(function, type):
+        raise ValueError(f"stage target {function.__qualname__!r} is a class; "
+                         "stage one of its methods")
+    if not callable(function):
+        raise ValueError(f"stage target {obj!r} is not callable")
+    module_name = getattr(function, "__module__", None)
+    qualname = getattr(function, "__qualname__", None)
+    if not module_name or not qualname or module_name not in sys.modules:
+        raise ValueError(f"stage target {obj!r} has no module-level name to patch; "
+                         "pass 'module:function' instead")
+    if "<locals>" in qualname or "<lambda>" in qualname:
+        raise ValueError(f"stage target {module_name}:{qualname} is defined inside a function "
+                         "and cannot be patched from outside")
+    target = _resolve_path(sys.modules[module_name], module_name, qualname)
+    raw = _raw_attribute(target.owner, target.attribute)
+    if getattr(raw, "__func__", raw) is not function:
+        raise ValueError(f"stage target {module_name}:{qualname} is not reachable under that name")
+    return target
+
+
+class Staging:
+    """Patches a set of targets for the duration of an audit (apply, then restore)."""
+
+    def __init__(self, targets):
+        self.targets: list[Target] = []
+        seen = set()
+        for target in map(resolve, targets):
+            key = (id(target.owner), target.attribute)
+            if key not in seen:
+                seen.add(key)
+                self.targets.append(target)
+        self._saved: list[tuple[Target, object]] = []
+
+    def apply(self) -> None:
+        for target in self.targets:
+            owner_dict = vars(target.owner)
+            original = owner_dict.get(target.attribute, _MISSING)
+            raw = _raw_attribute(target.owner, target.attribute)
+            try:
+                setattr(target.owner, target.attribute, _staged(raw, target))
+            except (AttributeError, TypeError) as error:
+                self.restore()
+                raise ValueError(f"stage target {target.spec!r} cannot be patched: "
+                                 f"{error}") from None
+            self._saved.append((target, original))
+
+    def restore(self) -> None:
+        while self._saved:
+            target, original = self._saved.pop()
+            if original is _MISSING:  # was inherited: remove our override
+                delattr(target.owner, target.attribute)
+            else:
+                setattr(target.owner, target.attribute, original)
+
+
+def _staged(raw, target: Target):
+    """The replacement attribute: same kind of descriptor, calls wrapped in a stage."""
+    if isinstance(raw, staticmethod):
+        return staticmethod(_stage_calls(raw.__func__, target.name, receiver=False))
+    if isinstance(raw, classmethod):
+        return classmethod(_stage_calls(raw.__func__, target.name, receiver=False))
+    is_method = isinstance(target.owner, type) and inspect.isfunction(raw)
+    return _stage_calls(raw, target.name, receiver=is_method)
+
+
+def _stage_calls(function, name: str, receiver: bool):
+    @functools.wraps(function)
+    def staged_call(*args, **kwargs):
+        audit = active_audit()
+        if audit is None:
+            return function(*args, **kwargs)
+        if receiver and args:
+            audit.track_receiver(args[0])
+        with stage(audit.numbered(name)):
+            return function(*args, **kwargs)
+    staged_call.__auditor_target__ = name
+    return staged_call

@@ -1,0 +1,162 @@
+"""`python -m gradprobe.streaming`: write a weights folder, or prune one with one layer in memory.
+
+    python -m gradprobe.streaming write-weights --arch tinystories-33m --out weights/
+    python -m gradprobe.streaming write-weights --arch mistral-7b --generate --dtype bf16 --out /tmp/w
+    python -m gradprobe.streaming prune --weights weights/ --out pruned/ --sparsity 0.1
+
+`write-weights` builds the model with `architectures.build_model` (the same weights as
+`gradprobe --arch NAME --seed N`) unless `--generate`, which writes seeded random weights one
+tensor at a time, for models too big to build. Mistakes in what the user typed end with one line
+on stderr and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+from ..masks import mask_digest
+from ..process_memory import current_rss, peak_rss
+from .pruner import STRATEGIES, Moment, StreamingGradProbe
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+MiB = 1 << 20
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line saying what is wrong, no usage block, no traceback
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m gradprobe.streaming",
+                     description="GradProbe with the model on disk, one decoder layer in memory.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    write = commands.add_parser("write-weights", help="write a model as a streaming weights folder")
+    write.add_argument("--arch", required=True, help="architecture name or local checkpoint folder")
+    for name in ("layers", "hidden", "vocab", "heads"):
+        write.add_argument(f"--{name}", type=int, help=f"override the architecture's {name}")
+    write.add_argument("--out", required=True, help="new folder for the weights")
+    write.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="stored dtype")
+    write.add_argument("--seed", type=int, default=0)
+    write.add_argument("--generate", action="store_true",
+                       help="random weights tensor by tensor (never the whole model in memory)")
+    prune = commands.add_parser("prune", help="prune a weights folder")
+    add_prune_arguments(prune)
+    return parser
+
+
+def add_prune_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--weights", required=True, help="weights folder (config.json + safetensors)")
+    parser.add_argument("--out", required=True, help="new folder for the pruned weights")
+    parser.add_argument("--masks-out", help="masks file (default OUT/masks.safetensors)")
+    parser.add_argument("--summary-json", help="also write the summary as JSON here")
+    parser.add_argument("--scratch", help="folder for G0 between passes (default: inside OUT)")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--batches", type=int, default=2, help="calibration batches per gradient pass")
+    parser.add_argument("--sparsity", type=float, default=0.1, help="candidate fraction s")
+    parser.add_argument("--reduction", type=float, default=0.1, help="reduction factor r")
+    parser.add_argument("--threshold", type=float, default=2.0, help="gradient threshold tau")
+    parser.add_argument("--strategy", choices=STRATEGIES, default="magnitude")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic calibration tokens")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own)")
+    parser.add_argument("--progress", action="store_true", help="one line on stderr per stage")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        print(write_weights(args) if args.command == "write-weights" else prune(args))
+    except ValueError as error:
+        parser.error(str(error))
+    return 0
+
+
+def write_weights(args: argparse.Namespace) -> str:
+    from architectures import build_model, make_config
+    from .writing import generate_random_weights, save_model
+    overrides = {n: getattr(args, n) for n in ("layers", "hidden", "vocab", "heads") if getattr(args, n)}
+    start = time.perf_counter()
+    if args.generate:
+        generate_random_weights(make_config(args.arch, **overrides), args.out, args.seed, DTYPES[args.dtype])
+    else:
+        save_model(build_model(args.arch, seed=args.seed, dtype=DTYPES[args.dtype], **overrides), args.out)
+    return (f"wrote {args.arch} ({args.dtype}, seed {args.seed}, "
+            f"{'generated tensor by tensor' if args.generate else 'built with build_model'}) to {args.out} "
+            f"in {time.perf_counter() - start:.1f} s; peak RSS {peak_rss() / MiB:,.1f} MiB")
+
+
+def prune(args: argparse.Namespace) -> str:
+    from architectures.calibration import synthetic_batches
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rss_start = current_rss()
+    pruner = StreamingGradProbe(args.weights, args.strategy, progress=_printer() if args.progress else None)
+    vocab = pruner.model.config.vocab_size
+    batches = synthetic_batches(vocab, args.seq_len, args.batch_size, args.batches, args.seed)
+    result = pruner.prune(batches, args.out, sparsity=args.sparsity, num_batches=args.batches,
+                          reduction_factor=args.reduction, gradient_threshold=args.threshold,
+                          masks_out=args.masks_out, scratch=args.scratch)
+    summary = {
+        "variant": "streaming", "weights": args.weights, "out": result.out, "masks": result.masks_path,
+        "parameters": sum(torch.Size(s).numel() for s in pruner.model.shapes.values()),
+        "prunable": result.prunable, "candidates": result.candidates, "pruned": result.pruned,
+        "sparsity": result.sparsity, "prune_seconds": result.seconds, "rss_start": rss_start,
+        "rss_end": current_rss(), "peak_rss": peak_rss(),
+        "decoder_layers_loaded": pruner.model.layers_loaded,
+        "most_decoder_layers_resident": pruner.model.most_layers_resident,
+        "mask_digest": mask_digest(result.masks),
+    }
+    if args.summary_json:
+        with open(args.summary_json, "w") as file:
+            json.dump(summary, file, indent=1)
+    return _summary_text(args, pruner, summary)
+
+
+def _summary_text(args, pruner: StreamingGradProbe, s: dict) -> str:
+    config = pruner.model.config
+    rows = [
+        ("parameters", f"{s['parameters']:,}"),
+        ("prunable parameters", f"{s['prunable']:,}"),
+        ("candidates", f"{s['candidates']:,} ({100 * s['candidates'] / s['prunable']:.3f}% of prunable)"),
+        ("pruned", f"{s['pruned']:,} ({100 * s['pruned'] / max(1, s['candidates']):.2f}% of candidates)"),
+        ("final sparsity", f"{100 * s['sparsity']:.3f}% of prunable parameters"),
+        ("wall time", f"{s['prune_seconds']:.2f} s pruning"),
+        ("layers loaded", f"{s['decoder_layers_loaded']} decoder layer loads, "
+                          f"at most {s['most_decoder_layers_resident']} resident"),
+        ("RSS at start", f"{s['rss_start'] / MiB:,.1f} MiB"),
+        ("RSS after prune", f"{s['rss_end'] / MiB:,.1f} MiB"),
+        ("peak RSS", f"{s['peak_rss'] / MiB:,.1f} MiB"),
+        ("output", f"{s['out']} (masks: {s['masks']})"),
+        ("mask digest", s["mask_digest"]),
+    ]
+    head = (f"gradprobe streaming: {args.weights} ({config.model_type}), {args.strategy} global, "
+            f"s={args.sparsity} r={args.reduction} tau={args.threshold}, {args.batches} batches of "
+            f"{args.batch_size}x{args.seq_len} tokens, stored {_stored_dtype(pruner)}, computed in fp32, "
+            f"cpu, {torch.get_num_threads()} threads")
+    return "\n".join([head] + [f"{label:<21}{value}" for label, value in rows])
+
+
+def _stored_dtype(pruner: StreamingGradProbe) -> str:
+    dtypes = {str(pruner.folder.stored_tensor(n).dtype).replace("torch.", "") for n in pruner.model.shapes}
+    return "/".join(sorted(dtypes))
+
+
+def _printer():
+    start = time.perf_counter()
+
+    def show(moment: Moment) -> None:
+        if moment.what != "batch":
+            print(f"[{time.perf_counter() - start:7.1f} s] {moment.what:<6} {moment.stage:<10} "
+                  f"RSS {current_rss() / MiB:,.0f} MiB, peak {peak_rss() / MiB:,.0f} MiB",
+                  file=sys.stderr, flush=True)
+    return show
+
+
+if __name__ == "__main__":
+    sys.exit(main())

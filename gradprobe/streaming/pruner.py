@@ -1,0 +1,282 @@
+"""Streaming GradProbe: the baseline's decisions on a model that stays on disk.
+
+    result = StreamingGradProbe("weights/").prune(batches, out="pruned/", sparsity=0.1)
+
+Only one stage is in memory at a time (the embeddings, one decoder layer, or the head), plus the
+hidden states between layers (one [batch, seq, hidden] tensor per layer and batch) and the
+gradient records at the candidates of the tensors in flight. The gradients are the exact
+full-model gradients, got by checkpointed backpropagation one layer at a time:
+
+    select_candidates          global threshold t: two counting passes over the weights on disk
+    record_original_gradients  forward, layer by layer, keeping the hidden states between layers;
+                               backward from the head down: each layer is loaded again, recomputed
+                               from its saved input, backpropagated from the gradient at its output,
+                               and each parameter gradient is read at the candidates as soon as it
+                               is complete, then freed. G0 of each stage goes to scratch on disk.
+    decide_and_write           the same pass with candidates times r as each stage is loaded (the
+                               files are never changed); as each stage's G1 is complete: decide
+                               (`decision.is_pruned`), write the stage's pruned weights and masks.
+
+The output folder gets the pruned weights (the stored dtype, one file per stage) with config.json
+and an index, so `from_pretrained` loads it; masks go to one safetensors file, a uint8 0/1 tensor
+per parameter (1 = pruned). The input folder is only read.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from ..batches import CalibrationBatches
+from ..decision import is_pruned
+from ..loss import causal_lm_loss
+from ..pruner import check_settings
+from ..strategies import _hook_input_norms
+from .candidates import candidate_positions, global_threshold, reduce
+from .gradient_records import CandidateGradients, ScratchRecords
+from .result import StreamingResult
+from .safetensors_files import SafetensorsWriter
+from .stages import Stage, StagedModel
+from .weights_folder import WeightsFolder
+from .writing import FolderWriter
+
+STRATEGIES = ("magnitude", "wanda")
+
+
+@dataclass(frozen=True)
+class Moment:
+    """What the pruner is doing, for a progress callback.
+
+    what: "phase" (a phase ended; `stage` names it), "loaded" (a stage is in memory, ready),
+    "batch" (one batch's backward through the stage is done), "done" (the stage is finished:
+    its records saved, or decided and written, and its weights freed).
+    """
+    what: str
+    stage: str
+    batch: int | None = None
+
+
+class StreamingGradProbe:
+    def __init__(self, weights: str, strategy: str = "magnitude",
+                 progress: Callable[[Moment], None] | None = None):
+        if strategy not in STRATEGIES:
+            raise ValueError(f"streaming GradProbe supports the strategies {', '.join(STRATEGIES)}, "
+                             f"not {strategy!r}")
+        self.strategy = strategy
+        self.folder = WeightsFolder(weights)
+        self.model = StagedModel(self.folder)
+        self.prunable = set(self.model.prunable)
+        self.progress = progress or (lambda moment: None)
+        self.threshold: float | None = None
+        self.scales: dict[str, torch.Tensor] = {}  # WANDA's ||X_j|| per tensor; none for magnitude
+        self.reduction_factor: float | None = None  # set during the reduced pass only
+        self.records: dict[str, CandidateGradients] = {}
+        self.hidden: list[list[torch.Tensor]] = []  # per layer boundary, per batch
+        self.batch = 0
+
+    def prune(self, loader: Iterable, out: str, loss_fn: Callable | None = None, sparsity: float = 0.1,
+              num_batches: int = 2, reduction_factor: float = 0.1, gradient_threshold: float = 2.0,
+              masks_out: str | None = None, scratch: str | None = None) -> StreamingResult:
+        check_settings(sparsity, reduction_factor, num_batches, gradient_threshold, torch.float32)
+        self._check_output(out)
+        batches = list(CalibrationBatches(loader, num_batches))  # token ids: small
+        loss_fn = loss_fn or causal_lm_loss
+        masks_out = masks_out or os.path.join(out, "masks.safetensors")
+        start = time.perf_counter()
+        os.makedirs(out, exist_ok=True)
+        scratch_folder = tempfile.mkdtemp(prefix="gradprobe-scratch-", dir=scratch or out)
+        try:
+            self.select_candidates(batches, sparsity)
+            self.progress(Moment("phase", "candidates selected"))
+            self.record_original_gradients(batches, loss_fn, ScratchRecords(scratch_folder))
+            self.progress(Moment("phase", "G0 recorded"))
+            counts = self.decide_and_write(batches, loss_fn, reduction_factor, gradient_threshold,
+                                           ScratchRecords(scratch_folder), out, masks_out)
+        finally:
+            shutil.rmtree(scratch_folder, ignore_errors=True)
+        prunable = sum(torch.Size(self.model.shapes[n]).numel() for n in self.model.prunable)
+        return StreamingResult(out, masks_out, counts["pruned"] / prunable, counts["candidates"],
+                               counts["pruned"], prunable, time.perf_counter() - start, self.threshold)
+
+    # -- the phases --------------------------------------------------------------------------
+
+    def select_candidates(self, batches: list, sparsity: float) -> None:
+        """One global threshold t over the scores of all prunable tensors: |w|, or |w| * ||X_j|| (WANDA)."""
+        self.scales = self.input_norms(batches) if self.strategy == "wanda" else {}
+        self.threshold = global_threshold(self.folder, self.model.prunable, sparsity, self.scales)
+
+    @torch.no_grad()
+    def input_norms(self, batches: list) -> dict[str, torch.Tensor]:
+        """WANDA's ||X_j|| for every Linear, read by the baseline's own hooks in a streaming forward."""
+        family, norms = self.model.family, {}
+        with self.resident(self.model.embeddings) as stage:
+            hidden = [family.embed(stage.modules, x) for x, _ in batches]
+        layer_inputs = [family.layer_inputs(h) for h in hidden]
+        for layer in self.model.decoder_layers:
+            with self.resident(layer) as stage, self._norms_hooked(stage, norms):
+                hidden = [family.run_layer(stage.layer, h, extra) for h, extra in zip(hidden, layer_inputs)]
+        with self.resident(self.model.head) as stage, self._norms_hooked(stage, norms):
+            for h in hidden:
+                family.logits(stage.modules, h)  # the head's input norms; a tied head scores the embedding
+        return norms
+
+    @contextmanager
+    def _norms_hooked(self, stage, norms: dict):
+        prunable = {name: p for name, p in stage.parameters.items() if name in self.prunable}
+        handles = [h for module in stage.modules.values() for h in _hook_input_norms(module, prunable, norms)]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def record_original_gradients(self, batches: list, loss_fn: Callable, scratch: ScratchRecords) -> None:
+        """G0 at the candidates, stage by stage to scratch."""
+        self.reduction_factor = None
+        self.gradient_pass(batches, loss_fn, lambda stage, records: scratch.save(
+            stage.file, {name: record.maximum for name, record in records.items()}))
+
+    def decide_and_write(self, batches: list, loss_fn: Callable, reduction_factor: float, tau: float,
+                         scratch: ScratchRecords, out: str, masks_out: str) -> dict[str, int]:
+        """G1 on the reduced model; each stage decided and written as soon as its G1 is complete."""
+        shapes = self.model.shapes
+        dtypes = {name: self.folder.stored_tensor(name).dtype for name in shapes}
+        weights = FolderWriter(out, self.model.config, shapes, dtypes)
+        masks = SafetensorsWriter(masks_out, {name: (torch.uint8, shape) for name, shape in shapes.items()})
+        counts = {"candidates": 0, "pruned": 0}
+
+        def decide(stage: Stage, records: dict[str, CandidateGradients]) -> None:
+            before = scratch.load(stage.file)
+            pruned = {name: record.positions[is_pruned(torch.tensor(True), before.pop(name),
+                                                       record.maximum, tau)]
+                      for name, record in records.items()}
+            counts["candidates"] += sum(r.positions.numel() for r in records.values())
+            counts["pruned"] += sum(p.numel() for p in pruned.values())
+            self._write_stage(stage, pruned, weights, masks)
+
+        self.reduction_factor = reduction_factor
+        try:
+            self.gradient_pass(batches, loss_fn, decide)
+        finally:
+            self.reduction_factor = None
+        masks.close()
+        weights.finish()
+        return counts
+
+    # -- one gradient pass, a stage at a time --------------------------------------------------
+
+    def gradient_pass(self, batches: list, loss_fn: Callable,
+                      stage_done: Callable[[Stage, dict[str, CandidateGradients]], None]) -> None:
+        self.stage_done, self.records = stage_done, {}
+        layer_inputs = self.forward(batches)
+        grads = self.backward_head(batches, loss_fn)
+        for stage in reversed(self.model.decoder_layers):
+            grads = self.backward_layer(stage, layer_inputs, grads)
+        self.backward_embeddings(batches, grads)
+
+    @torch.no_grad()
+    def forward(self, batches: list) -> list[dict]:
+        """The hidden states between layers, kept in `self.hidden`; returns what each layer call needs."""
+        family = self.model.family
+        with self.resident(self.model.embeddings) as stage:
+            self.hidden = [[family.embed(stage.modules, x) for x, _ in batches]]
+        layer_inputs = [family.layer_inputs(h) for h in self.hidden[0]]
+        for layer in self.model.decoder_layers:
+            with self.resident(layer) as stage:
+                self.hidden.append([family.run_layer(stage.layer, h, inputs)
+                                    for h, inputs in zip(self.hidden[-1], layer_inputs)])
+        return layer_inputs
+
+    def backward_head(self, batches: list, loss_fn: Callable) -> list[torch.Tensor]:
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+        outputs = self.hidden.pop()
+        with self.resident(self.model.head, backward=True) as stage:
+            for self.batch, (hidden, (_, y)) in enumerate(zip(outputs, batches)):
+                logits = self.model.family.logits(stage.modules, hidden.requires_grad_())
+                loss_fn(CausalLMOutputWithPast(logits=logits), y).backward()  # as loss_fn(model(x), y)
+                self.progress(Moment("batch", stage.stage.name, self.batch))
+        return [hidden.grad for hidden in outputs]
+
+    def backward_layer(self, layer: Stage, layer_inputs: list[dict], grads: list) -> list[torch.Tensor]:
+        """Recompute the layer from its saved input, backpropagate the gradient at its output."""
+        inputs = self.hidden.pop()
+        with self.resident(layer, backward=True) as stage:
+            for self.batch, (hidden, extra, grad) in enumerate(zip(inputs, layer_inputs, grads)):
+                self.model.family.run_layer(stage.layer, hidden.requires_grad_(), extra).backward(grad)
+                self.progress(Moment("batch", layer.name, self.batch))
+        return [hidden.grad for hidden in inputs]
+
+    def backward_embeddings(self, batches: list, grads: list) -> None:
+        with self.resident(self.model.embeddings, backward=True) as stage:
+            for self.batch, ((x, _), grad) in enumerate(zip(batches, grads)):
+                self.model.family.embed(stage.modules, x).backward(grad)
+                self.progress(Moment("batch", "embeddings", self.batch))
+
+    @contextmanager
+    def resident(self, stage: Stage, backward: bool = False):
+        """The stage loaded (reduced in the reduced pass), hooked if backward; then dropped, then done."""
+        loaded = self.model.load(stage)
+        try:
+            for name, tensor in loaded.parameters.items():
+                self._prepare(name, tensor, stage, backward)
+            self.progress(Moment("loaded", stage.name))
+            yield loaded
+        finally:
+            loaded.release()  # weights freed before the stage is finished: the writes need no weights
+        if backward:
+            done = {name: self.records.pop(name) for name in stage.owns if name in self.prunable}
+            self.stage_done(stage, done)
+            self.progress(Moment("done", stage.name))
+
+    def _prepare(self, name: str, tensor: torch.Tensor, stage: Stage, backward: bool) -> None:
+        if name in self.prunable and (backward or self.reduction_factor is not None):
+            record = self.records.get(name)
+            positions = record.positions if record else \
+                candidate_positions(tensor.detach(), self.threshold, self.scales.get(name))
+            if backward and record is None:
+                self.records[name] = CandidateGradients(positions)
+            if self.reduction_factor is not None:
+                reduce(tensor, positions, self.reduction_factor)
+        if backward:  # every gradient is consumed the moment it is complete: no dense .grad stays
+            tensor.register_post_accumulate_grad_hook(self._consumer(name, complete=name in stage.owns))
+
+    def _consumer(self, name: str, complete: bool) -> Callable:
+        def consume(tensor: torch.Tensor) -> None:
+            if name in self.records:
+                self.records[name].add(self.batch, tensor.grad, complete)
+            tensor.grad = None
+        return consume
+
+    # -- output ---------------------------------------------------------------------------------
+
+    def _write_stage(self, stage: Stage, pruned: dict[str, torch.Tensor], weights: FolderWriter,
+                     masks: SafetensorsWriter) -> None:
+        """The stage's weights as stored, pruned ones zeroed; its masks. One tensor at a time."""
+        with weights.stage_file(stage) as file:
+            for name in stage.owns:
+                weight = self.folder.load(name)  # the original, in its stored dtype
+                mask = torch.zeros(weight.shape, dtype=torch.uint8)
+                if name in pruned:
+                    weight.view(-1)[pruned[name]] = 0
+                    mask.view(-1)[pruned[name]] = 1
+                file.write(name, weight)
+                masks.write(name, mask)
+
+    def _check_output(self, out: str) -> None:
+        if os.path.abspath(out) == os.path.abspath(self.folder.path):
+            raise ValueError(f"the output folder {out!r} is the weights folder: give a new folder "
+                             "(the weights are read again while the pruned ones are written)")
+        if os.path.isdir(out) and os.listdir(out):
+            raise ValueError(f"the output folder {out!r} is not empty: give a new or empty folder")
+
+    def resident_bytes(self) -> dict[str, int]:
+        """The pruner's own live structures, by what they are (for measurements)."""
+        hidden = sum(h.numel() * h.element_size() for row in self.hidden for h in row)
+        return {"hidden states between layers": hidden,
+                "gradient records at candidates": sum(r.nbytes for r in self.records.values())}

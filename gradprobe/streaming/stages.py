@@ -1,0 +1,121 @@
+"""A model cut into stages (embeddings, each decoder layer, head), each loaded from disk on its own.
+
+The structure comes from the model built on the `meta` device (shapes only, no memory): which
+parameters exist, which are prunable, which decoder layer owns each, and which tensors are tied (a
+head sharing the token embedding uses that tensor, under the embedding's name). A loaded stage is
+a set of real modules holding fp32 weights read from the folder; `release` drops them.
+
+Every parameter is *owned* by exactly one stage, the one that writes it out. A tied head *uses*
+the embedding's tensor without owning it.
+"""
+from __future__ import annotations
+
+import copy
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from ..prunable import model_parameters, prunable_tensors
+from .families import family_of
+from .weights_folder import WeightsFolder
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str                  # "embeddings", "layer 3", "head"
+    file: str                  # the output file holding what it owns
+    modules: tuple[str, ...]   # submodule paths in the model
+    owns: tuple[str, ...]      # parameter names it writes
+    layer: int | None = None   # decoder layer index
+
+
+class LoadedStage:
+    """A stage's modules with real weights; `parameters` maps parameter names to the tensors used."""
+
+    def __init__(self, stage: Stage, modules: dict[str, torch.nn.Module], parameters: dict):
+        self.stage, self.modules, self.parameters = stage, modules, parameters
+
+    @property
+    def layer(self) -> torch.nn.Module:
+        return self.modules[self.stage.modules[0]]
+
+    def release(self) -> None:
+        self.modules, self.parameters = {}, {}
+
+
+class StagedModel:
+    def __init__(self, folder: WeightsFolder):
+        from transformers import AutoModelForCausalLM
+        self.folder, self.config = folder, folder.config()
+        with torch.device("meta"):
+            self.meta = AutoModelForCausalLM.from_config(self.config)
+        self.family = family_of(self.config, self.meta)
+        parameters = model_parameters(self.meta)
+        self.shapes = {name: tuple(p.shape) for name, p in parameters.items()}
+        self.prunable = list(prunable_tensors(self.meta))
+        self._names = {id(p): name for name, p in parameters.items()}  # tied tensors: one name
+        folder.check_matches(self.shapes)
+        self.stages = self._cut_into_stages()
+        self.layers_loaded, self.most_layers_resident = 0, 0
+        self._resident_layers: weakref.WeakSet = weakref.WeakSet()
+
+    @property
+    def embeddings(self) -> Stage:
+        return self.stages[0]
+
+    @property
+    def decoder_layers(self) -> list[Stage]:
+        return self.stages[1:-1]
+
+    @property
+    def head(self) -> Stage:
+        return self.stages[-1]
+
+    def uses(self, stage: Stage) -> list[str]:
+        """Every parameter name the stage computes with, tied tensors included."""
+        return [self._names[id(p)] for path in stage.modules
+                for p in self.meta.get_submodule(path).parameters()]
+
+    def load(self, stage: Stage, dtype: torch.dtype = torch.float32) -> LoadedStage:
+        modules, parameters = {}, {}
+        for path in stage.modules:
+            module = self._build_layer(stage.layer) if stage.layer is not None else \
+                copy.deepcopy(self.meta.get_submodule(path))
+            meta_module = self.meta.get_submodule(path)
+            names = {local: self._names[id(p)] for local, p in meta_module.named_parameters()}
+            module.load_state_dict({local: self.folder.load(name, dtype) for local, name in names.items()},
+                                   assign=True, strict=True)
+            module.eval()  # dropout off: these modules are ours, no user mode to keep
+            parameters.update({names[local]: p for local, p in module.named_parameters()})
+            modules[path] = module
+        return LoadedStage(stage, modules, parameters)
+
+    def _build_layer(self, index: int) -> torch.nn.Module:
+        """A fresh decoder layer, its parameters left uninitialised (the folder's weights replace them)."""
+        from transformers.initialization import no_init_weights
+        layer_class = type(self.meta.get_submodule(f"{self.family.layers}.{index}"))
+        with no_init_weights(), torch.device("cpu"):  # buffers (GPT-Neo's causal mask) are real
+            layer = layer_class(self.config, index)
+        self.layers_loaded += 1
+        self._resident_layers.add(layer)
+        self.most_layers_resident = max(self.most_layers_resident, len(self._resident_layers))
+        return layer
+
+    def _cut_into_stages(self) -> list[Stage]:
+        family = self.family
+        count = len(self.meta.get_submodule(family.layers))
+        embeddings = Stage("embeddings", "embeddings.safetensors", family.embeddings, ())
+        layers = [Stage(f"layer {i}", f"layer-{i:03d}.safetensors", (f"{family.layers}.{i}",), (), i)
+                  for i in range(count)]
+        head = Stage("head", "head.safetensors", family.head, ())
+        stages, owned = [], set()
+        for stage in [embeddings, *layers, head]:
+            owns = tuple(name for name in self.uses(stage) if name not in owned)
+            owned.update(owns)
+            stages.append(Stage(stage.name, stage.file, stage.modules, owns, stage.layer))
+        left = [name for name in self.shapes if name not in owned]
+        if left:
+            raise ValueError(f"{self.config.model_type}: parameter {left[0]!r} is in no stage "
+                             "(embeddings, decoder layers, head); streaming cannot run this model")
+        return stages

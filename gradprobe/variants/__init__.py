@@ -1,0 +1,57 @@
+"""Reference low-memory GradProbe variants, selectable by name.
+
+    from gradprobe.variants import make_pruner
+    result = make_pruner("lean", model, "magnitude").prune(batches, sparsity=0.1)
+
+Presets (each a `Variant` of switches over the baseline, run by `LowMemoryGradProbe`):
+
+    baseline          the baseline `GradProbe` itself
+    sparse-state      S = candidates' original values only; M_t a bitmask; G0, G1 at candidates
+    grad-in-backward  each gradient consumed by a post-accumulate hook, `.grad` dropped at once
+    checkpointed      decoder layers recompute their activations in backward
+    low-precision     S and G in bf16; unpruned weights stay bit-identical
+    lean              sparse-state + grad-in-backward + checkpointed
+
+All but low-precision make exactly the baseline's decisions (same masks, same pruned weights).
+
+A registry entry is any callable `(model, strategy, per_layer=False) -> pruner` whose pruner's
+`prune(loader, loss_fn, sparsity, num_batches, reduction_factor, gradient_threshold,
+storage_dtype)` returns a `PruneResult`; a pruner class with `GradProbe`'s signature is one.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import torch
+
+from ..pruner import GradProbe
+from .packed_mask import PackedMask
+from .pruner import LowMemoryGradProbe
+from .variant import Variant
+
+PRESETS: dict[str, Variant] = {
+    "sparse-state": Variant(state="sparse"),
+    "grad-in-backward": Variant(gradients="in-backward"),
+    "checkpointed": Variant(checkpointing=True),
+    "low-precision": Variant(storage_dtype=torch.bfloat16),
+    "lean": Variant(state="sparse", gradients="in-backward", checkpointing=True),
+}
+
+VARIANTS: dict[str, Callable[..., GradProbe]] = {
+    "baseline": GradProbe,
+    **{name: partial(LowMemoryGradProbe, variant=variant) for name, variant in PRESETS.items()},
+}
+
+
+def check_variant(name: str) -> None:
+    if name not in VARIANTS:
+        raise ValueError(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
+
+
+def make_pruner(name: str, model: torch.nn.Module, strategy="magnitude", per_layer: bool = False):
+    check_variant(name)
+    return VARIANTS[name](model, strategy, per_layer=per_layer)
+
+
+__all__ = ["VARIANTS", "PRESETS", "Variant", "LowMemoryGradProbe", "PackedMask", "check_variant", "make_pruner"]

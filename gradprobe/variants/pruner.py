@@ -1,0 +1,112 @@
+"""GradProbe with low-memory switches: the baseline's loop and decision rule, leaner structures.
+
+    pruner = LowMemoryGradProbe(model, variant=Variant("sparse", "in-backward", checkpointing=True))
+    result = pruner.prune(batches, sparsity=0.1)    # the masks GradProbe(model).prune(...) gives
+
+It inherits `GradProbe.prune` (the loop, the restore on failure, the result) and overrides only
+the phases a switch changes:
+
+    candidates first   with a sparse state or in-backward gradients, M_t is chosen before any
+                       gradient pass, so G0 and G1 are kept at candidate positions only. M_t does
+                       not depend on gradients (magnitude reads |w|, WANDA runs a forward-only
+                       pass), so it is the baseline's M_t, G0 there is the baseline's G0, and the
+                       decisions are the baseline's.
+    state="sparse"     S is the candidates' original values, M_t a bitmask; only candidates are
+                       ever written to, so restoring them restores the model.
+    gradients="in-backward"  G is updated inside backward and `.grad` dropped at once.
+    checkpointing      the gradient passes run under `activation_checkpointing`.
+    storage_dtype      the baseline's option: dtype of G and of a full S.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+
+import torch
+
+from ..gradients import gradient_passes
+from ..pruner import GradProbe, PruneResult
+from .at_candidates import candidate_values, count_candidates, put_candidate_values_, scale_candidates_
+from .candidate_record import CandidateMaxima, final_mask_at_candidates
+from .checkpointing import activation_checkpointing
+from .gradient_hooks import gradients_consumed_in_backward
+from .packed_mask import PackedMask
+from .variant import Variant
+
+
+class LowMemoryGradProbe(GradProbe):
+    def __init__(self, model: torch.nn.Module, strategy="magnitude", per_layer: bool = False, *,
+                 variant: Variant = Variant()):
+        super().__init__(model, strategy, per_layer)
+        self.variant = variant
+
+    def prune(self, loader: Iterable, loss_fn: Callable | None = None, sparsity: float = 0.1,
+              num_batches: int = 2, reduction_factor: float = 0.1, gradient_threshold: float = 2.0,
+              storage_dtype: torch.dtype | None = None) -> PruneResult:
+        """As `GradProbe.prune`; `storage_dtype` defaults to the variant's."""
+        return super().prune(loader, loss_fn, sparsity, num_batches, reduction_factor,
+                             gradient_threshold, storage_dtype or self.variant.storage_dtype)
+
+    def measuring(self) -> AbstractContextManager:
+        if self.variant.checkpointing:
+            return activation_checkpointing(self.model)
+        return super().measuring()
+
+    def measure(self, batches: Iterable, loss_fn: Callable, sparsity: float,
+                reduction_factor: float) -> None:
+        if not self.variant.candidates_first:
+            return super().measure(batches, loss_fn, sparsity, reduction_factor)
+        self.select_candidates(batches, sparsity)
+        self.save_state(self.storage_dtype)
+        self.record_original_gradients(batches, loss_fn)
+        self.reduce_candidates(reduction_factor)
+        self.record_reduced_gradients(batches, loss_fn)
+
+    def select_candidates(self, batches: Iterable, sparsity: float) -> None:
+        super().select_candidates(batches, sparsity)
+        if self.variant.state == "sparse":  # packed one by one, each bool mask freed once packed
+            bools = self.candidates
+            self.candidates = {name: PackedMask.pack(bools.pop(name)) for name in list(bools)}
+
+    def save_state(self, storage_dtype: torch.dtype = torch.float32) -> None:
+        if self.variant.state == "full":
+            return super().save_state(storage_dtype)
+        self.storage_dtype = storage_dtype
+        self.saved_state = {name: candidate_values(self.prunable[name], chosen)
+                            for name, chosen in self.candidates.items()}
+
+    def record_gradients(self, batches: Iterable, loss_fn: Callable) -> dict[str, torch.Tensor]:
+        if not self.variant.candidates_first:
+            return super().record_gradients(batches, loss_fn)
+        record = CandidateMaxima(self.prunable, self.candidates, self.storage_dtype)
+        if self.variant.gradients == "in-backward":
+            with gradients_consumed_in_backward(self.parameters, record.update):
+                for _ in gradient_passes(self.model, batches, loss_fn):
+                    pass  # the hooks have read this batch's gradients already
+        else:
+            for _ in gradient_passes(self.model, batches, loss_fn):
+                for name, tensor in self.prunable.items():
+                    record.update(name, tensor.grad)
+        return record.maxima
+
+    def reduce_candidates(self, reduction_factor: float) -> None:
+        if self.variant.state == "full":
+            return super().reduce_candidates(reduction_factor)
+        for name, chosen in self.candidates.items():
+            scale_candidates_(self.prunable[name], chosen, reduction_factor)
+
+    def final_mask(self, name: str, gradient_threshold: float) -> torch.Tensor:
+        if not self.variant.candidates_first:
+            return super().final_mask(name, gradient_threshold)
+        return final_mask_at_candidates(self.prunable[name].shape, self.candidates[name],
+                                        self.gradients_original[name], self.gradients_reduced[name],
+                                        gradient_threshold)
+
+    def restore_weights(self) -> None:
+        if self.variant.state == "full":
+            return super().restore_weights()
+        for name, originals in self.saved_state.items():
+            put_candidate_values_(self.prunable[name], self.candidates[name], originals)
+
+    def candidate_count(self) -> int:
+        return sum(count_candidates(mask) for mask in self.candidates.values())

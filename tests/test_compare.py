@@ -1,0 +1,283 @@
+"""`auditor compare` with generic sides: real child processes (small Python scripts), exact
+peaks, result agreement, verdicts, exit statuses, alternation, re-rendering, bad input."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from auditor.cli import main
+from auditor.comparison import Comparison, Side, Tolerance, run_comparison
+from auditor.renderers import comparison_markdown
+
+MiB = 1 << 20
+
+# One configurable child: allocates EXTRA MiB (touched) once "loaded", reports through the
+# AUDITOR_RESULT protocol by hand (as a program in any language would), optionally logs its name.
+CHILD = '''
+import argparse, json, os
+import psutil
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--extra", type=int, default=0)
+parser.add_argument("--digest")
+parser.add_argument("--tensors", choices=["reference", "changed"])
+parser.add_argument("--log")
+parser.add_argument("--name", default="?")
+args = parser.parse_args()
+if args.log:
+    with open(args.log, "a") as log:
+        log.write(args.name + "\\n")
+report = {"loaded_rss": psutil.Process().memory_info().rss}
+held = np.ones(args.extra * 2**20 // 8) if args.extra else None
+if args.digest:
+    report["result_digest"] = args.digest
+if args.tensors:
+    from safetensors.numpy import save_file
+    a, b = np.zeros(1000, dtype=np.uint8), np.ones((10, 10), dtype=np.float32)
+    if args.tensors == "changed":  # 7 + 3 = 10 differing elements
+        a[[1, 5, 9, 100, 200, 300, 999]] = 1
+        b[0, :3] = 2.0
+    path = os.path.join(os.path.dirname(os.environ["AUDITOR_RESULT"]), "result.safetensors")
+    save_file({"a": a, "b": b}, path)
+    report["result_file"] = path
+if os.environ.get("AUDITOR_RESULT"):
+    with open(os.environ["AUDITOR_RESULT"], "w") as file:
+        json.dump(report, file)
+'''
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "child.py").write_text(CHILD)
+    return tmp_path
+
+
+def cmd(*args: str) -> str:
+    return " ".join([sys.executable, "child.py", *args])
+
+
+def record_of(path) -> dict:
+    return json.loads(path.with_suffix(".json").read_text())
+
+
+def one_error_line(capsys) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("auditor: error: ") and "Traceback" not in captured.err
+    return lines[0]
+
+
+def test_measures_a_200_mib_difference_and_agrees(workdir, capsys):
+    out = workdir / "reports" / "big-vs-small.md"
+    status = main(["compare", "--baseline-cmd", "big", cmd("--extra", "200", "--digest", "d1"),
+                   "--variant-cmd", "small", cmd("--digest", "d1"), "--repeats", "2", "-o", str(out)])
+    assert status == 0, capsys.readouterr().err
+    record = record_of(out)
+    summary = Comparison(record).summary
+    big, small = summary["sides"]["big"], summary["sides"]["small"]
+    saving = big["peak_rss"]["median"] - small["peak_rss"]["median"]
+    assert abs(saving - 200 * MiB) < 0.03 * 200 * MiB, saving / MiB
+    assert abs(big["overhead"]["median"] - 200 * MiB) < 0.03 * 200 * MiB, big["overhead"]
+    assert abs(small["overhead"]["median"]) < 5 * MiB  # loaded then nothing more
+    assert small["peak_rss"]["median"] < 80 * MiB  # python + numpy, not the test runner's size
+    variant = summary["variants"][0]
+    assert variant["claims_saving"] and variant["verdict"] == "ok"
+    assert variant["agreement"]["status"] == "identical" and variant["agreement"]["same_digest"]
+    assert variant["peak_ratio"] == pytest.approx(small["peak_rss"]["median"] / big["peak_rss"]["median"])
+    markdown = out.read_text()
+    assert "**Verdict: pass.**" in markdown and "](big-vs-small.png)" in markdown
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Load average" in markdown and cmd("--digest", "d1") in markdown
+    assert re.search(r"ok small: .*saves (19[4-9]|20[0-6])\.\d MiB", capsys.readouterr().err)
+
+
+def test_saving_with_a_different_result_fails_with_the_count(workdir, capsys):
+    out = workdir / "differs.md"
+    status = main(["compare", "--baseline-cmd", "base", cmd("--extra", "100", "--tensors", "reference"),
+                   "--variant-cmd", "lean", cmd("--tensors", "changed"), "--repeats", "1", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert status == 1, err
+    assert "FAIL" in err and "10 of 1,100 elements differ" in err
+    record = record_of(out)
+    lean_run = next(run for run in record["runs"] if run["side"] == "lean")
+    assert lean_run["result"]["differing_elements"] == 10 and lean_run["result"]["elements"] == 1100
+    verdict = Comparison(record).summary["variants"][0]
+    assert verdict["verdict"] == "fail" and verdict["agreement"]["status"] == "differs"
+    assert "**Verdict: FAIL.**" in out.read_text()
+
+
+@pytest.mark.parametrize("tolerance, expected", [("10", 0), ("9", 1), ("0.01", 0), ("0.5%", 1)])
+def test_declared_tolerance_decides(workdir, capsys, tolerance, expected):
+    # 10 of 1,100 elements differ: 10 elements and 1% (11) allow it; 9 and 0.5% (5) do not.
+    status = main(["compare", "--baseline-cmd", "base", cmd("--extra", "50", "--tensors", "reference"),
+                   "--variant-cmd", "lean", cmd("--tensors", "changed"), "--repeats", "1",
+                   "--tolerance", f"lean={tolerance}", "-o", str(workdir / "t.md")])
+    assert status == expected, capsys.readouterr().err
+    agreement = Comparison(record_of(workdir / "t.md")).summary["variants"][0]["agreement"]
+    assert agreement["status"] == ("within tolerance" if expected == 0 else "differs")
+
+
+def test_tolerance_declared_by_the_run_counts_unless_overridden(workdir):
+    # A run may declare its own tolerance through the protocol; the user's --tolerance wins.
+    (workdir / "declares.py").write_text(CHILD.replace(
+        'report = {"loaded_rss"', 'report = {"tolerance": {"elements": 10}, "loaded_rss"'))
+    declares = " ".join([sys.executable, "declares.py", "--tensors", "changed"])
+    args = ["compare", "--baseline-cmd", "base", cmd("--extra", "50", "--tensors", "reference"),
+            "--variant-cmd", "lean", declares, "--repeats", "1", "-o", str(workdir / "d.md")]
+    assert main(args) == 0
+    variant = Comparison(record_of(workdir / "d.md")).summary["variants"][0]
+    assert variant["tolerance_source"] == "declared by the run" and variant["agreement"]["allowance"] == 10
+    assert main([*args, "--tolerance", "lean=0"]) == 1
+
+
+def test_a_variant_that_saves_nothing_may_differ(workdir, capsys):
+    status = main(["compare", "--baseline-cmd", "base", cmd("--digest", "one"),
+                   "--variant-cmd", "fat", cmd("--extra", "100", "--digest", "two"),
+                   "--repeats", "1", "-o", str(workdir / "n.md")])
+    assert status == 0, capsys.readouterr().err
+    variant = Comparison(record_of(workdir / "n.md")).summary["variants"][0]
+    assert not variant["claims_saving"] and variant["agreement"]["status"] == "differs"
+    assert variant["verdict"] == "ok" and "no saving" in variant["why"]
+
+
+def test_no_result_is_unknown_and_fails_only_when_required(workdir, capsys):
+    args = ["compare", "--baseline-cmd", "base", cmd("--extra", "50"), "--variant-cmd", "lean", cmd(),
+            "--repeats", "1", "-o", str(workdir / "u.md")]
+    assert main(args) == 0
+    assert Comparison(record_of(workdir / "u.md")).summary["variants"][0]["agreement"]["status"] == "unknown"
+    assert main([*args, "--require-result"]) == 1
+    assert "a result is required" in capsys.readouterr().err
+
+
+def test_sides_alternate(workdir):
+    log = workdir / "order.log"
+    sides = [Side(name, [sys.executable, "child.py", "--log", str(log), "--name", name])
+             for name in ("base", "v1", "v2")]
+    comparison = run_comparison(sides[0], sides[1:], repeats=3)
+    expected = ["base", "v1", "v2"] * 3
+    assert log.read_text().split() == expected  # the order the processes really ran in
+    runs = comparison.record["runs"]
+    assert [run["side"] for run in runs] == expected
+    assert [run["order"] for run in runs] == list(range(1, 10))
+    assert [run["repeat"] for run in runs] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert "base -> v1 -> v2" in comparison_markdown.render(comparison.record, comparison.summary)
+
+
+def test_peak_is_the_childs_own_not_the_parents(workdir):
+    # A child forked from a big parent starts from the parent's high-water mark; the launcher
+    # in between keeps a 400 MiB parent out of the child's peak.
+    held = bytearray(400 * MiB)
+    held[::4096] = b"\x01" * len(held[::4096])
+    tiny = Side("tiny", [sys.executable, "-c", "pass"])
+    comparison = run_comparison(tiny, [Side("tiny2", [sys.executable, "-c", "pass"])], repeats=1)
+    for run in comparison.record["runs"]:
+        assert run["peak_rss"] < 60 * MiB, run["peak_rss"] / MiB
+    del held
+
+
+CALLABLES = '''
+from auditor.comparison import protocol
+
+def masks():
+    protocol.loaded()
+    return {"m": np.arange(10, dtype=np.int64) % 2}
+
+def masks_off_by_one():
+    m = np.arange(10, dtype=np.int64) % 2
+    m[3] = 7
+    return {"m": m}
+'''
+
+
+def test_callables_as_sides(workdir):
+    (workdir / "cmp_callables.py").write_text(CALLABLES)
+    baseline = Side.call("masks", "cmp_callables:masks")
+    variant = Side.call("off", "cmp_callables:masks_off_by_one", tolerance=Tolerance(elements=1))
+    comparison = run_comparison(baseline, [variant], repeats=1)
+    runs = comparison.record["runs"]
+    assert runs[0]["loaded_rss"] is not None and runs[1]["loaded_rss"] is None
+    assert runs[1]["result"]["differing_elements"] == 1
+    assert comparison.summary["variants"][0]["agreement"]["status"] == "within tolerance"
+
+
+def test_a_report_renders_again_from_its_record(workdir, capsys):
+    out = workdir / "first.md"
+    assert main(["compare", "--baseline-cmd", "base", cmd("--extra", "50", "--tensors", "reference"),
+                 "--variant-cmd", "lean", cmd("--tensors", "changed"), "--repeats", "1", "-o", str(out)]) == 1
+    again = workdir / "again" / "second.md"
+    assert main(["compare", "--from", str(out.with_suffix(".json")), "-o", str(again)]) == 1
+    assert again.read_text() == out.read_text().replace("](first.png)", "](second.png)")
+    assert again.with_suffix(".png").exists()
+
+
+def test_a_failing_run_stops_the_comparison(workdir, capsys):
+    status = main(["compare", "--baseline-cmd", "base", cmd(),
+                   "--variant-cmd", "broken", f"{sys.executable} -c 'import sys; sys.exit(\"boom\")'",
+                   "--repeats", "1", "-o", str(workdir / "f.md")])
+    err = capsys.readouterr().err
+    assert status == 1 and "broken run 1: exited with status 1" in err and "boom" in err
+    assert not (workdir / "f.md").exists()
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--variant", "no-such-variant"], "unknown variant 'no-such-variant'; known variants: baseline"),
+    (["--variant", "lean", "--repeats", "0"], "--repeats must be at least 1, got 0"),
+    (["--baseline-cmd", "b", "true", "--variant-cmd", "v", ""], "--variant-cmd v: the command is empty"),
+    (["--baseline-cmd", "b", "true", "--variant-cmd", "v", "no-such-program-x"], "not an executable"),
+    (["--baseline-cmd", "b", "true", "--variant-cmd", "v", "'unclosed"], "cannot split the command"),
+    (["--baseline-cmd", "b", "true"], "nothing to compare"),
+    (["--baseline-cmd", "b", "true", "--variant-cmd", "v", "true", "--tolerance", "w=1"], "one of the variants (v)"),
+    (["--baseline-cmd", "b", "true", "--variant-cmd", "v", "true", "--tolerance", "v=lots"], "is not a number"),
+    (["--baseline-cmd", "b", "true", "--variant-cmd", "v", "true", "-o", "x.txt"], "markdown file"),
+    (["--baseline-cmd", "b", "true", "--variant-cmd", "v", "true", "--", "--arch", "x"], "GradProbe sides"),
+    (["--from", "missing.json"], "cannot read comparison record"),
+])
+def test_bad_input_is_one_line_and_status_2(workdir, capsys, args, says):
+    assert main(["compare", *args]) == 2
+    assert says in one_error_line(capsys)
+    assert not list(workdir.glob("runs"))  # nothing ran, nothing written
+
+
+def test_unknown_variant_from_the_command_line(workdir):
+    done = subprocess.run([sys.executable, "-m", "auditor", "compare", "--variant", "fastest"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "unknown variant 'fastest'; known variants: " in lines[0], done.stderr
+    assert "lean" in lines[0]
+
+
+def test_result_files_compare_bit_for_bit(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from auditor.comparison.result_files import differing_elements, digest
+    a = {"w": torch.tensor([0.0, 1.0, float("nan")], dtype=torch.bfloat16), "m": torch.zeros(4, dtype=torch.bool),
+         "only_a": torch.zeros(5)}
+    b = {"w": torch.tensor([-0.0, 1.0, float("nan")], dtype=torch.bfloat16),  # -0.0 differs bitwise
+         "m": torch.tensor([True, False, False, True]), "only_b": torch.zeros(2, 3)}
+    save_file(a, tmp_path / "a.safetensors")
+    save_file(b, tmp_path / "b.safetensors")
+    assert differing_elements(tmp_path / "a.safetensors", tmp_path / "b.safetensors") == 1 + 2 + 5 + 6
+    assert differing_elements(tmp_path / "a.safetensors", tmp_path / "a.safetensors") == 0
+    (digest_a, total), (digest_b, _) = digest(tmp_path / "a.safetensors"), digest(tmp_path / "b.safetensors")
+    assert total == 12 and digest_a != digest_b
+    save_file({"w": torch.zeros(2, 2)}, tmp_path / "c.safetensors")
+    save_file({"w": torch.zeros(4)}, tmp_path / "d.safetensors")  # another shape: all differ
+    assert differing_elements(tmp_path / "c.safetensors", tmp_path / "d.safetensors") == 4
+
+
+def test_tolerance_parsing():
+    assert Tolerance.parse("10") == Tolerance(elements=10)
+    assert Tolerance.parse("0.001") == Tolerance(fraction=0.001)
+    assert Tolerance.parse("0.1%") == Tolerance(fraction=0.001)
+    assert Tolerance(fraction=0.001).allowance(10_000) == 10
+    for bad in ("-1", "1.5", "x"):
+        with pytest.raises(ValueError):
+            Tolerance.parse(bad)

@@ -1,0 +1,393 @@
+"""`auditor report` and the markdown memory report, on real run records (built by
+test_findings.records: real audits of small torch workloads)."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from auditor import units
+from auditor.analysis.components import (BEYOND_CENSUS, UNSEEN_TENSORS, attribute, census_order,
+                                         final_stage, peak_stage, run_weights)
+from auditor.analysis.findings import RULES, evaluate, findings
+from auditor.analysis.timeline import timeline
+from auditor.cli import main
+from auditor.renderers.markdown import render, write_report
+from test_findings import TINY_GPT_NEO, records
+
+SECTIONS = ["## Summary", "## Stages", "## Components", "## Timeline",
+            "## Top allocation sites at the peak", "## Findings", "## Theoretical minimum and gap",
+            "## Environment"]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    return records(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def reports(built, tmp_path_factory):
+    """Each record's report, written by the CLI into a folder apart from the run folder."""
+    out = tmp_path_factory.mktemp("reports")
+    written = {}
+    for name, (_, folder) in built.items():
+        target = out / name / "report.md"
+        target.parent.mkdir()
+        assert main(["report", str(folder), "-o", str(target)]) == 0
+        written[name] = target
+    return written
+
+
+def text_of(reports, name) -> str:
+    return reports[name].read_text(encoding="utf-8")
+
+
+def tables(markdown: str) -> list[list[list[str]]]:
+    """Every table: a list of rows, each a list of cells (split on unescaped pipes)."""
+    found, current = [], []
+    for line in markdown.splitlines() + [""]:
+        if line.startswith("|"):
+            current.append([c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]])
+        elif current:
+            found.append(current)
+            current = []
+    return found
+
+
+def table_after(markdown: str, heading: str) -> list[list[str]]:
+    return tables(markdown[markdown.index(heading):])[0]
+
+
+def row(table, first_cell_contains: str) -> list[str]:
+    """The one row whose first cell is, or else contains, the text."""
+    matches = [r for r in table if first_cell_contains == r[0]] or [r for r in table if first_cell_contains in r[0]]
+    assert len(matches) == 1, (first_cell_contains, [r[0] for r in table])
+    return matches[0]
+
+
+# -- the whole report ---------------------------------------------------------------------
+
+def test_report_has_every_section_in_order(reports, built, capsys):
+    for name in built:
+        text = text_of(reports, name)
+        assert text.startswith(f"# Memory report: {name}\n")
+        positions = [text.index(heading + "\n") for heading in SECTIONS]
+        assert positions == sorted(positions), name
+
+
+def test_every_table_is_valid_github_markdown(reports, built):
+    for name in built:
+        found = tables(text_of(reports, name))
+        assert len(found) >= 4, name
+        for table in found:
+            header, separator, *body = table
+            assert len(separator) == len(header) and all(re.fullmatch(r":?-{3,}:?", c) for c in separator)
+            assert all(len(r) == len(header) for r in body), (name, header)
+
+
+def test_default_output_is_report_md_in_the_run_folder(built, tmp_path, capsys):
+    folder = tmp_path / "run"
+    shutil.copytree(built["failed"][1], folder)
+    assert main(["report", str(folder / "run.json")]) == 0
+    assert capsys.readouterr().out.strip() == str(folder / "report.md")
+    assert (folder / "report.md").read_text().startswith("# Memory report: failed")
+    assert (folder / "report-timeline.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_report_renders_from_the_record_alone_without_torch(built, tmp_path):
+    """Another machine: only run.json, and no torch needed to read it."""
+    (tmp_path / "copy").mkdir()
+    shutil.copy(built["pattern"][1] / "run.json", tmp_path / "copy" / "run.json")
+    code = ("import sys; from auditor.cli import main; rc = main(sys.argv[1:]); "
+            "print('torch' in sys.modules, 'transformers' in sys.modules); sys.exit(rc)")
+    done = subprocess.run([sys.executable, "-c", code, "report", str(tmp_path / "copy")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "False False"
+    assert "## Findings" in (tmp_path / "copy" / "report.md").read_text()
+
+
+# -- summary ------------------------------------------------------------------------------
+
+def test_summary(reports, built):
+    record = built["pattern"][0]
+    summary = table_after(text_of(reports, "pattern"), "## Summary")
+    peak = record["peak"]
+    assert row(summary, "peak RSS")[1] == f"**{units.size(peak['rss'])}** in stage `{peak['stage']}`"
+    weights = run_weights(record)
+    assert weights == peak_stage(record)["components"]["model.parameters"]["bytes"]
+    assert row(summary, "peak / weights")[1].startswith(f"**{units.ratio(peak['rss'], weights)}** the weights")
+    live = max(s["live_tensors"]["peak"] for s in record["stages"])
+    assert row(summary, "peak live tensors")[1].startswith(units.size(live))
+    counts = {s: sum(1 for f in findings(record) if f.severity == s) for s in ("high", "medium", "low")}
+    assert row(summary, "findings")[1].startswith(f"{counts['high']} high, {counts['medium']} medium, {counts['low']} low")
+    failed = table_after(text_of(reports, "failed"), "## Summary")
+    assert row(failed, "peak live tensors")[1].startswith("not measured")
+    assert row(failed, "peak / weights")[1].startswith("no census")
+
+
+# -- stages -------------------------------------------------------------------------------
+
+def test_stage_table(reports, built):
+    record = built["pattern"][0]
+    table = table_after(text_of(reports, "pattern"), "## Stages")
+    header, _, *body = table
+    assert header[:7] == ["stage", "status", "duration", "RSS end", "delta", "peak inside", "peak - start"]
+    assert "live tensors peak" in header and "Python heap end" not in header and "CUDA allocated" not in header
+    assert len(body) == len(record["stages"])
+    for cells, stage in zip(body, record["stages"]):
+        rss = stage["rss"]
+        depth = stage["path"].count("/")
+        assert cells[0].startswith("&emsp;" * depth + ("**" if stage["path"] == record["peak"]["stage"] else stage["name"][0]))
+        assert not cells[0].startswith("&emsp;" * (depth + 1))
+        assert cells[3] == units.size(rss["end"])
+        assert cells[4] == units.signed_size(rss["end"] - rss["start"])
+        assert cells[5] == units.size(rss["peak"])
+        assert cells[6] == units.signed_size(rss["peak"] - rss["start"])
+        assert cells[header.index("live tensors peak")] == units.size(stage["live_tensors"]["peak"])
+    assert row(table, "batch 1")[0] == "&emsp;batch 1"
+    assert row(table, "spike")[0] == "**spike**"  # the stage holding the run's peak
+
+
+def test_failed_stage_is_marked_and_heap_columns_appear(reports, built):
+    table = table_after(text_of(reports, "failed"), "## Stages")
+    header = table[0]
+    assert "Python heap end" in header and "Python heap peak" in header
+    assert row(table, "boom")[1] == "**FAILED**: ValueError: bad batch"
+    assert row(table, "fine")[1] == "ok"
+    fine = next(s for s in built["failed"][0]["stages"] if s["name"] == "fine")
+    assert row(table, "fine")[header.index("Python heap end")] == units.size(fine["py_heap"]["end"])
+
+
+# -- components -----------------------------------------------------------------------------
+
+def test_component_table_sums(reports, built):
+    record = built["pattern"][0]
+    stage = peak_stage(record)
+    a = attribute(stage)
+    assert a.census == sum(c["bytes"] for c in stage["components"].values()) == sum(r.bytes for r in a.rows)
+    assert sum(total for _, total in a.categories) == a.census
+    assert a.beyond_census == stage["rss"]["end"] - a.census
+    assert a.unseen == stage["live_tensors"]["end"] - a.census
+    assert a.unseen + a.beyond_live == a.beyond_census
+    assert sum(r.share for r in a.rows) + a.share(a.beyond_census) == pytest.approx(1.0)
+
+    text = text_of(reports, "pattern")
+    table = table_after(text, f"### Components at the peak stage: `{stage['path']}`")
+    for component in a.rows:
+        assert row(table, f"`{component.name}`")[1:4] == [component.category, units.size(component.bytes),
+                                                          units.share(component.bytes, a.rss_end)]
+    assert row(table, "census total")[2] == f"**{units.size(a.census)}**"
+    assert row(table, BEYOND_CENSUS)[2] == units.size(a.beyond_census)
+    assert row(table, UNSEEN_TENSORS)[2] == units.size(a.unseen)
+    assert row(table, "RSS at the stage end")[2] == f"**{units.size(stage['rss']['end'])}**"
+    assert row(table, "peak inside the stage")[2] == f"**{units.size(stage['rss']['peak'])}**"
+    percentages = [float(row(table, name)[3].rstrip("%")) for name in ("census total", BEYOND_CENSUS)]
+    assert sum(percentages) == pytest.approx(100.0, abs=0.15)
+    categories = tables(text[text.index("By category:"):])[0]
+    for category, total in a.categories:
+        assert row(categories, category)[1] == units.size(total)
+    assert row(categories, "gradients")[3] == "1.00x"  # .grad is exactly the parameters
+
+
+def test_beyond_census_line_is_never_hidden(reports, built):
+    for name in ("pattern", "clean"):
+        text = text_of(reports, name)
+        record = built[name][0]
+        for stage in {id(s): s for s in (peak_stage(record), final_stage(record))}.values():
+            section = text[text.index(f": `{stage['path']}`"):]
+            assert row(tables(section)[0], BEYOND_CENSUS)[2] == units.size(attribute(stage).beyond_census)
+    clean = text_of(reports, "clean")  # peak and last stage differ: both tables
+    assert "### Components at the peak stage" in clean and "### Components at the last stage" in clean
+    assert "No tensor census in this record" in text_of(reports, "failed")
+
+
+def test_projection_columns_scaled_and_traced_side_by_side(built, tmp_path):
+    from auditor.analysis.projection import project
+    record = copy.deepcopy(built["pattern"][0])
+    record["workload"] = {"architecture": "tinystories-33m", "overrides": TINY_GPT_NEO, "tokens": 32}
+    scaled = project(record, "gpt-neo-125m")
+    traced_run = copy.deepcopy(built["pattern"][0])  # stands in for a traced run of the target
+    record["projections"] = [{"method": "traced", "target": "gpt-neo-125m", "record": traced_run}, scaled]
+    text = render(record)
+    stage = peak_stage(record)["path"]
+    table = table_after(text, f"### Components at the peak stage: `{stage}`")
+    header = table[0]
+    assert header[4:] == ["projected, scaled: gpt-neo-125m", "projected, traced: gpt-neo-125m"]
+    projected = next(s for s in scaled["stages"] if s["path"] == stage)
+    for name, item in projected["components"].items():
+        assert row(table, f"`{name}`")[4] == units.size(item["projected"])
+        assert row(table, f"`{name}`")[5] == units.size(stage_bytes(traced_run, stage, name))
+    assert row(table, "peak inside the stage")[4] == units.size(projected["rss_peak"])
+    assert row(table, UNSEEN_TENSORS)[4] == units.size(projected["unseen_tensors"]["projected"])
+    summary = table_after(text, "## Summary")
+    assert row(summary, "projected (scaled: gpt-neo-125m)")[1].startswith(f"{units.size(scaled['peak']['rss'])} peak RSS")
+    assert row(summary, "projected (traced: gpt-neo-125m)")[1].startswith("RSS not projected")
+    assert "projections | none" not in text
+
+
+def stage_bytes(record, path, name):
+    return next(s for s in record["stages"] if s["path"] == path)["components"][name]["bytes"]
+
+
+# -- timeline ----------------------------------------------------------------------------
+
+def test_timeline_png_is_written_and_embedded(reports, built):
+    for name in built:
+        report = reports[name]
+        link = re.search(r"!\[RSS over time\]\(([^)]+)\)", report.read_text()).group(1)
+        png = (report.parent / link).read_bytes()
+        assert png.startswith(PNG_SIGNATURE)
+        width, height = struct.unpack(">II", png[16:24])  # IHDR
+        assert width > 600 and height > 300
+
+
+def test_timeline_places_each_peak_inside_its_stage(built):
+    record = built["pattern"][0]
+    line = timeline(record)
+    stages = {s["path"]: s for s in record["stages"]}
+    assert line.peaks, "the spike stage's peak is above both its boundaries"
+    for peak in line.peaks:
+        stage = stages[peak.stage]
+        assert stage["start_s"] <= peak.t <= stage["end_s"]
+        assert peak.value == stage["rss"]["peak"]
+    assert line.run_peak.stage == record["peak"]["stage"] and line.run_peak.value == record["peak"]["rss"]
+    assert [s.label for s in line.spans] == ["save", "gradients", "spike"]
+    assert [t for t, _ in line.rss] == sorted(t for t, _ in line.rss)
+    assert max(v for _, v in line.live_tensors) == max(s["live_tensors"]["peak"] for s in record["stages"])
+    assert [m[1] for m in line.marks] == ["saved"]
+
+
+# -- allocation sites, findings, minimum, environment ---------------------------------------
+
+def test_allocation_sites_and_flamegraph_link(reports, built):
+    if "traced" not in built:
+        pytest.skip("memray is not installed")
+    record, folder = built["traced"]
+    text = text_of(reports, "traced")
+    table = table_after(text, "## Top allocation sites at the peak")
+    top = record["memray"]["sites"][0]
+    first = table[2]
+    assert first[0] == "1" and "test_findings.py:" in first[1] and first[2] == "`_make_spike`"
+    assert first[3] == units.size(top["bytes"]) and first[4] == f"{top['allocations']:,}"
+    assert first[5].startswith("_make_spike (")
+    link = re.search(r"\[memray-flamegraph\.html\]\(([^)]+)\)", text).group(1)
+    assert not os.path.isabs(link)
+    assert (reports["traced"].parent / link).resolve() == (folder / "memray-flamegraph.html").resolve()
+    assert "No memray trace: memray was off for this run" in text_of(reports, "pattern")
+
+
+def test_findings_section_shows_every_finding_and_every_rule(reports, built):
+    for name, (record, _) in built.items():
+        text = text_of(reports, name)
+        section = text[text.index("## Findings"):text.index("## Theoretical minimum")]
+        for finding in findings(record):
+            assert f"- **{finding.severity}** ({finding.rule}): {finding.statement}" in section
+        rules = tables(section)[0]
+        assert [r[0] for r in rules[2:]] == [f"`{rule.id}`" for rule in RULES]
+        for outcome in evaluate(record):
+            result = row(rules, f"`{outcome.rule.id}`")[3]
+            if outcome.not_checked:
+                assert result.startswith("not checked: ")
+            else:
+                assert result == (f"fired ({len(outcome.findings)})" if outcome.findings else "silent")
+
+
+def test_theoretical_minimum_and_gap(built):
+    record = copy.deepcopy(built["pattern"][0])
+    assert "No minimum was declared for this run" in render(record)
+    weights = run_weights(record)
+    record["minimum"] = {"items": [{"name": "weights", "bytes": weights, "why": "the model itself"},
+                                   {"name": "one gradient", "bytes": weights, "why": "one backward"}],
+                         "total": 2 * weights, "note": "streaming: nothing else need be resident"}
+    text = render(record)
+    section = text[text.index("## Theoretical minimum and gap"):]
+    items, gaps = tables(section)[:2]
+    assert row(items, "one gradient")[1:] == [units.size(weights), "one backward"]
+    assert row(items, "total")[1] == f"**{units.size(2 * weights)}**"
+    assert "streaming: nothing else need be resident" in section
+    peak = record["peak"]["rss"]
+    assert row(gaps, "peak RSS")[1:] == [units.size(peak), units.signed_size(peak - 2 * weights),
+                                         units.ratio(peak, 2 * weights)]
+    live = max(s["live_tensors"]["peak"] for s in record["stages"])
+    assert row(gaps, "peak live tensors")[2] == units.signed_size(live - 2 * weights)
+
+
+def test_environment(reports, built):
+    record = built["pattern"][0]
+    section = text_of(reports, "pattern").split("## Environment", 1)[1]
+    settings, probes = tables(section)[:2]
+    env = record["environment"]
+    assert row(settings, "python")[1] == env["python"] and row(settings, "torch")[1] == env["torch"]
+    assert row(settings, "threads")[1] == str(env["threads"])
+    assert row(settings, "command")[1] == f"`{record['command']}`"
+    assert row(settings, "started at")[1] == record["started_at"]
+    assert row(probes, "census")[1] == "on"
+    cuda = record["probes"]["cuda"]
+    assert row(probes, "cuda")[1:] == [cuda["state"], cuda.get("reason") or cuda.get("method")]
+    assert row(probes, "memray")[1] == "off"
+    assert "Warnings: none." in section
+    assert row(tables(text_of(reports, "failed").split("## Environment", 1)[1])[1], "live tensors")[1] == "absent"
+
+
+# -- bad input ----------------------------------------------------------------------------
+
+def one_error_line(capsys) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("auditor: error: ") and "Traceback" not in captured.err
+    return lines[0]
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("missing", "no run record at"),
+    ("truncated", "is truncated"),
+    ("not json", "not valid JSON"),
+    ("empty", "is empty"),
+    ("unknown schema", "unknown schema 'auditor.run/99'"),
+    ("events only", "has an event log but no run.json"),
+])
+def test_bad_records_are_one_line_and_exit_2(built, tmp_path, capsys, case, expected):
+    good = (built["failed"][1] / "run.json").read_text()
+    target = tmp_path / "run.json"
+    if case == "truncated":
+        target.write_text(good[: len(good) // 2])
+    elif case == "not json":
+        target.write_text("schema: auditor.run/1\n")
+    elif case == "empty":
+        target.write_text("")
+    elif case == "unknown schema":
+        target.write_text(json.dumps({**json.loads(good), "schema": "auditor.run/99"}))
+    elif case == "events only":
+        (tmp_path / "events.jsonl").write_text("{}\n")
+        target = tmp_path
+    assert main(["report", str(target), "-o", str(tmp_path / "out.md")]) == 2
+    assert expected in one_error_line(capsys)
+    assert not (tmp_path / "out.md").exists()
+
+
+@pytest.mark.parametrize("case", ["folder", "missing folder", "parent is a file", "unwritable"])
+def test_unwritable_output_is_one_line_and_exit_2(built, tmp_path, capsys, case):
+    run = built["failed"][1]
+    (tmp_path / "file").write_text("x")
+    out = {"folder": tmp_path, "missing folder": tmp_path / "nope" / "report.md",
+           "parent is a file": tmp_path / "file" / "report.md",
+           "unwritable": Path("/proc/auditor-report.md")}[case]
+    assert main(["report", str(run), "-o", str(out)]) == 2
+    assert "auditor: error: " in one_error_line(capsys)
+    assert not list(tmp_path.glob("*.md")) and not list(tmp_path.glob("*.png"))
+
+
+def test_report_without_arguments_is_a_usage_error(capsys):
+    assert main(["report"]) == 2
+    assert "RUN" in one_error_line(capsys)
