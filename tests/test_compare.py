@@ -19,6 +19,7 @@ MiB = 1 << 20
 # AUDITOR_RESULT protocol by hand (as a program in any language would), optionally logs its name.
 CHILD = '''
 import argparse, json, os
+import numpy as np
 import psutil
 
 parser = argparse.ArgumentParser()
@@ -182,6 +183,7 @@ def test_peak_is_the_childs_own_not_the_parents(workdir):
 
 
 CALLABLES = '''
+import numpy as np
 from auditor.comparison import protocol
 
 def masks():

@@ -223,11 +223,11 @@ def _table(console, record: dict, summary: dict) -> None:
     table = Table(title=f"compare: {record['name']} (median of {record['repeats']}; min-max)",
                   title_justify="left")
     for column in ("side", "peak RSS MiB", "loaded MiB", "peak over loaded MiB", "wall s"):
-        table.add_column(column, justify="left" if column == "side" else "right")
+        table.add_column(column, justify="left" if column == "side" else "right", overflow="fold")
     for side in record["sides"]:
         s = summary["sides"][side["name"]]
         table.add_row(escape(side["name"]), _cell(s["peak_rss"], MiB), _cell(s["loaded_rss"], MiB),
-                      _cell(s["overhead"], MiB), _cell(s["wall_s"], 1, 2))
+                      _cell(s["overhead"], MiB), _cell(s["wall_s"], 1, 1))
     console.print(table)
     for v in summary["variants"]:
         mark = "[red]FAIL[/]" if v["verdict"] == "fail" else "[green]ok[/]"
@@ -236,8 +236,8 @@ def _table(console, record: dict, summary: dict) -> None:
         console.print(f"{mark} {escape(v['name'])}: {ratios}; {escape(v['why'])}", soft_wrap=True)
 
 
-def _cell(spread: dict | None, unit: float, digits: int = 1) -> str:
+def _cell(spread: dict | None, unit: float, digits: int = 0) -> str:
     if spread is None:
         return "-"
-    return (f"{spread['median'] / unit:,.{digits}f} "
-            f"({spread['min'] / unit:,.{digits}f}-{spread['max'] / unit:,.{digits}f})")
+    return (f"{spread['median'] / unit:,.{digits}f}\n"
+            f"{spread['min'] / unit:,.{digits}f}-{spread['max'] / unit:,.{digits}f}")

@@ -33,7 +33,7 @@ def render(record: dict, summary: dict, path: str | Path) -> Path:
     for x, peak, top in zip(positions, peaks, high):
         memory.annotate(f"{peak:,.0f}", (x, peak + top), textcoords="offset points", xytext=(0, 4),
                         ha="center", fontsize=8)
-    memory.set_xticks(list(positions), names, rotation=20 if len(names) > 3 else 0)
+    _names_under(memory, names)
     memory.set_ylabel("peak RSS, MiB (median; whiskers min-max)")
     memory.set_ylim(0, max(p + h for p, h in zip(peaks, high)) * 1.12)
     memory.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1 if len(names) <= 3 else -0.2), ncol=2,
@@ -44,7 +44,7 @@ def render(record: dict, summary: dict, path: str | Path) -> Path:
     time.bar(positions, walls, color=TIME_COLOUR,
              yerr=[[w - s["wall_s"]["min"] for w, s in zip(walls, stats)],
                    [s["wall_s"]["max"] - w for w, s in zip(walls, stats)]], capsize=5, ecolor="black")
-    time.set_xticks(list(positions), names, rotation=20 if len(names) > 3 else 0)
+    _names_under(time, names)
     time.set_ylabel("wall time, s (median; whiskers min-max)")
     time.set_title("wall time", fontsize=10)
 
@@ -55,3 +55,9 @@ def render(record: dict, summary: dict, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path)
     return path
+
+
+def _names_under(axes, names: list[str]) -> None:
+    tilted = len(names) > 3
+    axes.set_xticks(range(len(names)), names, rotation=25 if tilted else 0, ha="right" if tilted else "center",
+                    rotation_mode="anchor" if tilted else "default")

@@ -76,7 +76,8 @@ def _per_side(record: dict, summary: dict) -> list[str]:
     rows = [["side", "runs", "peak RSS", "loaded", "peak over loaded", "wall time", "CPU time"]]
     for side in record["sides"]:
         s = summary["sides"][side["name"]]
-        rows.append([side["name"] + (" (baseline)" if side["role"] == "baseline" else ""), str(s["runs"]),
+        baseline = side["role"] == "baseline" and side["name"] != "baseline"
+        rows.append([side["name"] + (" (baseline)" if baseline else ""), str(s["runs"]),
                      _spread(s["peak_rss"], MiB), _spread(s["loaded_rss"], MiB), _spread(s["overhead"], MiB),
                      _spread(s["wall_s"], 1, 2), _spread(s["cpu_s"], 1, 2)])
     return _table(rows, right=range(1, 7))
@@ -143,7 +144,7 @@ def _reported(record: dict) -> list[str]:
         return []
     rows = [["field", *names]]
     for key in fields:
-        in_mib = key.endswith("rss") or key.endswith("_bytes")
+        in_mib = "rss" in key.rsplit(".", 1)[-1] or key.endswith("_bytes")
         rows.append([key + (" (MiB)" if in_mib else ""),
                      *[_value(firsts.get(name, {}).get(key), in_mib) for name in names]])
     return _table(rows, right=range(1, len(names) + 1))
