@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from auditor import units
-from auditor.analysis.components import (BEYOND_CENSUS, UNSEEN_TENSORS, attribute, census_order,
-                                         final_stage, peak_stage, run_weights)
+from auditor.analysis.components import (BEYOND_CENSUS, UNSEEN_TENSORS, attribute, census_before,
+                                         final_stage, peak_at_start, peak_stage, run_weights)
 from auditor.analysis.findings import RULES, evaluate, findings
 from auditor.analysis.timeline import timeline
 from auditor.cli import main
-from auditor.renderers.markdown import render, write_report
+from auditor.renderers.markdown import render
 from test_findings import TINY_GPT_NEO, records
 
 SECTIONS = ["## Summary", "## Stages", "## Components", "## Timeline",
@@ -158,6 +158,26 @@ def test_stage_table(reports, built):
     assert row(table, "spike")[0] == "**spike**"  # the stage holding the run's peak
 
 
+def test_long_runs_show_the_highest_peaks_and_their_parents(tmp_path, capsys):
+    import torch
+
+    import auditor
+    from auditor.renderers.markdown import MAX_STAGE_ROWS
+    with auditor.Audit(tmp_path / "run", name="long") as audit:
+        for index in range(MAX_STAGE_ROWS + 20):
+            with auditor.stage(f"step {index}"):
+                if index == 7:
+                    with auditor.stage("spike"):
+                        float(torch.ones(25 * 10**6)[-1])  # 100 MB, freed at once
+    assert main(["report", str(tmp_path / "run")]) == 0
+    text = (tmp_path / "run" / "report.md").read_text()
+    table = table_after(text, "## Stages")
+    assert len(table) - 2 <= MAX_STAGE_ROWS + 1
+    assert row(table, "step 7")[0] == "step 7" and row(table, "spike")[0] == "&emsp;**spike**"
+    assert f"more stages with lower peaks are in the run record; shown: the {MAX_STAGE_ROWS} highest" in text
+    assert audit.record["peak"]["stage"] == "step 7/spike"
+
+
 def test_failed_stage_is_marked_and_heap_columns_appear(reports, built):
     table = table_after(text_of(reports, "failed"), "## Stages")
     header = table[0]
@@ -166,6 +186,19 @@ def test_failed_stage_is_marked_and_heap_columns_appear(reports, built):
     assert row(table, "fine")[1] == "ok"
     fine = next(s for s in built["failed"][0]["stages"] if s["name"] == "fine")
     assert row(table, "fine")[header.index("Python heap end")] == units.size(fine["py_heap"]["end"])
+
+
+def test_cuda_columns_when_the_record_has_cuda_readings(built):
+    """A CUDA run's stage fields (the probe's format), on a copy of a real CPU record."""
+    record = copy.deepcopy(built["failed"][0])
+    for index, stage in enumerate(record["stages"]):
+        stage["cuda"] = {"allocated_start": 0, "allocated_end": (index + 1) * 2**30,
+                         "reserved_end": (index + 2) * 2**30, "peak_allocated": (index + 3) * 2**30}
+    table = table_after(render(record), "## Stages")
+    header = table[0]
+    assert header[-3:] == ["CUDA allocated", "CUDA reserved", "CUDA peak allocated"]
+    assert row(table, "boom")[-3:] == [units.size(2 * 2**30), units.size(3 * 2**30), units.size(4 * 2**30)]
+    assert "CUDA allocated" not in table_after(render(built["failed"][0]), "## Stages")[0]
 
 
 # -- components -----------------------------------------------------------------------------
@@ -209,6 +242,24 @@ def test_beyond_census_line_is_never_hidden(reports, built):
     clean = text_of(reports, "clean")  # peak and last stage differ: both tables
     assert "### Components at the peak stage" in clean and "### Components at the last stage" in clean
     assert "No tensor census in this record" in text_of(reports, "failed")
+
+
+def test_the_tensor_that_made_the_peak_is_shown(reports, built):
+    """clean: `release` frees at its start what `hold` built; whichever stage holds the peak,
+    a component table shows `work.big` at the peak."""
+    record = built["clean"][0]
+    holder = peak_stage(record)
+    assert holder["path"] in ("hold", "release")
+    text = text_of(reports, "clean")
+    title = ("### Components at the peak stage: `hold`" if holder["path"] == "hold"
+             else "### Components just before the peak stage: `hold`")
+    if holder["path"] == "release":
+        assert census_before(record, holder)["path"] == "hold" and peak_at_start(holder)
+    hold = next(s for s in record["stages"] if s["path"] == "hold")
+    big = hold["components"]["work.big"]["bytes"]
+    assert row(table_after(text, title), "`work.big`")[2] == units.size(big)
+    assert not peak_at_start(peak_stage(built["pattern"][0]))  # a transient inside: no extra table
+    assert "just before the peak stage" not in text_of(reports, "pattern")
 
 
 def test_projection_columns_scaled_and_traced_side_by_side(built, tmp_path):
@@ -361,7 +412,7 @@ def test_bad_records_are_one_line_and_exit_2(built, tmp_path, capsys, case, expe
     good = (built["failed"][1] / "run.json").read_text()
     target = tmp_path / "run.json"
     if case == "truncated":
-        target.write_text(good[: len(good) // 2])
+        target.write_text(good[: good.index("\n", len(good) // 2)])  # cut as a killed writer would
     elif case == "not json":
         target.write_text("schema: auditor.run/1\n")
     elif case == "empty":
@@ -386,6 +437,20 @@ def test_unwritable_output_is_one_line_and_exit_2(built, tmp_path, capsys, case)
     assert main(["report", str(run), "-o", str(out)]) == 2
     assert "auditor: error: " in one_error_line(capsys)
     assert not list(tmp_path.glob("*.md")) and not list(tmp_path.glob("*.png"))
+    assert not (tmp_path.parent / f"{tmp_path.name}-timeline.png").exists()  # nothing half-written
+
+
+def test_names_with_markdown_characters_keep_tables_valid(built):
+    record = copy.deepcopy(built["pattern"][0])
+    odd = "load | <b>*x*</b> [y]"
+    for stage in record["stages"]:
+        if stage["path"] == "save":
+            stage["name"] = stage["path"] = odd
+            stage["components"]["pruner.saved|copy"] = stage["components"].pop("pruner.saved")
+    text = render(record)
+    for table in tables(text):
+        assert all(len(r) == len(table[0]) for r in table)
+    assert "load \\| &lt;b&gt;\\*x\\*&lt;/b&gt; \\[y\\]" in text
 
 
 def test_report_without_arguments_is_a_usage_error(capsys):

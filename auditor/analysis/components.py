@@ -61,6 +61,11 @@ class Attribution:
         return value / self.rss_end
 
 
+def is_traced(record: dict) -> bool:
+    """A run on fake tensors (a projection by tracing): its RSS is the tracing process's."""
+    return bool((record.get("options") or {}).get("traced"))
+
+
 def stage_depths(record: dict) -> dict[str, int]:
     """Depth of each stage path: 0 for top-level stages."""
     depths: dict[str, int] = {}
@@ -91,6 +96,21 @@ def peak_stage(record: dict) -> dict | None:
         if path is not None and entry["path"] == path:
             return entry
     return None
+
+
+def census_before(record: dict, stage: dict) -> dict | None:
+    """The last census taken before `stage` began (the stage end just before it), if any."""
+    earlier = [s for s in census_order(record) if s["end_s"] <= stage["start_s"] and s is not stage]
+    return earlier[-1] if earlier else None
+
+
+def peak_at_start(stage: dict) -> bool:
+    """Whether the stage's peak is nearer its start reading than its end reading: then the
+    census at its end describes the memory after the peak, the one before it the peak."""
+    rss = stage.get("rss") or {}
+    if rss.get("peak") is None or rss.get("end") is None:
+        return False
+    return rss["peak"] - rss["start"] < rss["peak"] - rss["end"]
 
 
 def final_stage(record: dict) -> dict | None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from auditor import units
-from auditor.analysis.components import (BEYOND_CENSUS, attribute, census_order, finished,
+from auditor.analysis.components import (BEYOND_CENSUS, attribute, census_order, finished, is_traced,
                                          live_tensor_peak, peak_stage, weights_bytes)
 
 FULL_COPY_RATIO = 0.95        # (a) a component at least this fraction of the weights ...
@@ -45,7 +45,7 @@ class Rule:
     id: str
     title: str
     threshold: str
-    needs: tuple[str, ...]   # "census" and/or "live_tensors"
+    needs: tuple[str, ...]   # inputs: "census", "peak census", "live_tensors", "real rss"
     check: Callable[[dict], list[Finding]]
 
 
@@ -75,6 +75,8 @@ def ordered(found: list[Finding]) -> list[Finding]:
 
 
 def missing_input(record: dict, rule: Rule) -> str | None:
+    if "real rss" in rule.needs and is_traced(record):
+        return "a traced run on fake tensors: its RSS is the tracing process's, not the workload's"
     if "census" in rule.needs and not census_order(record):
         return "no stage carries a tensor census (run with census on)"
     if "peak census" in rule.needs:
@@ -156,6 +158,10 @@ def _transients(record: dict) -> list[Finding]:
     if not run_peak:
         return []
     stages = finished(record)
+    child_peaks: dict[str, set[int]] = {}
+    for s in stages:
+        if s.get("parent") is not None:
+            child_peaks.setdefault(s["parent"], set()).add(s["rss"]["peak"])
     memray = record.get("memray") or {}
     found = []
     for stage in stages:
@@ -163,7 +169,7 @@ def _transients(record: dict) -> list[Finding]:
         transient = rss["peak"] - max(rss["start"], rss["end"])
         if transient <= TRANSIENT_SHARE * run_peak:
             continue
-        if any(s.get("parent") == stage["path"] and s["rss"]["peak"] == rss["peak"] for s in stages):
+        if rss["peak"] in child_peaks.get(stage["path"], ()):
             continue  # the child holding the same peak reports it, more precisely
         holds_peak = rss["peak"] == run_peak
         statement = (f"Transient spike of {units.size(transient)} in stage `{stage['path']}` "
@@ -246,7 +252,7 @@ def _tensor_gap(record: dict) -> list[Finding]:
     if not run_peak:
         return []
     gap = run_peak - live
-    if gap <= 0.1 * run_peak:
+    if gap <= TENSOR_GAP_SHARE * run_peak:
         return []
     return [Finding("rss-above-live-tensors", "low",
                     f"Peak RSS {units.size(run_peak)} (stage `{(record.get('peak') or {}).get('stage')}`) "
@@ -303,16 +309,16 @@ RULES: tuple[Rule, ...] = (
          "at a stage end", ("census",), _dense_gradients),
     Rule("transient-spike", "Transient spike inside a stage",
          f"peak inside - max(start, end) > {TRANSIENT_SHARE:.0%} of the run's peak RSS "
-         "(reported at the deepest stage holding it)", (), _transients),
+         "(reported at the deepest stage holding it)", ("real rss",), _transients),
     Rule("retained-at-end", "Memory retained after the algorithm returns",
          f"tensors other than weights at the last stage end >= {RETAINED_RATIO:.0%} of the weights",
          ("census",), _retained),
     Rule("untracked-rss", "RSS beyond the census",
          f"RSS at the end of the peak stage minus its census > {UNTRACKED_SHARE:.0%} of the peak",
-         ("census", "peak census"), _untracked),
+         ("census", "peak census", "real rss"), _untracked),
     Rule("rss-above-live-tensors", "Peak RSS above the live-tensor peak",
          f"peak RSS - live-tensor peak > {TENSOR_GAP_SHARE:.0%} of the peak",
-         ("live_tensors",), _tensor_gap),
+         ("live_tensors", "real rss"), _tensor_gap),
     Rule("failed-stage", "Failed or unfinished stages", "any stage failed or open, or the run "
          "did not end ok", (), _failures),
 )

@@ -2,9 +2,10 @@
 
     write_report(record, "runs/x/report.md", run_folder="runs/x")
 
-Sections, in order: summary, stages, components (at the peak stage, and at the last stage
-when it is another), timeline, top allocation sites at the peak, findings (with the rules
-checked), theoretical minimum and gap, environment. Everything comes from the run record;
+Sections, in order: summary, stages, components (at the peak stage; also just before it
+when its peak is at its start, and at the last stage when it is another), timeline, top
+allocation sites at the peak, findings (with the rules checked), theoretical minimum and
+gap, environment. Everything comes from the run record;
 the only files read are the ones it names (the flamegraph is linked, not read).
 """
 from __future__ import annotations
@@ -14,11 +15,13 @@ from pathlib import Path
 
 from auditor import units
 from auditor.analysis import findings as findings_module
-from auditor.analysis.components import (BEYOND_CENSUS, BEYOND_LIVE, UNSEEN_TENSORS, ProjectionView, attribute, census_order, final_stage,
-                                         live_tensor_peak, peak_stage, projection_views,
-                                         run_weights, stage_depths)
+from auditor.analysis.components import (BEYOND_CENSUS, BEYOND_LIVE, UNSEEN_TENSORS, ProjectionView,
+                                         attribute, census_before, census_order, final_stage,
+                                         is_traced, live_tensor_peak, peak_at_start, peak_stage,
+                                         projection_views, run_weights, stage_depths)
 
 SITE_STACK_FRAMES = 3
+MAX_STAGE_ROWS = 300
 INDENT = "&emsp;"
 
 
@@ -80,11 +83,15 @@ def _table(headers: list[str], rows: list[list[str]], right: set[int] = frozense
 
 
 def _banner(record: dict) -> str:
+    lines = []
     exit_ = record.get("exit") or {}
-    if exit_.get("status") in (None, "ok"):
-        return ""
-    error = f": {_text(exit_['error'])}" if exit_.get("error") else ""
-    return f"> **This run did not end ok ({_text(exit_['status'])}){error}.** Readings stop where it stopped."
+    if exit_.get("status") not in (None, "ok"):
+        error = f": {_text(exit_['error'])}" if exit_.get("error") else ""
+        lines.append(f"> **This run did not end ok ({_text(exit_['status'])}){error}.** Readings stop where it stopped.")
+    if is_traced(record):
+        lines.append("> **A traced run on fake tensors.** Components and live tensors are the workload's; "
+                     "RSS readings are the tracing process's, not the workload's.")
+    return "\n>\n".join(lines)
 
 
 def _summary(record: dict, found, views: list[ProjectionView]) -> str:
@@ -140,8 +147,19 @@ def _stages(record: dict) -> str:
     headers += ["live tensors peak"] * live + ["Python heap end", "Python heap peak"] * heap
     headers += ["CUDA allocated", "CUDA reserved", "CUDA peak allocated"] * cuda
     peak_id, peak_path = (record.get("peak") or {}).get("stage_id"), (record.get("peak") or {}).get("stage")
+    shown, note_more = stages, ""
+    if len(stages) > MAX_STAGE_ROWS:  # the highest peaks and their parents, in run order
+        ranked = sorted(stages, key=lambda s: (s.get("rss") or {}).get("peak") or 0, reverse=True)
+        keep = {s["path"] for s in ranked[:MAX_STAGE_ROWS]}
+        for path in list(keep):
+            while "/" in path:
+                path = path.rpartition("/")[0]
+                keep.add(path)
+        shown = [s for s in stages if s["path"] in keep]
+        note_more = (f"\n\n{len(stages) - len(shown):,} more stages with lower peaks are in the "
+                     f"run record; shown: the {MAX_STAGE_ROWS} highest peaks and their parents.")
     rows = []
-    for s in stages:
+    for s in shown:
         rss = s.get("rss") or {}
         is_peak = (s.get("id") == peak_id) if peak_id is not None else s["path"] == peak_path
         name = INDENT * depths.get(s["path"], 0) + (f"**{_text(s['name'])}**" if is_peak else _text(s["name"]))
@@ -168,7 +186,7 @@ def _stages(record: dict) -> str:
     note = ("Stages in start order, indented under their parent; the stage holding the run's "
             "peak is in bold. *delta* = RSS end - start; *peak inside* is the highest RSS at any "
             "instant of the stage.")
-    return "## Stages\n\n" + note + "\n\n" + _table(headers, rows, right=set(range(2, len(headers))))
+    return "## Stages\n\n" + note + "\n\n" + _table(headers, rows, right=set(range(2, len(headers)))) + note_more
 
 
 def _components_section(record: dict, views: list[ProjectionView]) -> str:
@@ -178,13 +196,22 @@ def _components_section(record: dict, views: list[ProjectionView]) -> str:
     if not census_order(record):
         return ("## Components\n\nNo tensor census in this record (run with census on to see "
                 "which structure holds the memory).")
-    parts = ["## Components", _component_tables(record, holder, views, "at the peak stage")]
+    parts = ["## Components"]
+    before = census_before(record, holder) if peak_at_start(holder) else None
+    if before is not None:  # the peak stage frees what made the peak: show it before too
+        parts.append(_component_tables(record, before, views, "just before the peak stage",
+                                       f"The peak stage {_code(holder['path'])} reached its peak near its "
+                                       f"start and ended {units.size(holder['rss']['peak'] - holder['rss']['end'])} "
+                                       f"lower, so the census taken just before it began shows what "
+                                       f"made the peak."))
+    parts.append(_component_tables(record, holder, views, "at the peak stage"))
     if last is not None and last is not holder:
         parts.append(_component_tables(record, last, views, "at the last stage"))
     return "\n\n".join(parts)
 
 
-def _component_tables(record: dict, stage: dict, views: list[ProjectionView], which: str) -> str:
+def _component_tables(record: dict, stage: dict, views: list[ProjectionView], which: str,
+                      why: str = "") -> str:
     title = f"### Components {which}: {_code(stage['path'])}"
     a = attribute(stage)
     if a is None:
@@ -194,6 +221,8 @@ def _component_tables(record: dict, stage: dict, views: list[ProjectionView], wh
             f"was {units.size(a.rss_peak)} ({units.signed_size(None if a.rss_peak is None or a.rss_end is None else a.rss_peak - a.rss_end)} "
             f"from its end: transients, see the timeline and the allocation sites). "
             f"Share = of RSS at the stage end.")
+    if why:
+        lead = f"{why} {lead}"
     projected = [(v, v.stages.get(stage["path"])) for v in views]
     headers = ["component", "category", "bytes", "share"] + [f"projected, {_text(v.label)}" for v, _ in projected]
 

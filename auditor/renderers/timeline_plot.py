@@ -15,6 +15,8 @@ from auditor.analysis.timeline import timeline
 SPAN_COLOURS = ("#dbe9f6", "#fbe5d0")
 FAILED_COLOUR = "#f4c7c3"
 LABEL_CHARS = 28
+MAX_LABELS = 40          # top-level stages named on the plot, the widest first ...
+MIN_LABEL_WIDTH = 0.005  # ... when there are more, only those at least this share of the run
 
 
 def write_png(record: dict, path: str | Path) -> Path:
@@ -29,10 +31,15 @@ def write_png(record: dict, path: str | Path) -> Path:
     figure = Figure(figsize=(11, 4.8), dpi=110, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
+    total = max(line.end_s, 1e-9)
+    labelled = {id(s) for s in sorted(line.spans, key=lambda s: s.end - s.start, reverse=True)[:MAX_LABELS]
+                if s.end - s.start >= MIN_LABEL_WIDTH * total or len(line.spans) <= MAX_LABELS}
     for index, span in enumerate(line.spans):
         colour = FAILED_COLOUR if span.status != "ok" else SPAN_COLOURS[index % 2]
         axes.axvspan(span.start, max(span.end, span.start + 1e-9), color=colour, alpha=0.9, lw=0,
                      hatch="//" if span.status != "ok" else None, zorder=0)
+        if id(span) not in labelled:
+            continue  # many stages: only the widest are named
         label = span.label if len(span.label) <= LABEL_CHARS else span.label[:LABEL_CHARS - 1] + "…"
         if span.status != "ok":
             label += f" [{span.status}]"
@@ -52,18 +59,20 @@ def write_png(record: dict, path: str | Path) -> Path:
                      color="#c62828", s=28, label="peak inside a stage", zorder=4)
     if line.run_peak is not None:
         p = line.run_peak
+        right = p.t > 0.7 * total  # near the right edge: write the label to the left
         axes.annotate(f"peak {units.size(p.value)}\n{_short(p.stage)}", (p.t, p.value / scale),
-                      xytext=(8, -4), textcoords="offset points", fontsize=8, color="#c62828",
-                      va="top", zorder=5)
-    for t, name, value in line.marks:
-        axes.plot([t], [value / scale], marker="o", color="#6a1b9a", ms=3, zorder=4)
+                      xytext=(-8 if right else 8, -4), textcoords="offset points", fontsize=8,
+                      color="#c62828", va="top", ha="right" if right else "left", zorder=5)
+    if line.marks:
+        axes.plot([t for t, _, _ in line.marks], [v / scale for _, _, v in line.marks], ls="none",
+                  marker="o", color="#6a1b9a", ms=3.5, label="mark", zorder=4)
     axes.set_xlim(0, max(line.end_s, max((t for t, _ in line.rss), default=0), 1e-3))
     axes.set_ylim(0, peak / scale * 1.12)
     axes.set_xlabel("seconds since the audit began (census time excluded)")
     axes.set_ylabel(unit)
     axes.set_title(f"{record.get('name', 'run')}: memory over time", fontsize=10)
     axes.grid(axis="y", lw=0.4, alpha=0.6)
-    axes.legend(loc="lower right", fontsize=7, framealpha=0.85)
+    axes.legend(loc="best", fontsize=7, framealpha=0.85)
     path = Path(path)
     figure.savefig(path, format="png")
     return path
