@@ -13,8 +13,11 @@ $(VENV)/.installed: pyproject.toml
 .PHONY: setup audit test
 setup: $(VENV)/.installed
 
+# The main job: audit GradProbe on the TinyStories-33M architecture (CPU), project it to
+# Mistral-7B (scaled and traced) and write the report.
 audit: setup
-	$(VENV)/bin/gradprobe --arch tinystories-33m
+	$(VENV)/bin/auditor gradprobe --arch tinystories-33m --target mistral-7b \
+		-o reports/gradprobe-tinystories-33m.md
 
 test: setup
 	$(VENV)/bin/python -m pytest -q

@@ -45,15 +45,18 @@ class _OpenStage:
 class Audit:
     def __init__(self, out: str | os.PathLike | None = None, name: str | None = None, *,
                  memray: bool = False, tracemalloc: bool = False, census: bool = False,
-                 cuda_history: bool = False, stage_targets=(), command: str | None = None,
-                 on_stage_end=None):
+                 cuda_history: bool = False, live_tensors: bool = False, traced: bool = False,
+                 stage_targets=(), command: str | None = None, on_stage_end=None):
         """Validates everything (ValueError, one line) and creates nothing until entered."""
         self.name = name or "audit"
         self.folder = Path(out) if out is not None else new_run_folder(self.name)
         run_record.check_run_folder(self.folder)
         self._staging = Staging(stage_targets)
+        # traced: the body runs on fake tensors (auditor.tracing), so only tensors can be
+        # measured; the live-tensor meter and a census of fake storages come with it.
         self.options = dict(memray=memray, tracemalloc=tracemalloc, census=census,
-                            cuda_history=cuda_history)
+                            cuda_history=cuda_history, live_tensors=live_tensors or traced,
+                            traced=traced)
         self.command = command if command is not None else shlex.join([sys.executable, *sys.argv])
         self.on_stage_end = on_stage_end
         self.record: dict | None = None
@@ -109,8 +112,9 @@ class Audit:
         """Undo a start that failed half-way: no tracker, trace or patch left behind."""
         if self._memray is not None:
             self._memray.stop()
-        for meter in self._meters:
+        for meter in reversed(self._meters):
             meter.close()
+        self._stop_tracing()
         if self._log is not None:
             self._log.close()
         self._staging.restore()
@@ -130,6 +134,19 @@ class Audit:
             self._meters.append(heap)
             probes["python_heap"] = heap.describe()
         self._poll_cuda()
+        self._tracing = None
+        probes["traced"] = {"state": "off"}
+        if self.options["traced"]:  # before the meter: the meter must see fake tensors
+            from auditor.tracing import traced
+            self._tracing = traced()
+            self._value_free = self._tracing.__enter__()
+            probes["traced"] = {"state": "on", "method": "FakeTensorMode, values read as 0"}
+        probes["live_tensors"] = {"state": "off"}
+        if self.options["live_tensors"]:
+            from auditor.probes.live_tensors import LiveTensorProbe
+            live = LiveTensorProbe()
+            self._meters.append(live)
+            probes["live_tensors"] = live.describe()
         self._take_census = None
         probes["census"] = {"state": "off"}
         if self.options["census"]:
@@ -179,8 +196,9 @@ class Audit:
                 self._warn(f"stage target {target.spec} was never called (code that imported it "
                            "by name before the audit keeps calling the original)")
         ends = self._final_readings()
-        for meter in self._meters:
+        for meter in reversed(self._meters):  # dispatch modes leave in the reverse order
             meter.close()  # before reading the memray trace: tracemalloc would slow it down
+        self._stop_tracing()
         memray = self._finish_memray()
         history_file = self._history.finish(self.folder) if self._history else None
         self._overhead["finish_s"] = time.perf_counter() - began
@@ -305,6 +323,7 @@ class Audit:
                  "parent": started["parent"], "status": "failed" if failed else "ok",
                  "start_s": started["start_s"], "end_s": round(end_s, 6),
                  "rss": field("rss"), "py_heap": field("py_heap"), "cuda": field("cuda"),
+                 "live_tensors": field("live_tensors"),
                  "components": None, "tensors": None, "thread": started["thread"],
                  "error": _describe(exc) if failed else None}
         if self._take_census is not None:
@@ -326,6 +345,20 @@ class Audit:
                 "name": name, "stage": stage_path, "t_s": round(self._clock(), 6),
                 "thread": threading.current_thread().name, "rss": readings["rss"],
                 "py_heap": readings.get("py_heap"), "cuda": readings.get("cuda")}})
+
+    def annotate(self, key: str, value) -> None:
+        """Add a field to the run record (e.g. the workload it ran), written to the log now."""
+        if key in run_record.RESERVED:
+            raise ValueError(f"{key!r} is a run-record field the audit writes itself")
+        self._emit({"event": "annotation", "key": key, "value": value}, durable=True)
+
+    def _stop_tracing(self) -> None:
+        if getattr(self, "_tracing", None) is None:
+            return
+        self._tracing.__exit__(None, None, None)
+        self._tracing = None
+        self._emit({"event": "annotation", "key": "traced",
+                    "value": {"data_dependent_ops": dict(self._value_free.data_dependent)}})
 
     def numbered(self, name: str) -> str:
         """`name` for the first call, then `name#2`, `name#3`... (staged targets)."""
@@ -394,7 +427,7 @@ class Audit:
             if obj is not None:
                 roots[name] = self._census_root(obj=obj, categories=categories)
         try:
-            result = self._take_census(roots)
+            result = self._take_census(roots, count_fake=self.options["traced"])
             components, tensors = result["components"], {"live_bytes": result["live_tensor_bytes"]}
         except Exception as error:
             self._warn(f"census failed, switched off: {type(error).__name__}: {error}")

@@ -52,6 +52,9 @@ RUN_FILE = "run.json"
 REQUIRED = ("schema", "name", "command", "started_at", "device", "environment", "process",
             "stages", "peak")
 STAGE_REQUIRED = ("name", "path", "parent", "status", "start_s", "end_s", "rss")
+# Written by the audit itself; `Audit.annotate` adds any other field (workload, result...).
+RESERVED = set(REQUIRED) | {"marks", "warnings", "finished_at", "duration_s", "machine",
+                            "options", "probes", "memray", "exit", "files", "audit_overhead_s"}
 
 
 class RunRecordError(ValueError):
@@ -124,7 +127,7 @@ def assemble(events: list[dict]) -> dict:
     header = {k: v for k, v in events[0].items() if k != "event"}
     _check_schema(header.get("schema"), "event log")
     stages: dict[int, dict] = {}
-    marks, warnings, finish = [], [], None
+    marks, warnings, finish, annotations = [], [], None, {}
     for event in events[1:]:
         kind = event.get("event")
         if kind == "stage_started":
@@ -135,12 +138,15 @@ def assemble(events: list[dict]) -> dict:
             marks.append(event["mark"])
         elif kind == "warning":
             warnings.append(event["message"])
+        elif kind == "annotation":
+            annotations[event["key"]] = event["value"]
         elif kind == "run_finished":
             finish = event
     record = dict(header)
     record["stages"] = list(stages.values())
     record["marks"] = marks
     record["warnings"] = warnings
+    record.update(annotations)
     if finish is None:
         return _unfinished(record)
     for key, value in finish.items():

@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMANDS = ["run", "compare", "report"]
+SUBCOMMANDS = ["run", "gradprobe", "report", "compare"]
 
 
 class UsageError(Exception):

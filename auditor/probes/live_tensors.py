@@ -35,7 +35,7 @@ class LiveTensorMeter(TorchDispatchMode):
     def seed_existing(self) -> None:
         """Count the tensors already alive (model weights built before the audit began)."""
         for obj in gc.get_objects():
-            if isinstance(obj, torch.Tensor):
+            if issubclass(type(obj), torch.Tensor):  # type(): some modules warn on isinstance
                 self._track(obj)
                 if obj.grad is not None:
                     self._track(obj.grad)
@@ -70,3 +70,37 @@ class LiveTensorMeter(TorchDispatchMode):
     def _release(self, size: int) -> None:
         with self._lock:
             self.live -= size
+
+
+class LiveTensorProbe:
+    """The meter as an audit probe: start, end and true peak of live tensor bytes per stage.
+
+    A dispatch mode is thread-local: it counts tensors made on the thread that started the
+    audit (on CPU, autograd's backward runs there too).
+    """
+    key = "live_tensors"
+
+    def __init__(self) -> None:
+        self._meter = LiveTensorMeter()
+        self._meter.seed_existing()
+        self._meter.__enter__()
+
+    def read(self) -> tuple[int, int, int]:
+        live = self._meter.live
+        return live, live, max(self._meter.peak, live)
+
+    def reset(self) -> None:
+        self._meter.reset_peak()
+
+    @staticmethod
+    def entry(start: int, end: int, peak: int) -> dict:
+        return {"start": start, "end": end, "peak": peak}
+
+    @staticmethod
+    def describe() -> dict:
+        return {"state": "on", "method": "torch dispatch mode, storages counted once"}
+
+    def close(self) -> None:
+        if self._meter is not None:
+            self._meter.__exit__(None, None, None)
+            self._meter = None
