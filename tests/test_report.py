@@ -387,7 +387,7 @@ def test_environment(reports, built):
     assert row(probes, "cuda")[1:] == [cuda["state"], cuda.get("reason") or cuda.get("method")]
     assert row(probes, "memray")[1] == "off"
     assert "Warnings: none." in section
-    assert row(tables(text_of(reports, "failed").split("## Environment", 1)[1])[1], "live tensors")[1] == "absent"
+    assert row(tables(text_of(reports, "failed").split("## Environment", 1)[1])[1], "live_tensors")[1] == "off"
 
 
 # -- bad input ----------------------------------------------------------------------------

@@ -37,7 +37,7 @@ class LiveTensorMeter(TorchDispatchMode):
         for obj in gc.get_objects():
             if issubclass(type(obj), torch.Tensor):  # type(): some modules warn on isinstance
                 self._track(obj)
-                if obj.grad is not None:
+                if obj.is_leaf and obj.grad is not None:
                     self._track(obj.grad)
 
     def reset_peak(self) -> int:

@@ -1,0 +1,55 @@
+"""`auditor gradprobe`, the main job: a tiny real run, traced and scaled projections, the
+report; and one line with exit status 2 for each mistake on the command line."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+TINY = ["--arch", "tinystories-33m", "--layers", "2", "--hidden", "64", "--vocab", "256",
+        "--heads", "4", "--seq-len", "16"]
+
+
+def auditor(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "auditor", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=600)
+
+
+def test_audits_projects_and_reports(tmp_path):
+    report, run_dir = tmp_path / "report.md", tmp_path / "run"
+    done = auditor("gradprobe", *TINY, "--run-dir", str(run_dir), "-o", str(report),
+                   "--target", "tinystories-33m")
+    assert done.returncode == 0, done.stderr
+    record = json.loads((run_dir / "run.json").read_text())
+    phases = [s["path"] for s in record["stages"] if s["parent"] == "prune"]
+    assert phases == [f"prune/GradProbe.{p}" for p in (
+        "save_state", "record_original_gradients", "select_candidates", "reduce_candidates",
+        "record_reduced_gradients", "decide", "apply_masks")]
+    components = {s["path"]: s["components"] for s in record["stages"]}["prune/GradProbe.decide"]
+    assert components["pruner.saved_state"]["category"] == "saved copies"
+    assert components["pruner.gradients_original"]["category"] == "gradient records"
+    assert record["workload"]["architecture"] == "tinystories-33m"
+    assert record["minimum"]["total"] > 0
+    methods = {(p["method"], p["target"]) for p in record["projections"]}
+    assert methods == {("scaled", "tinystories-33m"), ("traced", "tinystories-33m")}
+    traced = next(p for p in record["projections"] if p["method"] == "traced")
+    # the full TinyStories-33M holds S, G0, G1 and .grad besides its weights: > 5x 261 MiB
+    assert traced["live_tensor_peak"] > 5 * 68_514_048 * 4
+    text = report.read_text()
+    for heading in ("## Summary", "## Stages", "## Components", "## Findings", "## Environment"):
+        assert heading in text
+    assert (tmp_path / "report-timeline.png").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--target", "gpt-9"], "unknown architecture 'gpt-9'"),
+    (["--arch", "./no/such/folder"], "does not exist"),
+    (["--sparsity", "1.5"], "sparsity"),
+    (["--variant", "fastest"], "unknown variant"),
+    (["--seq-len", "0"], "--seq-len"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+    done = auditor("gradprobe", *args, "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "reports").exists()
