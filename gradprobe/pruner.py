@@ -143,7 +143,7 @@ class GradProbe:
         """Every candidate times r, all tensors at once; no other weight is written to."""
         for name, chosen in self.candidates.items():
             weight = self.prunable[name]
-            if not _holds_exactly(self.storage_dtype, weight.dtype):
+            if not holds_exactly(self.storage_dtype, weight.dtype):
                 self.candidate_originals[name] = torch.masked_select(weight, chosen)
             for rows in row_blocks(weight):
                 block = weight[rows]
@@ -187,7 +187,7 @@ class GradProbe:
         for name, p in self.parameters.items():
             if name in self.candidate_originals:
                 p.masked_scatter_(self.candidates[name], self.candidate_originals[name])
-            elif name in self.saved_state and _holds_exactly(self.storage_dtype, p.dtype):
+            elif name in self.saved_state and holds_exactly(self.storage_dtype, p.dtype):
                 p.copy_(self.saved_state[name])
 
     def candidate_count(self) -> int:
@@ -202,7 +202,7 @@ class GradProbe:
         return next(iter(self.parameters.values())).device
 
 
-def _holds_exactly(storage: torch.dtype, values: torch.dtype) -> bool:
+def holds_exactly(storage: torch.dtype, values: torch.dtype) -> bool:
     """Whether every number of dtype `values` survives a round trip through `storage`."""
     wider = storage in (torch.float32, torch.float64) and storage.itemsize > values.itemsize
     return storage == values or (wider and values.is_floating_point)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from gradprobe.batches import CalibrationBatches
 from gradprobe.streaming import StreamingGradProbe, generate_random_weights, save_model
 from gradprobe.streaming.cli import main
 from gradprobe.streaming.gradient_records import ScratchRecords
+from gradprobe.streaming.stages import StagedModel
 
 from conftest import TINY_GPT_NEO, TINY_MISTRAL
 
@@ -44,13 +46,15 @@ def weights(family, tmp_path):
     return folder
 
 
-@pytest.mark.parametrize("tau", [2.0, 0.0])  # at tau = 0 about half the candidates are kept
-def test_masks_and_pruned_weights_are_the_baselines_bit_for_bit(family, weights, tokens, tmp_path, tau):
+# At tau = 0 about half the candidates are kept: the gradient comparison decides.
+@pytest.mark.parametrize("strategy, tau", [("magnitude", 2.0), ("magnitude", 0.0), ("wanda", 0.0)])
+def test_masks_and_pruned_weights_are_the_baselines_bit_for_bit(family, weights, tokens, tmp_path,
+                                                                 strategy, tau):
     arch, overrides = TINY[family]
     model = build_model(arch, seed=0, **overrides)
-    baseline = GradProbe(model).prune(tokens, sparsity=0.1, gradient_threshold=tau)
-    result = StreamingGradProbe(weights).prune(tokens, str(tmp_path / "out"), sparsity=0.1,
-                                               gradient_threshold=tau)
+    baseline = GradProbe(model, strategy).prune(tokens, sparsity=0.1, gradient_threshold=tau)
+    result = StreamingGradProbe(weights, strategy).prune(tokens, str(tmp_path / "out"), sparsity=0.1,
+                                                         gradient_threshold=tau)
     assert 0 < result.pruned < result.candidates or tau > 0
     assert (result.candidates, result.pruned, result.prunable) == \
            (baseline.candidates, baseline.pruned, baseline.prunable)
@@ -92,25 +96,26 @@ def test_tied_head_gradient_is_summed_with_the_embeddings_before_the_max(tokens,
     assert seen.any() and (~seen).any() and g0[~seen].gt(0).all()
 
 
-def test_one_decoder_layer_is_resident_at_a_time(weights, tokens, tmp_path):
-    alive = []
+def test_one_decoder_layer_is_resident_at_a_time(weights, tokens, tmp_path, monkeypatch):
+    built = weakref.WeakSet()  # every decoder layer module the pruner builds, while it lives
+    build_layer = StagedModel._build_layer
 
-    def count_layers(moment):
-        import gc
-        gc.collect()
-        layer_class = type(pruner.model.meta.get_submodule(f"{pruner.model.family.layers}.0"))
-        alive.append(sum(isinstance(o, layer_class) and not _on_meta(o) for o in gc.get_objects()))
+    def tracked(self, index):
+        layer = build_layer(self, index)
+        built.add(layer)
+        return layer
 
-    pruner = StreamingGradProbe(weights, progress=count_layers)
+    monkeypatch.setattr(StagedModel, "_build_layer", tracked)
+    alive = []  # (moment, stage, decoder layers alive): no gc.collect, so a cycle keeping one counts
+    pruner = StreamingGradProbe(weights, progress=lambda m: alive.append((m.what, m.stage, len(built))))
     pruner.prune(tokens, str(tmp_path / "out"), sparsity=0.1)
     layers = len(pruner.model.decoder_layers)
-    assert pruner.model.most_layers_resident == 1
     assert pruner.model.layers_loaded == 4 * layers  # forward and backward, two passes
-    assert max(alive) == 1 and len(alive) > 4 * layers
-
-
-def _on_meta(module: torch.nn.Module) -> bool:
-    return any(p.is_meta for p in module.parameters())
+    assert pruner.model.most_layers_resident == 1 and len(built) == 0
+    in_layers = [count for what, stage, count in alive if stage.startswith("layer")]
+    elsewhere = [count for what, stage, count in alive if not stage.startswith("layer")]
+    assert len(in_layers) > 4 * layers and max(in_layers) == 1
+    assert elsewhere and max(elsewhere) == 0  # none while the embeddings or the head are in memory
 
 
 def test_bf16_weights_are_pruned_in_bf16_and_kept_exactly(tokens, tmp_path):
@@ -184,3 +189,29 @@ def test_cli_prunes_a_folder_and_reports_one_line_errors(weights, tmp_path, caps
         main(["prune", "--weights", str(tmp_path / "nowhere"), "--out", out])
     error = capsys.readouterr().err
     assert exit_.value.code == 2 and error.count("\n") == 1 and "does not exist" in error
+
+
+def test_registered_variant_prunes_a_model_in_memory_like_the_baseline(tokens):
+    from gradprobe.variants import make_pruner
+    expected_model = build_model("tinystories-33m", seed=0, **TINY_GPT_NEO)
+    expected = GradProbe(expected_model).prune(tokens, sparsity=0.2, gradient_threshold=0.0)
+    model = build_model("tinystories-33m", seed=0, **TINY_GPT_NEO)
+    result = make_pruner("streaming", model).prune(tokens, sparsity=0.2, gradient_threshold=0.0)
+    assert mask_digest(result.masks) == mask_digest(expected.masks) and result.pruned == expected.pruned
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), expected_model.parameters()))
+    with pytest.raises(ValueError, match="per-layer"):
+        make_pruner("streaming", model, per_layer=True)
+
+
+@pytest.mark.parametrize("reduction", [0.1, 0.5, 1.0])
+def test_reduced_weights_give_the_same_candidates(reduction):
+    from gradprobe.streaming.candidates import Candidates
+    weight = torch.randn(300, 70) * torch.logspace(-30, 3, 300).unsqueeze(1)  # tiny to large, subnormals
+    scale = torch.rand(1, 70) * 10
+    for threshold, s in [(0.5, None), (1e-30, None), (2.0, scale)]:
+        before = torch.cat([chosen for _, chosen in Candidates(weight, threshold, s).blocks()])
+        reduced = weight.clone()
+        Candidates(reduced, threshold, s).reduce(reduction)
+        after = torch.cat([chosen for _, chosen in Candidates(reduced, threshold, s).blocks()])
+        assert before.any() and torch.equal(before, after)
+        assert torch.equal(reduced[~before], weight[~before])  # only candidates were written to

@@ -16,6 +16,7 @@ from gradprobe import GradProbe, causal_lm_loss, mask_digest
 from gradprobe.variants import PRESETS, VARIANTS, LowMemoryGradProbe, PackedMask, Variant, make_pruner
 from gradprobe.variants import packed_mask
 from gradprobe.variants.at_candidates import candidate_values, put_candidate_values_
+from gradprobe.variants.checkpointing import is_checkpointing
 
 from conftest import TINY_GPT_NEO, TINY_MISTRAL
 
@@ -143,6 +144,15 @@ def test_low_precision_keeps_unpruned_weights_and_counts_differing_decisions(var
     assert differ <= 0.01 * result.candidates
 
 
+def test_low_precision_is_the_baselines_half_precision_option():
+    """Same masks and weights as the baseline given bf16 storage (only its transients differ)."""
+    expected_model, model = build("mistral"), build("mistral")
+    expected = GradProbe(expected_model).prune(TOKENS, **SETTINGS, storage_dtype=torch.bfloat16)
+    result = make_pruner("low-precision", model).prune(TOKENS, **SETTINGS)
+    assert mask_digest(result.masks) == mask_digest(expected.masks)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), expected_model.parameters()))
+
+
 # -- failures leave the model as it was -----------------------------------------------------------
 
 class FailingLoss:
@@ -171,7 +181,7 @@ def test_a_failure_midway_restores_weights_modes_and_hooks(variant):
     for name, p in model.named_parameters():
         assert torch.equal(p.detach(), before[name]), name
     assert not any(m.training for m in model.modules()) and dropout.p == 0.25
-    assert not model.is_activation_checkpointing
+    assert not is_checkpointing(model)
     causal_lm_loss(model(TOKENS[0]), TOKENS[0]).backward()
     assert all(p.grad is not None for p in model.parameters())  # no gradient hook left
 
@@ -224,3 +234,31 @@ def test_packed_masks_and_candidate_values_round_trip(shape, monkeypatch):
     target = torch.zeros(shape)
     put_candidate_values_(target, packed, tensor[mask])
     assert torch.equal(target, torch.where(mask, tensor, 0.0))
+
+
+# -- the same code on CUDA ------------------------------------------------------------------------
+
+@pytest.fixture
+def deterministic_cuda(monkeypatch):
+    """CUDA's fastest kernels may add in any order; exactness needs the deterministic ones."""
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("variant", EXACT)
+def test_exact_variants_on_cuda_make_the_cuda_baselines_decisions(variant, deterministic_cuda):
+    tokens = [t.cuda() for t in TOKENS]
+    results, after = {}, {}
+    for name in ("baseline", variant):
+        model = build("gpt-neo").cuda()
+        pruner = make_pruner(name, model, "wanda")
+        results[name], after[name] = pruner.prune(tokens, **SETTINGS), weights(model)
+        assert all(m.device.type == "cuda" for m in results[name].masks.values())
+    assert mask_digest(results[variant].masks) == mask_digest(results["baseline"].masks)
+    assert all(torch.equal(after[variant][n], w) for n, w in after["baseline"].items())
+    if variant in ("grad-in-backward", "lean"):
+        assert all(p.grad is None for p in pruner.parameters.values())

@@ -19,6 +19,7 @@ from torch.utils._pytree import tree_flatten
 from architectures import build_model
 from architectures.calibration import synthetic_batches
 from gradprobe.variants import make_pruner
+from gradprobe.variants.checkpointing import is_checkpointing, set_checkpointing
 
 from conftest import TINY_GPT_NEO
 
@@ -33,8 +34,10 @@ class NewTensorBytes(TorchDispatchMode):
     """
 
     def __enter__(self):
-        self.before = {StorageWeakRef(t.untyped_storage()).cdata
-                       for t in gc.get_objects() if issubclass(type(t), torch.Tensor)}  # type(): no proxy lookups
+        gc.collect()  # garbage freed later would otherwise pass for storages alive at entry
+        # Weak references, kept: while one is held, no new storage can take that storage's address.
+        self.before = {ref.cdata: ref for ref in (StorageWeakRef(t.untyped_storage()) for t in gc.get_objects()
+                                                  if issubclass(type(t), torch.Tensor))}  # type(): no proxy lookups
         self.alive, self.peak = {}, 0
         return super().__enter__()
 
@@ -151,11 +154,11 @@ def test_checkpointing_restores_each_modules_mode_and_the_switch(tokens):
     modes = [m.training for m in model.modules()]
     make_pruner("checkpointed", model).prune(tokens, sparsity=0.1)
     assert [m.training for m in model.modules()] == modes
-    assert not model.is_activation_checkpointing and model.config.use_cache
+    assert not is_checkpointing(model) and model.config.use_cache
 
-    model.activation_checkpointing_enable()  # a model that checkpoints already stays so
+    set_checkpointing(model, on=True)  # a model that checkpoints already stays so
     make_pruner("checkpointed", model).prune(tokens, sparsity=0.1)
-    assert model.is_activation_checkpointing
+    assert is_checkpointing(model)
 
 
 def test_a_bitmask_is_smaller_than_an_index_list_at_s_0_1(capsys):

@@ -1,24 +1,49 @@
-"""Scaled projection: each component of an audited run, grown to a target architecture.
+"""Scaled projection: each component of an audited run, grown to a target by what drives it.
 
-Every stage of the run is projected from its own readings:
+Every stage is projected from its own readings (census components, live-tensor meter, RSS):
 
-    components at the stage end   x  the driver of their category (drivers.CATEGORY_DRIVER)
-    tensors the census cannot see x  activations (autograd's saved tensors: meter minus census)
-    transient inside the stage    x  parameters (peak minus end of the live-tensor meter)
-    RSS beyond live tensors       x  constant (interpreter, libraries, allocator slack)
+    component at the stage end     x its driver: weights, gradients and copies by parameters,
+                                     per-matrix records and masks by matrix parameters, buffers
+                                     by buffer bytes (`drivers.component_driver`)
+    transient inside the stage     + its fitted growth (below)
+    tensors the census cannot see  + their fitted growth (autograd's saved tensors)
+    RSS beyond live tensors        x constant (interpreter, libraries, allocator slack)
 
-The transient rule is the assumption to watch: it holds where a stage's transients are
-gradient-sized (GradProbe at short sequences) and under-counts where activations dominate
-(long sequences). The traced projection measures transients instead of assuming them.
+The fit. Calibration runs, cheap traced runs of the same job at perturbed small shapes
+(layers x2, hidden x2, vocab /2, heads x2...: `auditor.jobs.calibration`), give each quantity at
+several shapes besides the audited one. Each quantity is split onto drivers
+(`drivers.FIT_DRIVERS`) by non-negative least squares, with the fewest drivers that explain
+every run within `TOLERANCE` (earlier drivers preferred), else all of them: GradProbe's
+backward transient on a tied model comes out as `tied` (two extra copies of the embedding's
+gradient), its block temporaries as `constant`. The projection is the audited reading plus the
+fitted growth, sum over drivers of share x (target / audited - 1), so a run projected onto its
+own shape gives back its own numbers. A component whose a-priori driver misses a calibration
+run by more than `TOLERANCE` is fitted the same way. A stage whose peak lies inside a child
+stage takes its children's largest projected peak.
+
+Limits. Without calibration runs (one run cannot separate drivers) transients scale by
+parameters and unseen tensors by activations. The fit is linear: it assumes the moment that
+sets a stage's peak is the same at the target as in the calibration runs; a traced run
+(`traced_projection`) measures it instead and is the one to trust far from the audited shape.
 A run needs a `workload` field (architecture, overrides, tokens) to be projected.
 """
 from __future__ import annotations
 
-from auditor.analysis.drivers import CATEGORY_DRIVER, Shape, scale, shape_of
+from itertools import combinations
+
+import numpy as np
+
+from auditor.analysis.drivers import (FIT_DRIVERS, Shape, component_driver, scale, shape_of,
+                                      workload_shape)
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 # Categories that follow the model's own dtype; the rest keep the algorithm's storage dtype.
 MODEL_DTYPE_CATEGORIES = {"weights", "gradients"}
+# An a-priori driver holds, and a fit explains a quantity, when it misses no run by more than
+# this share of the quantity's largest reading (a fit: or FLOOR bytes, a page, if larger).
+TOLERANCE = 0.01
+FLOOR = 4096
+MOST_DRIVERS_IN_A_SMALL_FIT = 3
 
 
 def audited_shape(record: dict) -> Shape:
@@ -26,24 +51,37 @@ def audited_shape(record: dict) -> Shape:
     if not workload or "architecture" not in workload:
         raise ValueError(f"run {record.get('name')!r} has no workload field (architecture, "
                          "tokens): it cannot be projected")
-    return shape_of(workload["architecture"], workload["tokens"], workload.get("overrides"))
+    return workload_shape(workload)
 
 
 def project(record: dict, target: str, target_dtype: str | None = None,
-            target_tokens: int | None = None) -> dict:
-    """The scaled projection of every stage of `record` to architecture `target`."""
+            target_tokens: int | None = None, *, target_overrides: dict | None = None,
+            calibration: list[dict] | None = None) -> dict:
+    """The scaled projection of every stage of `record` to architecture `target`.
+
+    `calibration`: traced run records of the same job at other small shapes (default: the
+    record's own `calibration` field, if any); without them nothing is fitted.
+    """
     audited = audited_shape(record)
-    shape = shape_of(target, target_tokens or audited.tokens)
+    batch = audited.batch
+    tokens = target_tokens or audited.tokens
+    shape = shape_of(target, tokens, target_overrides, sequence=max(tokens // batch, 1), batch=batch)
+    runs = [r for r in (calibration if calibration is not None else record.get("calibration") or [])
+            if r.get("workload")]
+    fit = _Fit(audited, shape, [(workload_shape(r["workload"]), stage_keys(r)) for r in runs])
     dtype_factor = _dtype_factor(record, target_dtype)
-    stages = [_project_stage(s, audited, shape, dtype_factor) for s in record["stages"]
-              if s.get("status") != "open"]
-    peak = max(stages, key=lambda s: s["rss_peak"], default=None)
+    stages = [_project_stage(s, key, fit, dtype_factor) for key, s in stage_keys(record).items()]
+    _peaks_inside_children(list(stage_keys(record).values()), stages)
+    # the run's peak: the most specific stage holding it (a parent only where no child does)
+    peak = max(stages, key=lambda s: (s["rss_peak"], s["path"].count("/")), default=None)
     return {
         "method": "scaled", "target": target, "target_dtype": target_dtype,
-        "audited": vars(audited), "shape": vars(shape), "stages": stages,
+        "target_overrides": dict(shape.overrides),
+        "audited": audited.as_dict(), "shape": shape.as_dict(), "stages": stages,
         "peak": {"stage": peak["path"], "rss": peak["rss_peak"],
                  "live_tensors": peak["tensor_peak"]} if peak else None,
         "live_tensor_peak": max((s["tensor_peak"] for s in stages), default=None),
+        "fit": fit.summary(runs),
     }
 
 
@@ -56,28 +94,226 @@ def _dtype_factor(record: dict, target_dtype: str | None) -> float:
     return DTYPE_BYTES[target_dtype] / DTYPE_BYTES[audited]
 
 
-def _project_stage(stage: dict, audited: Shape, target: Shape, dtype_factor: float) -> dict:
+def stage_keys(run: dict) -> dict[tuple[str, int], dict]:
+    """Finished stages by (path, how many stages of that path came before): a stage called
+    several times pairs with the same call in another run of the job."""
+    keyed, seen = {}, {}
+    for stage in run.get("stages") or []:
+        if stage.get("status") == "open":
+            continue
+        n = seen[stage["path"]] = seen.get(stage["path"], -1) + 1
+        keyed[(stage["path"], n)] = stage
+    return keyed
+
+
+# -- readings of one stage ---------------------------------------------------------------
+
+def _census(stage: dict) -> int:
+    return sum(c["bytes"] for c in (stage.get("components") or {}).values())
+
+
+def _end(stage: dict) -> int:
+    return (stage.get("live_tensors") or {}).get("end", _census(stage))
+
+
+def _unseen(stage: dict) -> int:
+    """Live tensors no census root reaches (saved by autograd: no Python object to census)."""
+    return max(_end(stage) - _census(stage), 0)
+
+
+def _transient(stage: dict) -> int:
+    end = _end(stage)
+    return max((stage.get("live_tensors") or {}).get("peak", end) - end, 0)
+
+
+def _component(name: str):
+    return lambda stage: ((stage.get("components") or {}).get(name) or {}).get("bytes", 0)
+
+
+# -- the fit -----------------------------------------------------------------------------
+
+class _Fit:
+    """Splits each quantity of a stage onto drivers, from the audited run and calibration runs."""
+
+    def __init__(self, audited: Shape, target: Shape, runs: list[tuple[Shape, dict]]):
+        self.audited, self.target, self.runs = audited, target, runs
+
+    @property
+    def calibrated(self) -> bool:
+        return bool(self.runs)
+
+    def grow(self, measured: int, shares: dict[str, float]) -> int:
+        growth = sum(b * (scale(d, self.audited, self.target) - 1) for d, b in shares.items())
+        return max(round(measured + growth), 0)
+
+    def a_priori(self, driver: str, measured: int, key: tuple, reading) -> dict:
+        """`measured` scaled by `driver`, unless calibration runs show the driver is wrong."""
+        shares = {driver: measured}
+        if self.calibrated:
+            values, shapes = self._series(key, reading, measured)
+            predicted = [measured * scale(driver, self.audited, s) for s in shapes]
+            if _miss(values, predicted) > _allowance(values, floor=0):
+                return self.fitted(measured, key, reading)
+            return {"how": "a priori", "shares": shares, "residual": round(_miss(values, predicted))}
+        return {"how": "a priori", "shares": shares}
+
+    def fitted(self, measured: int, key: tuple, reading, fallback: str = "parameters") -> dict:
+        if not self.calibrated:
+            return {"how": "a priori", "shares": {fallback: measured}}
+        values, shapes = self._series(key, reading, measured)
+        shares, residual = fit_shares(values, shapes)
+        return {"how": "fitted", "shares": shares, "residual": round(residual)}
+
+    def _series(self, key: tuple, reading, measured: int) -> tuple[list[float], list[Shape]]:
+        values, shapes = [float(measured)], [self.audited]
+        for shape, stages in self.runs:
+            if key in stages:
+                values.append(float(reading(stages[key])))
+                shapes.append(shape)
+        return values, shapes
+
+    def summary(self, runs: list[dict]) -> dict | None:
+        drivers = {d: {"audited": self.audited.driver(d), "target": self.target.driver(d),
+                       "ratio": scale(d, self.audited, self.target)}
+                   for d in dict.fromkeys(FIT_DRIVERS + ("matrix parameters",))}
+        return {
+            "method": ("non-negative least squares over the audited run and "
+                       f"{len(runs)} traced calibration run(s)") if runs else
+                      "none: no calibration runs (transients x parameters, unseen x activations)",
+            "tolerance": TOLERANCE,
+            "runs": [{"label": r.get("label"), **{k: r["workload"].get(k) for k in
+                      ("architecture", "overrides", "tokens")}} for r in runs],
+            "drivers": drivers,
+        }
+
+
+def fit_shares(values: list[float], shapes: list[Shape],
+               drivers: tuple[str, ...] = FIT_DRIVERS) -> tuple[dict[str, float], float]:
+    """Non-negative shares (bytes at `shapes[0]`) of drivers that reproduce `values`.
+
+    The fewest drivers whose fit misses no run by more than the allowance, preferring the
+    earlier drivers; if none of up to `MOST_DRIVERS_IN_A_SMALL_FIT` do, all drivers together.
+    Returns the shares and the largest miss over the runs.
+    """
+    y = np.asarray(values, dtype=float)
+    columns = _columns(shapes, drivers)
+    if not columns or not y.any():
+        return {}, float(np.abs(y).max(initial=0.0))
+    names = list(columns)
+    matrix = np.column_stack([columns[n] for n in names])
+    allowance = _allowance(values)
+    for size in range(1, min(MOST_DRIVERS_IN_A_SMALL_FIT, len(names)) + 1):
+        best = None
+        for chosen in combinations(range(len(names)), size):
+            coef = _nnls(matrix[:, chosen], y)
+            if (coef <= 0).any():
+                continue  # a smaller set explains it as well
+            miss = float(np.abs(matrix[:, chosen] @ coef - y).max())
+            if miss <= allowance and (best is None or miss < best[0] - 1e-9 * allowance):
+                best = (miss, chosen, coef)
+        if best is not None:
+            miss, chosen, coef = best
+            return {names[i]: float(c) for i, c in zip(chosen, coef)}, miss
+    coef = _nnls(matrix, y)
+    miss = float(np.abs(matrix @ coef - y).max())
+    return {n: float(c) for n, c in zip(names, coef) if c > 0}, miss
+
+
+def _columns(shapes: list[Shape], drivers: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Each driver over the runs, relative to the first run; drivers the first run lacks, and
+    drivers that move exactly like an earlier one, are left out (no run can tell them apart)."""
+    columns: dict[str, np.ndarray] = {}
+    for name in drivers:
+        base = shapes[0].driver(name)
+        if not base:
+            continue
+        column = np.array([s.driver(name) / base for s in shapes], dtype=float)
+        if any(np.allclose(column, kept, rtol=1e-9, atol=0) for kept in columns.values()):
+            continue
+        columns[name] = column
+    return columns
+
+
+def _nnls(a: np.ndarray, y: np.ndarray, iterations: int = 100) -> np.ndarray:
+    """min ||a x - y|| subject to x >= 0 (Lawson and Hanson's active-set method)."""
+    n = a.shape[1]
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    tolerance = 1e-12 * max(float(np.abs(a.T @ y).max(initial=0.0)), 1.0)
+    for _ in range(iterations):
+        gradient = a.T @ (y - a @ x)
+        if passive.all() or gradient[~passive].max() <= tolerance:
+            break
+        passive[np.argmax(np.where(passive, -np.inf, gradient))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], y, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            blocked = passive & (z <= 0)
+            step = np.min(x[blocked] / (x[blocked] - z[blocked]))
+            x = x + step * (z - x)
+            passive &= x > tolerance
+            x[~passive] = 0.0
+    return x
+
+
+def _miss(values: list[float], predicted: list[float]) -> float:
+    return max((abs(v - p) for v, p in zip(values, predicted)), default=0.0)
+
+
+def _allowance(values: list[float], floor: int = FLOOR) -> float:
+    return max(TOLERANCE * max((abs(v) for v in values), default=0.0), floor)
+
+
+# -- one stage ---------------------------------------------------------------------------
+
+def _project_stage(stage: dict, key: tuple, fit: _Fit, dtype_factor: float) -> dict:
+    path = stage["path"]
     components = {}
     for name, item in (stage.get("components") or {}).items():
-        factor = scale(CATEGORY_DRIVER.get(item["category"], "parameters"), audited, target)
+        driver = component_driver(name, item["category"])
+        how = fit.a_priori(driver, item["bytes"], key, _component(name))
+        projected = fit.grow(item["bytes"], how["shares"])
         if item["category"] in MODEL_DTYPE_CATEGORIES:
-            factor *= dtype_factor
+            projected = round(projected * dtype_factor)
         components[name] = {"category": item["category"], "bytes": item["bytes"],
-                            "projected": round(item["bytes"] * factor)}
-    census = sum(c["bytes"] for c in components.values())
+                            "projected": projected, **how}
+    unseen = _unseen(stage)
+    unseen_how = (fit.fitted(unseen, key, _unseen, fallback="activations") if unseen or fit.calibrated
+                  else {"how": "a priori", "shares": {}})
+    transient = _transient(stage)
+    transient_how = fit.fitted(transient, key, _transient, fallback="parameters")
+    unseen_projected = fit.grow(unseen, unseen_how["shares"])
+    transient_projected = fit.grow(transient, transient_how["shares"])
+    tensor_end = sum(c["projected"] for c in components.values()) + unseen_projected
+    tensor_peak = tensor_end + transient_projected
     meter = stage.get("live_tensors") or {}
-    end = meter.get("end", census)
-    unseen = max(end - census, 0)          # saved by autograd: no Python object to census
-    transient = max(meter.get("peak", end) - end, 0)
-    projected_end = (sum(c["projected"] for c in components.values())
-                     + unseen * scale("activations", audited, target))
-    tensor_peak = projected_end + transient * scale("parameters", audited, target)
-    rss = stage["rss"]
-    beyond_tensors = max(rss["peak"] - meter.get("peak", end), 0)
+    beyond_tensors = max(stage["rss"]["peak"] - meter.get("peak", _end(stage)), 0)
     return {
-        "path": stage["path"], "components": components,
-        "unseen_tensors": {"bytes": unseen, "projected": round(unseen * scale("activations", audited, target))},
-        "transient": {"bytes": transient, "projected": round(transient * scale("parameters", audited, target))},
+        "path": path, "parent": stage.get("parent"), "components": components,
+        "unseen_tensors": {"bytes": unseen, "projected": unseen_projected, **unseen_how},
+        "transient": {"bytes": transient, "projected": transient_projected, **transient_how},
         "beyond_tensors": beyond_tensors,
-        "tensor_peak": round(tensor_peak), "rss_peak": round(tensor_peak + beyond_tensors),
+        "tensor_end": tensor_end, "tensor_peak": tensor_peak,
+        "rss_peak": tensor_peak + beyond_tensors,
     }
+
+
+def _peaks_inside_children(measured: list[dict], stages: list[dict]) -> None:
+    """A stage whose measured peak is no higher than its children's takes their projected peak."""
+    pairs = list(zip(measured, stages))
+    for real, stage in sorted(pairs, key=lambda p: -p[1]["path"].count("/")):  # deepest first
+        children = [(r, p) for r, p in pairs if p.get("parent") == stage["path"]
+                    and real["start_s"] <= r["start_s"] and (real["end_s"] is None or r["start_s"] <= real["end_s"])]
+        meter = (real.get("live_tensors") or {}).get("peak")
+        child_peaks = [(r.get("live_tensors") or {}).get("peak") for r, _ in children]
+        if not children or meter is None or None in child_peaks or meter > max(child_peaks):
+            continue
+        holder = max((p for _, p in children), key=lambda c: c["tensor_peak"])
+        stage["peak_in"] = holder["path"]
+        stage["tensor_peak"] = max(holder["tensor_peak"], stage["tensor_end"])
+        stage["rss_peak"] = max(max(p["rss_peak"] for _, p in children),
+                                stage["tensor_peak"] + stage["beyond_tensors"])
+        stage["transient"]["projected"] = stage["tensor_peak"] - stage["tensor_end"]

@@ -35,6 +35,8 @@ def register(subparsers) -> None:
                         help="trace native allocations with memray: top sites and a flamegraph")
     parser.add_argument("--tracemalloc", action="store_true", help="Python heap per stage")
     parser.add_argument("--census", action="store_true", help="tensor census at each stage end")
+    parser.add_argument("--live-tensors", action="store_true",
+                        help="exact live tensor bytes and their peak per stage (torch dispatch mode)")
     parser.add_argument("--cuda-history", action="store_true",
                         help="record CUDA allocator history (pytorch.org/memory_viz snapshot)")
     parser.add_argument("--name", help="run name (default: the script's name)")
@@ -61,7 +63,8 @@ def main(args) -> int:
     try:
         try:
             audit = Audit(out, name, memray=args.memray, tracemalloc=args.tracemalloc,
-                          census=args.census, cuda_history=args.cuda_history,
+                          census=args.census, live_tensors=args.live_tensors,
+                          cuda_history=args.cuda_history,
                           stage_targets=args.stages, command=shlex.join(args.command_line),
                           on_stage_end=lambda entry: _progress(console, entry))
         except ValueError as error:

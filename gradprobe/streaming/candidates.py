@@ -1,17 +1,19 @@
-"""Candidates without a candidate mask in memory: one global threshold, positions recomputed per load.
+"""Candidates without storing them: one global threshold t, and each tensor's candidates recomputed.
 
-The magnitude strategy's threshold t is found by the same exact counting search the baseline
-uses (`threshold.candidate_threshold`), fed one tensor at a time from disk; a tensor's candidates
-are then `score < t`, scored by the baseline's own `TensorScores`. Since t is one number, a
-stage's candidates are recomputed each time the stage is loaded, from its original weights,
-instead of being stored: the same weights and the same t always give the same candidates.
+The threshold is found by the baseline's exact counting search (`threshold.candidate_threshold`),
+fed one tensor at a time from disk; a tensor's candidates are then `score < t`, scored by the
+baseline's own `TensorScores`. Since t is one number, candidates are recomputed block by block
+whenever they are needed (to reduce them, to gather a gradient at them, to write the masks)
+instead of being kept: no mask, no positions, for any tensor, ever.
 
-In a loaded stage, candidates are held as flat positions (ascending, int32 where they fit: 0.4
-bytes per weight at 10% candidates, where a bool mask would take 1).
+The recomputation holds on the reduced weights too: times r (0 < r <= 1) a candidate's |w| can
+only shrink (rounding is monotonic, so |fl(w * r)| <= |w| < t, and likewise for |w| * ||X_j||),
+and the other weights are never written to. So reduced weights and t give the same candidates.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from itertools import chain
 
 import torch
@@ -38,20 +40,38 @@ def global_threshold(folder: WeightsFolder, names: list[str], sparsity: float,
     return candidate_threshold(every_block, total, sparsity)
 
 
-def candidate_positions(weight: torch.Tensor, threshold: float, scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Flat positions of `weight`'s candidates, ascending (the order `masked_select` reads them)."""
-    scores = TensorScores(weight, scale)
-    per_row = weight[0].numel() if weight.dim() else 1
-    index_dtype = torch.int32 if weight.numel() < 2**31 else torch.int64
-    parts = []
-    for rows in row_blocks(weight):
-        below = torch.lt(scores.block(rows), threshold).view(-1)  # the baseline's comparison
-        parts.append((torch.nonzero(below).view(-1) + (rows.start or 0) * per_row).to(index_dtype))
-    return torch.cat(parts) if parts else torch.empty(0, dtype=index_dtype)
+class Candidates:
+    """One weight tensor's candidates, `score < t`, computed block by block when asked for.
 
+    Holds the weight: drop it with the stage it belongs to.
+    """
 
-@torch.no_grad()
-def reduce(weight: torch.Tensor, positions: torch.Tensor, reduction_factor: float) -> None:
-    """Candidates times r, in place (as the baseline: the same fp32 multiply)."""
-    flat = weight.view(-1)
-    flat.index_put_((positions,), flat.index_select(0, positions) * reduction_factor)
+    def __init__(self, weight: torch.Tensor, threshold: float, scale: torch.Tensor | None = None):
+        self.weight, self.threshold = weight.detach(), threshold
+        self.scores = TensorScores(self.weight, scale)
+
+    def blocks(self) -> Iterator[tuple[slice, torch.Tensor]]:
+        for rows in row_blocks(self.weight):
+            yield rows, torch.lt(self.scores.block(rows), self.threshold)  # the baseline's comparison
+
+    def count(self) -> int:
+        return sum(int(torch.count_nonzero(chosen)) for _, chosen in self.blocks())
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor`'s values at the candidates, in row-major order (as `masked_select` reads them)."""
+        return torch.cat([torch.masked_select(tensor[rows], chosen) for rows, chosen in self.blocks()])
+
+    @torch.no_grad()
+    def reduce(self, reduction_factor: float) -> None:
+        """Candidates times r, in place: the baseline's `reduce_candidates`, block for block."""
+        for rows, chosen in self.blocks():
+            block = self.weight[rows]
+            block.copy_(torch.where(chosen, block * reduction_factor, block))
+
+    def scatter(self, target: torch.Tensor, values: torch.Tensor) -> None:
+        """Put `values` (one per candidate, in `gather`'s order) into `target` at the candidates."""
+        start = 0
+        for rows, chosen in self.blocks():
+            count = int(torch.count_nonzero(chosen))
+            target[rows].masked_scatter_(chosen, values[start:start + count])
+            start += count

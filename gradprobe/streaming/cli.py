@@ -152,8 +152,9 @@ def _printer():
 
     def show(moment: Moment) -> None:
         if moment.what != "batch":
+            live = ", ".join(f"{name} {size / MiB:,.0f}" for name, size in moment.resident.items())
             print(f"[{time.perf_counter() - start:7.1f} s] {moment.what:<6} {moment.stage:<10} "
-                  f"RSS {current_rss() / MiB:,.0f} MiB, peak {peak_rss() / MiB:,.0f} MiB",
+                  f"RSS {current_rss() / MiB:,.0f} MiB, peak {peak_rss() / MiB:,.0f} MiB | {live} MiB",
                   file=sys.stderr, flush=True)
     return show
 

@@ -15,20 +15,19 @@ from .safetensors_files import SafetensorsWriter, read_header, read_tensor
 
 
 class CandidateGradients:
-    """One tensor's G at its candidate positions: per element, the max over batches of |grad|.
+    """One tensor's G at its candidates: per candidate, the max over batches of |grad|.
 
+    Values come in gathered at the candidates (`Candidates.gather`), in their row-major order.
     A tensor that two stages use (a head tied to the token embedding) receives each batch's
     gradient in two parts, the head's first: the parts are summed before |.| and the maximum, as
     autograd sums them on the whole model. The max is over batches of the full gradient.
     """
 
-    def __init__(self, positions: torch.Tensor):
-        self.positions = positions
-        self.maximum = torch.zeros(positions.numel())  # 0 never raises a max: as an unused batch
-        self.partial: dict[int, torch.Tensor] = {}      # batch -> the parts received so far
+    def __init__(self, candidates: int):
+        self.maximum = torch.zeros(candidates)      # 0 never raises a max: as a batch with no gradient
+        self.partial: dict[int, torch.Tensor] = {}  # batch -> the parts received so far
 
-    def add(self, batch: int, grad: torch.Tensor, complete: bool) -> None:
-        values = grad.view(-1).index_select(0, self.positions)
+    def add(self, batch: int, values: torch.Tensor, complete: bool) -> None:
         if batch in self.partial:
             values = self.partial.pop(batch) + values
         if not complete:
@@ -38,8 +37,7 @@ class CandidateGradients:
 
     @property
     def nbytes(self) -> int:
-        held = [self.positions, self.maximum, *self.partial.values()]
-        return sum(t.numel() * t.element_size() for t in held)
+        return sum(t.numel() * t.element_size() for t in [self.maximum, *self.partial.values()])
 
 
 class ScratchRecords:

@@ -7,7 +7,8 @@ hidden states between layers (one [batch, seq, hidden] tensor per layer and batc
 gradient records at the candidates of the tensors in flight. The gradients are the exact
 full-model gradients, got by checkpointed backpropagation one layer at a time:
 
-    select_candidates          global threshold t: two counting passes over the weights on disk
+    select_candidates          one global threshold t over |w| (magnitude) or |w| * ||X_j|| (WANDA,
+                               norms from a streaming forward): two counting passes over the files
     record_original_gradients  forward, layer by layer, keeping the hidden states between layers;
                                backward from the head down: each layer is loaded again, recomputed
                                from its saved input, backpropagated from the gradient at its output,
@@ -16,6 +17,10 @@ full-model gradients, got by checkpointed backpropagation one layer at a time:
     decide_and_write           the same pass with candidates times r as each stage is loaded (the
                                files are never changed); as each stage's G1 is complete: decide
                                (`decision.is_pruned`), write the stage's pruned weights and masks.
+
+Candidates are never stored: they are recomputed block by block from the weights and t each time
+they are needed (`candidates`). Between stages, freed heap memory is handed back to the OS (`heap`), so each stage
+starts from the same RSS.
 
 The output folder gets the pruned weights (the stored dtype, one file per stage) with config.json
 and an index, so `from_pretrained` loads it; masks go to one safetensors file, a uint8 0/1 tensor
@@ -38,11 +43,12 @@ from ..decision import is_pruned
 from ..loss import causal_lm_loss
 from ..pruner import check_settings
 from ..strategies import _hook_input_norms
-from .candidates import candidate_positions, global_threshold, reduce
+from .candidates import Candidates, global_threshold
 from .gradient_records import CandidateGradients, ScratchRecords
+from .heap import release_free_memory
 from .result import StreamingResult
 from .safetensors_files import SafetensorsWriter
-from .stages import Stage, StagedModel
+from .stages import LoadedStage, Stage, StagedModel
 from .weights_folder import WeightsFolder
 from .writing import FolderWriter
 
@@ -60,6 +66,7 @@ class Moment:
     what: str
     stage: str
     batch: int | None = None
+    resident: dict[str, int] | None = None  # the pruner's live structures in bytes, at this moment
 
 
 class StreamingGradProbe:
@@ -72,13 +79,15 @@ class StreamingGradProbe:
         self.folder = WeightsFolder(weights)
         self.model = StagedModel(self.folder)
         self.prunable = set(self.model.prunable)
-        self.progress = progress or (lambda moment: None)
+        self._progress = progress
         self.threshold: float | None = None
         self.scales: dict[str, torch.Tensor] = {}  # WANDA's ||X_j|| per tensor; none for magnitude
         self.reduction_factor: float | None = None  # set during the reduced pass only
         self.records: dict[str, CandidateGradients] = {}
         self.hidden: list[list[torch.Tensor]] = []  # per layer boundary, per batch
-        self.batch = 0
+        self.batch = 0  # the batch being backpropagated: the gradient hooks read it
+        self._loaded = None  # the stage in memory, for `resident_bytes`
+        self._candidates: dict[str, Candidates] = {}  # of the stage in memory (they hold its weights)
 
     def prune(self, loader: Iterable, out: str, loss_fn: Callable | None = None, sparsity: float = 0.1,
               num_batches: int = 2, reduction_factor: float = 0.1, gradient_threshold: float = 2.0,
@@ -93,6 +102,7 @@ class StreamingGradProbe:
         scratch_folder = tempfile.mkdtemp(prefix="gradprobe-scratch-", dir=scratch or out)
         try:
             self.select_candidates(batches, sparsity)
+            release_free_memory()
             self.progress(Moment("phase", "candidates selected"))
             self.record_original_gradients(batches, loss_fn, ScratchRecords(scratch_folder))
             self.progress(Moment("phase", "G0 recorded"))
@@ -153,11 +163,10 @@ class StreamingGradProbe:
 
         def decide(stage: Stage, records: dict[str, CandidateGradients]) -> None:
             before = scratch.load(stage.file)
-            pruned = {name: record.positions[is_pruned(torch.tensor(True), before.pop(name),
-                                                       record.maximum, tau)]
-                      for name, record in records.items()}
-            counts["candidates"] += sum(r.positions.numel() for r in records.values())
-            counts["pruned"] += sum(p.numel() for p in pruned.values())
+            pruned = {name: is_pruned(torch.tensor(True), before.pop(name), record.maximum, tau)
+                      for name, record in records.items()}  # one bool per candidate
+            counts["candidates"] += sum(p.numel() for p in pruned.values())
+            counts["pruned"] += sum(int(torch.count_nonzero(p)) for p in pruned.values())
             self._write_stage(stage, pruned, weights, masks)
 
         self.reduction_factor = reduction_factor
@@ -200,6 +209,7 @@ class StreamingGradProbe:
             for self.batch, (hidden, (_, y)) in enumerate(zip(outputs, batches)):
                 logits = self.model.family.logits(stage.modules, hidden.requires_grad_())
                 loss_fn(CausalLMOutputWithPast(logits=logits), y).backward()  # as loss_fn(model(x), y)
+                del logits  # its graph node holds the head's weight: gone before the stage is dropped
                 self.progress(Moment("batch", stage.stage.name, self.batch))
         return [hidden.grad for hidden in outputs]
 
@@ -221,35 +231,41 @@ class StreamingGradProbe:
     @contextmanager
     def resident(self, stage: Stage, backward: bool = False):
         """The stage loaded (reduced in the reduced pass), hooked if backward; then dropped, then done."""
-        loaded = self.model.load(stage)
+        loaded = self._loaded = self.model.load(stage)
         try:
-            for name, tensor in loaded.parameters.items():
-                self._prepare(name, tensor, stage, backward)
+            self._prepare(loaded, backward)  # (a loop here would keep its last tensor alive)
             self.progress(Moment("loaded", stage.name))
             yield loaded
         finally:
             loaded.release()  # weights freed before the stage is finished: the writes need no weights
+            self._loaded, self._candidates = None, {}
+            release_free_memory()
         if backward:
             done = {name: self.records.pop(name) for name in stage.owns if name in self.prunable}
             self.stage_done(stage, done)
+            del done
+            release_free_memory()
             self.progress(Moment("done", stage.name))
 
-    def _prepare(self, name: str, tensor: torch.Tensor, stage: Stage, backward: bool) -> None:
-        if name in self.prunable and (backward or self.reduction_factor is not None):
-            record = self.records.get(name)
-            positions = record.positions if record else \
-                candidate_positions(tensor.detach(), self.threshold, self.scales.get(name))
-            if backward and record is None:
-                self.records[name] = CandidateGradients(positions)
-            if self.reduction_factor is not None:
-                reduce(tensor, positions, self.reduction_factor)
+    def _prepare(self, loaded: LoadedStage, backward: bool) -> None:
+        for name, tensor in loaded.parameters.items():
+            self._prepare_tensor(name, tensor, loaded.stage, backward)
+
+    def _prepare_tensor(self, name: str, tensor: torch.Tensor, stage: Stage, backward: bool) -> None:
+        reducing = self.reduction_factor is not None
+        if name in self.prunable and (backward or reducing):
+            candidates = self._candidates[name] = Candidates(tensor, self.threshold, self.scales.get(name))
+            if backward and name not in self.records:
+                self.records[name] = CandidateGradients(candidates.count())
+            if reducing:
+                candidates.reduce(self.reduction_factor)
         if backward:  # every gradient is consumed the moment it is complete: no dense .grad stays
             tensor.register_post_accumulate_grad_hook(self._consumer(name, complete=name in stage.owns))
 
     def _consumer(self, name: str, complete: bool) -> Callable:
         def consume(tensor: torch.Tensor) -> None:
             if name in self.records:
-                self.records[name].add(self.batch, tensor.grad, complete)
+                self.records[name].add(self.batch, self._candidates[name].gather(tensor.grad), complete)
             tensor.grad = None
         return consume
 
@@ -262,9 +278,10 @@ class StreamingGradProbe:
             for name in stage.owns:
                 weight = self.folder.load(name)  # the original, in its stored dtype
                 mask = torch.zeros(weight.shape, dtype=torch.uint8)
-                if name in pruned:
-                    weight.view(-1)[pruned[name]] = 0
-                    mask.view(-1)[pruned[name]] = 1
+                if name in pruned:  # the candidates again, from the original weights and t
+                    Candidates(weight, self.threshold, self.scales.get(name)).scatter(
+                        mask, pruned[name].to(torch.uint8))
+                    weight.masked_fill_(mask.bool(), 0)
                 file.write(name, weight)
                 masks.write(name, mask)
 
@@ -275,8 +292,15 @@ class StreamingGradProbe:
         if os.path.isdir(out) and os.listdir(out):
             raise ValueError(f"the output folder {out!r} is not empty: give a new or empty folder")
 
+    def progress(self, moment: Moment) -> None:
+        if self._progress is not None:
+            self._progress(Moment(moment.what, moment.stage, moment.batch, self.resident_bytes()))
+
     def resident_bytes(self) -> dict[str, int]:
-        """The pruner's own live structures, by what they are (for measurements)."""
-        hidden = sum(h.numel() * h.element_size() for row in self.hidden for h in row)
-        return {"hidden states between layers": hidden,
-                "gradient records at candidates": sum(r.nbytes for r in self.records.values())}
+        """The pruner's own live structures in bytes, by what they are (for measurements)."""
+        def size(tensors):
+            return sum(t.numel() * t.element_size() for t in tensors)
+        stage = self._loaded.parameters.values() if self._loaded else []
+        return {"stage weights": size(stage),
+                "hidden states": size(h for row in self.hidden for h in row),
+                "gradient records": sum(r.nbytes for r in self.records.values())}

@@ -11,6 +11,8 @@ Presets (each a `Variant` of switches over the baseline, run by `LowMemoryGradPr
     checkpointed      decoder layers recompute their activations in backward
     low-precision     S and G in bf16; unpruned weights stay bit-identical
     lean              sparse-state + grad-in-backward + checkpointed
+    streaming         `gradprobe.streaming` on a temporary weights folder (its memory floor needs
+                      the folder API: `python -m gradprobe.streaming prune --weights FOLDER`)
 
 All but low-precision make exactly the baseline's decisions (same masks, same pruned weights).
 
@@ -26,6 +28,7 @@ from functools import partial
 import torch
 
 from ..pruner import GradProbe
+from ..streaming.on_model import StreamingOnModel
 from .packed_mask import PackedMask
 from .pruner import LowMemoryGradProbe
 from .variant import Variant
@@ -41,6 +44,7 @@ PRESETS: dict[str, Variant] = {
 VARIANTS: dict[str, Callable[..., GradProbe]] = {
     "baseline": GradProbe,
     **{name: partial(LowMemoryGradProbe, variant=variant) for name, variant in PRESETS.items()},
+    "streaming": StreamingOnModel,
 }
 
 

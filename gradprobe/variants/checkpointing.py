@@ -25,11 +25,11 @@ def activation_checkpointing(model: torch.nn.Module):
         raise ValueError(f"{type(model).__name__} cannot checkpoint activations: the checkpointed "
                          "variants need a Hugging Face model whose layers support it")
     modes = [(module, module.training) for module in model.modules()]
-    already_on = _is_on(model)
+    already_on = is_checkpointing(model)
     use_cache = getattr(model.config, "use_cache", None)
     try:
         if not already_on:
-            _switch(model, on=True)
+            set_checkpointing(model, on=True)
         if use_cache:  # one forward per batch reads no cache; HF would drop it, with a warning
             model.config.use_cache = False
         model.train()
@@ -38,19 +38,19 @@ def activation_checkpointing(model: torch.nn.Module):
         for module, training in modes:
             module.training = training
         if not already_on:
-            _switch(model, on=False)
+            set_checkpointing(model, on=False)
         if use_cache is not None:
             model.config.use_cache = use_cache
 
 
-def _is_on(model) -> bool:
-    # transformers 5 renamed gradient checkpointing to activation checkpointing; the old names warn.
+def is_checkpointing(model) -> bool:
+    # Newer transformers (5.2x) renamed it "activation checkpointing" and the old names warn; 5.17 has only those.
     if hasattr(type(model), "is_activation_checkpointing"):
         return model.is_activation_checkpointing
     return model.is_gradient_checkpointing
 
 
-def _switch(model, on: bool) -> None:
+def set_checkpointing(model, on: bool) -> None:
     if hasattr(model, "activation_checkpointing_enable"):
         if on:
             model.activation_checkpointing_enable(dict(SETTINGS))

@@ -13,6 +13,9 @@ the phases a switch changes:
                        decisions are the baseline's.
     state="sparse"     S is the candidates' original values, M_t a bitmask; only candidates are
                        ever written to, so restoring them restores the model.
+    (any)              candidates are reduced and restored a chunk at a time, never with a
+                       whole-tensor masked_select / masked_scatter_ (their transients are 4x / 2x
+                       the tensor).
     gradients="in-backward"  G is updated inside backward and `.grad` dropped at once.
     checkpointing      the gradient passes run under `activation_checkpointing`.
     storage_dtype      the baseline's option: dtype of G and of a full S.
@@ -25,7 +28,7 @@ from contextlib import AbstractContextManager
 import torch
 
 from ..gradients import gradient_passes
-from ..pruner import GradProbe, PruneResult
+from ..pruner import GradProbe, PruneResult, holds_exactly
 from .at_candidates import candidate_values, count_candidates, put_candidate_values_, scale_candidates_
 from .candidate_record import CandidateMaxima, final_mask_at_candidates
 from .checkpointing import activation_checkpointing
@@ -90,10 +93,18 @@ class LowMemoryGradProbe(GradProbe):
         return record.maxima
 
     def reduce_candidates(self, reduction_factor: float) -> None:
-        if self.variant.state == "full":
-            return super().reduce_candidates(reduction_factor)
+        """As the baseline's, a chunk at a time, for either kind of M_t.
+
+        Where a full S rounds the weights (half-precision storage), the candidates' exact values
+        are kept first, as the baseline does, but chunk by chunk: `torch.masked_select` over a
+        whole tensor makes a transient four times the tensor's size (605 MiB for TinyStories'
+        147 MiB embedding), which set low-precision's peak. A sparse S is exact already.
+        """
         for name, chosen in self.candidates.items():
-            scale_candidates_(self.prunable[name], chosen, reduction_factor)
+            weight = self.prunable[name]
+            if self.variant.state == "full" and not holds_exactly(self.storage_dtype, weight.dtype):
+                self.candidate_originals[name] = candidate_values(weight, chosen)
+            scale_candidates_(weight, chosen, reduction_factor)
 
     def final_mask(self, name: str, gradient_threshold: float) -> torch.Tensor:
         if not self.variant.candidates_first:
@@ -102,11 +113,16 @@ class LowMemoryGradProbe(GradProbe):
                                         self.gradients_original[name], self.gradients_reduced[name],
                                         gradient_threshold)
 
+    @torch.no_grad()
     def restore_weights(self) -> None:
-        if self.variant.state == "full":
-            return super().restore_weights()
-        for name, originals in self.saved_state.items():
-            put_candidate_values_(self.prunable[name], self.candidates[name], originals)
+        """As the baseline's; exact copies of candidates go back a chunk at a time (no
+        whole-tensor `masked_scatter_`, whose transient is twice the tensor)."""
+        exact_copies = self.saved_state if self.variant.state == "sparse" else self.candidate_originals
+        for name, p in self.parameters.items():
+            if name in exact_copies:
+                put_candidate_values_(p, self.candidates[name], exact_copies[name])
+            elif name in self.saved_state and holds_exactly(self.storage_dtype, p.dtype):
+                p.copy_(self.saved_state[name])
 
     def candidate_count(self) -> int:
         return sum(count_candidates(mask) for mask in self.candidates.values())

@@ -1,0 +1,152 @@
+"""`auditor validate-projection`: check the projections against a real run of a held-out scale.
+
+    auditor validate-projection --arch tinystories-33m --hidden 256 --layers 2 \\
+        --target gpt-neo-125m -o reports/projection-validation-gpt-neo-125m.md
+
+Audits GradProbe for real at the small scale, projects it (scaled, fitted on traced calibration
+runs; and traced) to the target, runs the target for real and prints the error of every
+projected number: the peaks, every stage, every component of the peak stage. Before the
+target's real run, its traced projection's peak RSS must fit in the available memory less a
+margin, or nothing big runs (exit 2).
+
+Exit status: 0 every target met; 1 a target missed; 2 bad input, or the target would not fit.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+from auditor.cli import UsageError
+
+SIZES = ("layers", "hidden", "vocab", "heads", "intermediate")
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
+          "g": 1 << 30, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("validate-projection", help="check the projections against a real held-out run",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--arch", default="tinystories-33m", help="architecture audited at the small scale")
+    for name in SIZES:
+        p.add_argument(f"--{name}", type=int, help=f"small scale: override the architecture's {name}")
+    p.add_argument("--target", default="tinystories-33m", metavar="ARCH", help="held-out architecture")
+    for name in SIZES:
+        p.add_argument(f"--target-{name}", type=int, help=f"held-out scale: override the target's {name}")
+    p.add_argument("--variant", default="baseline", help="GradProbe variant (see gradprobe.variants)")
+    p.add_argument("--strategy", default="magnitude", choices=["magnitude", "wanda"])
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--batches", type=int, default=2)
+    p.add_argument("--sparsity", type=float, default=0.1)
+    p.add_argument("--reduction", type=float, default=0.1)
+    p.add_argument("--threshold", type=float, default=2.0, help="gradient threshold tau")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, help="torch threads of both real runs (default: torch's)")
+    p.add_argument("--available", metavar="SIZE",
+                   help="memory the held-out run may use, e.g. 8GiB (default: what the system has available)")
+    p.add_argument("--margin", metavar="SIZE", default="1GiB",
+                   help="kept free below the available memory (default 1GiB)")
+    p.add_argument("--run-dir", help="folder for every run (default: a new folder under runs/)")
+    p.add_argument("-o", "--output", help="markdown report (default: validation.md in the run folder)")
+    p.set_defaults(handler=main)
+
+
+def main(args) -> int:
+    small, target, target_overrides, output = _checked(args)
+    from auditor.analysis.projection_validation import NotEnoughMemory, validate
+    from auditor.audit import new_run_folder
+    from auditor.renderers.validation_markdown import render
+
+    folder = Path(args.run_dir) if args.run_dir else new_run_folder(f"validate-{args.arch}-to-{target}")
+    output = output or folder / "validation.md"
+    console = _console()
+    try:
+        result = validate(small, target, target_overrides, folder, threads=args.threads,
+                          available=_size(args.available, "--available") if args.available else None,
+                          margin=_size(args.margin, "--margin"),
+                          progress=lambda text: console.print(f"[dim]auditor:[/] {text}", highlight=False))
+    except NotEnoughMemory as error:
+        raise UsageError(str(error)) from None
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(render(result, args.command_line))
+    _print(result, output)
+    return 0 if all(t["met"] for t in result["targets"]) else 1
+
+
+def _checked(args):
+    """Every argument validated before anything runs: bad input is one line, exit 2."""
+    import architectures
+    from auditor.jobs.gradprobe import Settings
+    from gradprobe.pruner import check_settings
+    from gradprobe.variants import check_variant
+
+    overrides = {k: getattr(args, k) for k in SIZES if getattr(args, k) is not None}
+    target_overrides = {k: getattr(args, f"target_{k}") for k in SIZES
+                        if getattr(args, f"target_{k}") is not None}
+    try:
+        import torch
+        architectures.make_config(args.arch, **overrides)
+        try:
+            architectures.make_config(args.target, **target_overrides)
+        except architectures.UnknownArchitecture as error:
+            raise ValueError(f"--target: {error}") from None
+        check_variant(args.variant)
+        check_settings(args.sparsity, args.reduction, args.batches, args.threshold, torch.float32)
+        for name in ("seq_len", "batch_size"):
+            if getattr(args, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if args.threads is not None and args.threads < 1:
+            raise ValueError("--threads must be >= 1")
+        _size(args.margin, "--margin")
+        if args.available:
+            _size(args.available, "--available")
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    output = Path(args.output) if args.output else None
+    if output is not None and not os.access(output.parent if output.parent.exists() else Path("."), os.W_OK):
+        raise UsageError(f"cannot write the report to {str(output)!r}")
+    if args.run_dir:
+        from auditor.record import check_run_folder
+        try:
+            check_run_folder(args.run_dir)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+    small = Settings(architecture=args.arch, overrides=overrides, variant=args.variant,
+                     strategy=args.strategy, device="cpu", sequence_length=args.seq_len,
+                     batch_size=args.batch_size, batches=args.batches, sparsity=args.sparsity,
+                     reduction=args.reduction, threshold=args.threshold, seed=args.seed)
+    return small, args.target, target_overrides, output
+
+
+def _size(text: str, option: str) -> int:
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text or "")
+    if not match or match.group(2).lower() not in _UNITS:
+        raise UsageError(f"{option}: {text!r} is not a size (e.g. 512MiB, 8GiB, 1000000)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def _console():
+    from rich.console import Console
+    return Console(stderr=True)
+
+
+def _print(result: dict, output: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from auditor.renderers.validation_markdown import tables
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    console.print(f"[bold]{result['small']['label']} -> {result['target']['label']}[/]: "
+                  f"{result['scale_up']:.1f}x parameters", highlight=False)
+    titles = {"targets": "Targets", "peaks": "Peaks", "stages": "Peak inside each stage",
+              "components": f"Components at the end of {result['components_stage']}"}
+    for name, (headers, rows) in tables(result).items():
+        table = Table(title=titles[name], title_justify="left")
+        for i, header in enumerate(headers):
+            table.add_column(header, justify="left" if i == 0 or header in ("category", "target", "method") else "right")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+    console.print(f"report: {output}\nruns: {result['folder']}", highlight=False)

@@ -1,0 +1,123 @@
+"""Calibration runs: the main job traced at perturbed small shapes, for the scaled projection's fit.
+
+One audited run cannot tell a transient that grows with the embedding from one that grows
+with every parameter: both change together when the model does. Traced runs of the same job
+at shapes that differ from the audited one in one size at a time (layers x2, hidden x2,
+vocab /2, heads x2, intermediate x2, and sequence x2 when the target's token count differs;
+given a target, only the sizes it differs in) can, and tracing a small model takes seconds.
+They run on fake tensors in one fresh process; only their stages' tensor readings are kept
+(`compact`), stored in the record's `calibration` field for `auditor.analysis.projection`.
+
+    runs = calibrate(settings, folder / "calibration")           # or target=Settings(...)
+    record["calibration"] = runs
+    project(record, "mistral-7b")
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import architectures
+from auditor.jobs.gradprobe import Settings
+
+SIZES = ("layers", "hidden", "vocab", "heads", "intermediate")
+
+
+def perturbations(settings: Settings, target: Settings | None = None) -> list[tuple[str, Settings]]:
+    """(label, settings) of each calibration run: the audited settings with one size changed.
+
+    With a `target`, only the sizes in which it differs from the audited run are perturbed
+    (a driver that does not move between the two cannot change the projection); the sequence
+    is perturbed only when the token count differs.
+    """
+    config = architectures.make_config(settings.architecture, **settings.overrides)
+    sizes = _sizes(config)
+    differs = set(SIZES)
+    if target is not None:
+        other = architectures.make_config(target.architecture, **target.overrides)
+        if type(other) is type(config):
+            theirs = _sizes(other)
+            differs = {k for k in SIZES if theirs[k] != sizes[k]}
+    heads, hidden = sizes["heads"], sizes["hidden"]
+    changes = [("layers x2", "layers", {"layers": sizes["layers"] * 2}),
+               ("hidden x2", "hidden", {"hidden": hidden * 2}),
+               ("vocab /2", "vocab", {"vocab": max(sizes["vocab"] // 2, 2)})]
+    if hidden % (heads * 2) == 0:
+        changes.append(("heads x2", "heads", {"heads": heads * 2}))
+    elif heads % 2 == 0 and _heads_ok(config, heads // 2):
+        changes.append(("heads /2", "heads", {"heads": heads // 2}))
+    if getattr(config, "intermediate_size", None):
+        changes.append(("intermediate x2", "intermediate", {"intermediate": config.intermediate_size * 2}))
+    runs = [(label, replace(settings, overrides={**settings.overrides, **change}))
+            for label, size, change in changes if size in differs]
+    if target is not None and target.tokens != settings.tokens:
+        runs.append(("sequence x2", replace(settings, sequence_length=settings.sequence_length * 2)))
+    return [(label, s) for label, s in runs if _buildable(s)]
+
+
+def _sizes(config) -> dict:
+    hidden = config.hidden_size
+    return {"layers": getattr(config, "num_hidden_layers", None) or config.num_layers,
+            "hidden": hidden, "vocab": config.vocab_size, "heads": config.num_attention_heads,
+            "intermediate": getattr(config, "intermediate_size", None) or 4 * hidden}
+
+
+def _heads_ok(config, heads: int) -> bool:
+    kv = getattr(config, "num_key_value_heads", None)
+    return kv is None or heads % min(kv, heads) == 0
+
+
+def _buildable(settings: Settings) -> bool:
+    try:
+        architectures.make_config(settings.architecture, **settings.overrides)
+    except ValueError:
+        return False
+    return True
+
+
+def calibrate(settings: Settings, folder: Path, target: Settings | None = None,
+              timeout_s: int = 900) -> list[dict]:
+    """Trace every perturbation (`perturbations`) in one fresh process; their compact records."""
+    folder = Path(folder)
+    plan = [(label, asdict(s)) for label, s in perturbations(settings, target)]
+    if not plan:
+        return []
+    command = [sys.executable, "-m", "auditor.jobs.calibration", json.dumps(plan), str(folder)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"calibration runs for {settings.architecture} failed: {last}")
+    return [json.loads((folder / _slug(label) / "compact.json").read_text()) for label, _ in plan]
+
+
+def compact(record: dict, label: str) -> dict:
+    """What a fit needs of a traced run: its workload and each stage's tensor readings."""
+    keep = ("path", "parent", "status", "live_tensors", "components")
+    return {"label": label, "name": record.get("name"), "workload": record.get("workload"),
+            "stages": [{k: s.get(k) for k in keep} for s in record["stages"]]}
+
+
+def _slug(label: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in label)
+
+
+def _main(plan: list, folder: Path) -> None:
+    import gc
+
+    import torch
+
+    from auditor.jobs.gradprobe import audit
+    torch.set_num_threads(1)
+    for label, settings in plan:
+        out = folder / _slug(label)
+        record = audit(Settings(**settings), out, fake=True)
+        (out / "compact.json").write_text(json.dumps(compact(record, label)))
+        del record
+        gc.collect()
+
+
+if __name__ == "__main__":  # python -m auditor.jobs.calibration PLAN_JSON FOLDER
+    _main(json.loads(sys.argv[1]), Path(sys.argv[2]))

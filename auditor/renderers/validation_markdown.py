@@ -1,0 +1,115 @@
+"""The projection-validation report (markdown) and its tables, from a validation result alone
+(`auditor.analysis.projection_validation.validate`): the targets met or missed, the peaks,
+every stage and every component of the peak stage, real against scaled and traced, and what
+the scaled projection's fit found. `tables(result)` gives the same tables as rows, for the
+terminal.
+"""
+from __future__ import annotations
+
+import shlex
+
+from auditor import units
+
+METHODS = ("scaled", "traced")
+
+
+def _error(projected, real) -> str:
+    if projected is None or not real:
+        return "-"
+    return f"{projected / real - 1:+.2%}"
+
+
+def tables(result: dict) -> dict[str, tuple[list[str], list[list[str]]]]:
+    """name -> (headers, rows) for the targets, peaks, stages and components."""
+    targets = (["target", "method", "limit", "error", "met"],
+               [[t["what"], t["method"], f"±{t['limit']:.0%}",
+                 f"{t['error']:+.2%}" if t["error"] is not None else "-",
+                 "yes" if t["met"] else "NO"] for t in result["targets"]])
+    peak = result["peak"]
+    peaks = (["peak", "real", "scaled", "error", "traced", "error"],
+             [[what, units.size(peak["real"][key])]
+              + sum(([units.size(peak[m][key]), _error(peak[m][key], peak["real"][key])] for m in METHODS), [])
+              for what, key in (("live tensors", "live_tensors"), ("RSS", "rss"))])
+    stages = (["stage", "real tensors", "scaled", "error", "traced", "error",
+               "real RSS", "scaled", "error", "traced", "error"], [])
+    for s in result["stages"]:
+        row = [s["path"]]
+        for key in ("tensor_peak", "rss_peak"):
+            real = s["real"][key]
+            row.append(units.size(real))
+            for m in METHODS:
+                value = (s[m] or {}).get(key)
+                row += [units.size(value), _error(value, real)]
+        stages[1].append(row)
+    components = (["component", "category", "real", "scaled", "error", "traced", "error"],
+                  [[c["name"], c["category"], units.size(c["real"])]
+                   + sum(([units.size(c[m]), _error(c[m], c["real"])] for m in METHODS), [])
+                   for c in result["components"]])
+    return {"targets": targets, "peaks": peaks, "stages": stages, "components": components}
+
+
+def render(result: dict, command: list[str] | None = None) -> str:
+    small, target = result["small"], result["target"]
+    made = tables(result)
+    missed = [t for t in result["targets"] if not t["met"]]
+    out = [f"# Projection validation: {small['label']} -> {target['label']}", ""]
+    out += [f"Audited for real at **{small['label']}** ({small['parameters']:,} parameters), "
+            f"projected to **{target['label']}** ({target['parameters']:,} parameters, a "
+            f"**{result['scale_up']:.1f}x** scale-up in parameters), which then ran for real, "
+            f"held out. GradProbe variant `{small['settings']['variant']}`, strategy "
+            f"`{small['settings']['strategy']}`, sequence {small['settings']['sequence_length']}, "
+            f"batch {small['settings']['batch_size']}, {small['settings']['batches']} batches, "
+            f"sparsity {small['settings']['sparsity']}.", ""]
+    out += ["**All targets met.**" if not missed else
+            "**Missed:** " + "; ".join(f"{t['what']} ({t['method']}) {t['error']:+.2%} against ±{t['limit']:.0%}"
+                                       if t["error"] is not None else f"{t['what']} ({t['method']}): no reading"
+                                       for t in missed) + ".", ""]
+    if command:
+        out += ["```", shlex.join(command), "```", ""]
+    out += ["## Targets", "", _table(*made["targets"]), ""]
+    out += ["## Peaks", "", "Live tensors: the highest live-tensor meter reading of any stage. RSS: the "
+            "run's highest RSS.", "", _table(*made["peaks"]), ""]
+    out += ["## Stages", "", "Peak inside each stage, real against projected.", "", _table(*made["stages"]), ""]
+    out += [f"## Components at the end of `{result['components_stage']}` (the real run's peak stage)", "",
+            _table(*made["components"]), ""]
+    out += ["## What the scaled projection fitted", ""] + _fit(result) + [""]
+    out += ["## Runs", "", f"- small (real): `{small['run']}`", f"- held-out target (real): `{target['run']}`",
+            f"- every run of this validation: `{result['folder']}`",
+            f"- memory available when checked: {units.size(result['available'])} "
+            f"(margin {units.size(result['margin'])})"]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _fit(result: dict) -> list[str]:
+    fit = result["fit"]
+    lines = [f"Method: {fit['method']}.", ""]
+    if fit["runs"]:
+        lines += ["Calibration runs: " + "; ".join(
+            f"{r['label']} ({', '.join(f'{k} {v}' for k, v in (r['overrides'] or {}).items())}, "
+            f"{r['tokens']} tokens)" for r in fit["runs"]) + ".", ""]
+    used = sorted({d for s in result["projections"]["scaled"]["stages"]
+                   for d in s["transient"]["shares"]} | {"parameters", "buffers"})
+    lines += [_table(["driver", "audited", "target", "ratio"],
+                     [[d, f"{fit['drivers'][d]['audited']:,.0f}", f"{fit['drivers'][d]['target']:,.0f}",
+                       f"{fit['drivers'][d]['ratio']:,.3f}"] for d in used if d in fit["drivers"]]), ""]
+    lines += ["Transient inside each stage (live-tensor peak minus end), split onto drivers: the "
+              "bytes each driver accounts for at the audited shape, grown by its ratio.", ""]
+    rows = []
+    for s in result["projections"]["scaled"]["stages"]:
+        t = s["transient"]
+        shares = ", ".join(f"{d} {units.size(b)}" for d, b in t["shares"].items()) or "none"
+        rows.append([s["path"], units.size(t["bytes"]), t["how"] + (f" (in `{s['peak_in']}`)" if s.get("peak_in") else ""),
+                     shares, units.size(t.get("residual")), units.size(t["projected"])])
+    lines.append(_table(["stage", "audited", "how", "shares", "largest miss", "projected"], rows))
+    refitted = [(s["path"], n, c) for s in result["projections"]["scaled"]["stages"]
+                for n, c in s["components"].items() if c.get("how") == "fitted"]
+    if refitted:
+        lines += ["", "Components whose a-priori driver missed a calibration run, fitted instead: "
+                  + "; ".join(f"`{n}` in `{p}` -> " + ", ".join(c["shares"]) for p, n, c in refitted) + "."]
+    return lines
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(out)

@@ -1,0 +1,234 @@
+"""Streaming GradProbe: its peak RSS against the baseline's, and on the Mistral-7B architecture.
+
+    .venv/bin/python benchmarks/gradprobe_streaming.py --part tinystories [--runs 2] [--threads 2]
+    .venv/bin/python benchmarks/gradprobe_streaming.py --part mistral-7b [--weights DIR] [--cleanup]
+    .venv/bin/python benchmarks/gradprobe_streaming.py --part layer-breakdown
+
+1. TinyStories-33M (fp32, seq 128, batch 1, 2 batches, s = 0.1, r = 0.1, tau = 2.0, magnitude):
+   the baseline CLI (`python -m gradprobe`) and the streaming CLI (`python -m gradprobe.streaming
+   prune`) on the same weights (`write-weights` saves what `build_model(seed=0)` builds), each run
+   in a fresh process: peak RSS, wall time, and whether the mask digests are identical.
+2. Mistral-7B (7,241,732,096 parameters): the time estimate first, then random bf16 weights
+   generated tensor by tensor into a folder outside the repository, then the streaming prune with
+   its stage-by-stage progress (RSS, peak so far, and the pruner's own structures in MiB).
+3. What is resident at the peak of a Mistral-7B stage, by allocation: the same prune on a model of
+   Mistral-7B's width with 2 decoder layers (every stage is exactly a 7B stage; only the hidden
+   states between layers are fewer), under memray; the allocations alive at the heap's high-water
+   mark, grouped by the pruner's function that made them.
+
+Peak RSS is the kernel's high-water mark of the pruning process (ru_maxrss). Wall times are noisy
+when other jobs share the machine's two cores; the load average is printed with each part.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+MiB = 1 << 20
+PYTHON = sys.executable
+SETTINGS = ["--seq-len", "128", "--batch-size", "1", "--batches", "2", "--sparsity", "0.1",
+            "--reduction", "0.1", "--threshold", "2.0", "--strategy", "magnitude"]
+
+
+def run(command: list[str], log: str | None = None) -> tuple[str, str, float]:
+    """stdout, stderr and wall seconds of a fresh process; stderr also copied to `log`."""
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if log:
+        with open(log, "w") as file:
+            file.write(done.stderr)
+    if done.returncode:
+        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout, done.stderr, seconds
+
+
+def fields(output: str) -> dict[str, str]:
+    return dict(re.findall(r"^(\w[\w ]*?)\s{2,}(.+)$", output, re.M))
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min), {os.cpu_count()} cores"
+
+
+# -- 1. TinyStories-33M: baseline against streaming ----------------------------------------------
+
+def tinystories(runs: int, threads: int) -> None:
+    folder = tempfile.mkdtemp(prefix="gradprobe-streaming-bench-")
+    try:
+        weights = os.path.join(folder, "weights")
+        write = [PYTHON, "-m", "gradprobe.streaming", "write-weights", "--arch", "tinystories-33m",
+                 "--seed", "0", "--out", weights]
+        print(f"$ {' '.join(write[1:])}\n{run(write)[0]}")
+        rows, outputs = [], {}
+        for number in range(1, runs + 1):
+            baseline = [PYTHON, "-m", "gradprobe", "--arch", "tinystories-33m", *SETTINGS,
+                        "--threads", str(threads)]
+            out, _, wall = run(baseline)
+            rows.append(("baseline", number, fields(out), wall))
+            outputs.setdefault("baseline", (baseline, out, ""))
+            streaming = [PYTHON, "-m", "gradprobe.streaming", "prune", "--weights", weights,
+                         "--out", os.path.join(folder, f"pruned-{number}"), *SETTINGS,
+                         "--threads", str(threads), "--progress"]
+            out, err, wall = run(streaming)
+            rows.append(("streaming", number, fields(out), wall))
+            outputs.setdefault("streaming", (streaming, out, err))
+        print(f"({load()} after the runs)\n")
+        for name, (command, out, err) in outputs.items():
+            shown = " ".join(command[1:]).replace(folder, "$TMP")
+            print(f"$ {shown}\n{out.replace(folder, '$TMP')}")
+            if err:
+                print(f"stderr (--progress: RSS and peak so far, and the pruner's own structures):\n"
+                      f"{err.replace(folder, '$TMP')}")
+        print(comparison_table(rows))
+        digests = {f["mask digest"] for _, _, f, _ in rows}
+        print(f"\nmask digests identical across all {len(rows)} runs (baseline and streaming): "
+              f"{len(digests) == 1}")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def comparison_table(rows: list) -> str:
+    lines = ["| variant | run | peak RSS (MiB) | RSS at start (MiB) | prune wall (s) | process wall (s) | pruned | mask digest |",
+             "|---|---|---|---|---|---|---|---|"]
+    for variant, number, f, wall in rows:
+        start = f.get("RSS before build") or f.get("RSS at start")
+        lines.append(f"| {variant} | {number} | {f['peak RSS'].split()[0]} | {start.split()[0]} | "
+                     f"{f['wall time'].split()[0]} | {wall:.1f} | {f['pruned'].split()[0]} | "
+                     f"{f['mask digest'][:16]} |")
+    return "\n".join(lines)
+
+
+# -- 2. Mistral-7B ------------------------------------------------------------------------------
+
+def mistral_estimate(threads: int) -> None:
+    import torch
+
+    from architectures import count_parameters, make_config
+    torch.set_num_threads(threads)
+    config = make_config("mistral-7b")
+    parameters = count_parameters("mistral-7b")
+    layer = parameters - 2 * config.vocab_size * config.hidden_size - config.hidden_size
+    a, b = torch.randn(4096, 4096), torch.randn(4096, 128)
+    torch.mm(a, b)
+    start = time.perf_counter()
+    for _ in range(20):
+        torch.mm(a, b)
+    gflops = 20 * 2 * 4096 * 4096 * 128 / (time.perf_counter() - start) / 1e9
+    tokens, batches, passes = 128, 2, 2
+    flops = passes * batches * 8 * parameters * tokens  # forward 2NT, recompute 2NT, backward 4NT
+    stored = parameters * 2  # bf16
+    reads = stored * (2 + 2 + 3)  # threshold: 2 counting passes; G0: fwd + bwd; G1: fwd + bwd + originals
+    print(f"Mistral-7B: {parameters:,} parameters, {config.num_hidden_layers} layers of {layer // config.num_hidden_layers:,}"
+          f"\n  compute: {passes} passes x {batches} batches x 8 x N x {tokens} tokens = {flops / 1e12:.1f} TFLOP;"
+          f" fp32 matmul here now {gflops:.0f} GFLOP/s ({threads} threads) -> {flops / gflops / 1e9 / 60:.1f} min"
+          f"\n  reads: bf16 weights ({stored / 1e9:.1f} GB) read 7 times = {reads / 1e9:.0f} GB; at 440 MB/s "
+          f"{reads / 440e6 / 60:.1f} min if none is in the page cache"
+          f"\n  ({load()})\n")
+
+
+def mistral(weights: str, out: str, threads: int, cleanup: bool) -> None:
+    mistral_estimate(threads)
+    if not os.path.isdir(weights):
+        write = [PYTHON, "-m", "gradprobe.streaming", "write-weights", "--arch", "mistral-7b", "--generate",
+                 "--dtype", "bf16", "--seed", "0", "--out", weights]
+        print(f"$ {' '.join(write[1:])}\n{run(write)[0]}")
+    shutil.rmtree(out, ignore_errors=True)
+    summary = os.path.join(tempfile.gettempdir(), "gradprobe-streaming-7b-summary.json")
+    prune = [PYTHON, "-m", "gradprobe.streaming", "prune", "--weights", weights, "--out", out, *SETTINGS,
+             "--threads", str(threads), "--progress", "--summary-json", summary]
+    print(f"$ {' '.join(prune[1:])}")
+    stdout, stderr, wall = run(prune)
+    print(f"{stdout}\nstderr (--progress):\n{stderr}\nprocess wall {wall:.1f} s ({load()})")
+    with open(summary) as file:
+        print(json.dumps(json.load(file), indent=1))
+    if cleanup:
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(weights, ignore_errors=True)
+
+
+# -- 3. what is resident at a 7B stage's peak, by allocation ----------------------------------------
+
+WHO_ALLOCATED = [  # (function, file) somewhere in the allocation's Python stack -> what it is
+    (("candidate_positions", "candidates.py"), "candidate positions being computed"),
+    ((None, "gradient_records.py"), "gradient records at candidates (positions, G max, gathered values)"),
+    (("load", "stages.py"), "stage weights (fp32)"),
+    (("backward", None), "backward: parameter gradient being consumed, activation gradients"),
+    (("forward", "pruner.py"), "hidden states between layers"),
+    ((None, "families.py"), "activations saved for backward (layer recomputed from its input)"),
+]
+
+
+def _what(stack) -> str:
+    """The first rule (in order) matching any frame of the stack."""
+    for (function, file), what in WHO_ALLOCATED:
+        if any((function is None or f == function) and (file is None or path.endswith(file))
+               for f, path, _ in stack):
+            return what
+    return "other (interpreter, imports, model structure, masks being written)"
+
+
+def layer_breakdown(threads: int) -> None:
+    import memray
+    import torch
+
+    from architectures import make_config
+    from architectures.calibration import synthetic_batches
+    from gradprobe.streaming import StreamingGradProbe, generate_random_weights
+    torch.set_num_threads(threads)
+    folder = tempfile.mkdtemp(prefix="gradprobe-streaming-breakdown-")
+    try:
+        weights, trace = os.path.join(folder, "weights"), os.path.join(folder, "trace.bin")
+        generate_random_weights(make_config("mistral-7b", layers=2), weights, seed=0, dtype=torch.bfloat16)
+        pruner = StreamingGradProbe(weights)
+        batches = synthetic_batches(32000, 128, 1, 2, seed=0)
+        with memray.Tracker(trace):
+            pruner.prune(batches, os.path.join(folder, "out"), sparsity=0.1)
+        reader = memray.FileReader(trace)
+        groups: dict[str, int] = {}
+        for record in reader.get_high_watermark_allocation_records(merge_threads=True):
+            what = _what(record.stack_trace())
+            groups[what] = groups.get(what, 0) + record.size
+        print(f"Mistral-7B width, 2 decoder layers, bf16 on disk, seq 128, batch 1, 2 batches, s=0.1: "
+              f"heap high-water mark (memray, allocations made while tracking) "
+              f"{reader.metadata.peak_memory / MiB:,.1f} MiB; alive at that moment:\n")
+        print("| what | MiB |\n|---|---|")
+        for what, size in sorted(groups.items(), key=lambda item: -item[1]):
+            print(f"| {what} | {size / MiB:,.1f} |")
+        print(f"| total | {sum(groups.values()) / MiB:,.1f} |")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=["tinystories", "mistral-7b", "estimate", "layer-breakdown"],
+                        required=True)
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--weights", default="/tmp/mistral-7b-weights", help="7B weights folder (made if missing)")
+    parser.add_argument("--out", default="/tmp/mistral-7b-pruned", help="7B pruned output folder")
+    parser.add_argument("--cleanup", action="store_true", help="delete the 7B weights and output afterwards")
+    args = parser.parse_args()
+    print(f"({load()} at start)\n")
+    if args.part == "tinystories":
+        tinystories(args.runs, args.threads)
+    elif args.part == "estimate":
+        mistral_estimate(args.threads)
+    elif args.part == "layer-breakdown":
+        layer_breakdown(args.threads)
+    else:
+        mistral(args.weights, args.out, args.threads, args.cleanup)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""Streaming GradProbe behind the in-memory pruner interface, for `gradprobe --variant streaming`.
+
+    pruner = StreamingOnModel(model, "magnitude")
+    result = pruner.prune(batches, sparsity=0.1)     # a PruneResult; the model is pruned in place
+
+The model is written to a temporary weights folder, pruned there by `StreamingGradProbe`, and the
+masks and pruned weights are read back into it. This gives streaming the same interface, inputs
+and outputs as the other variants (so `auditor compare` can check its decisions), not its memory:
+the model is in memory the whole time. The memory floor is the folder API
+(`StreamingGradProbe(folder)`, `python -m gradprobe.streaming prune --weights FOLDER`).
+"""
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Iterable
+
+import torch
+
+from ..pruner import PruneResult
+from .pruner import StreamingGradProbe
+from .writing import save_model
+
+
+class StreamingOnModel:
+    storage_dtype = torch.float32
+
+    def __init__(self, model: torch.nn.Module, strategy: str = "magnitude", per_layer: bool = False):
+        if per_layer:
+            raise ValueError("the streaming variant uses one global threshold; per-layer is not supported")
+        if any(p.device.type != "cpu" for p in model.parameters()):
+            raise ValueError("the streaming variant runs on CPU: build the model with --device cpu")
+        self.model, self.strategy = model, strategy
+
+    def prune(self, loader: Iterable, loss_fn: Callable | None = None, sparsity: float = 0.1,
+              num_batches: int = 2, reduction_factor: float = 0.1, gradient_threshold: float = 2.0,
+              storage_dtype: torch.dtype = torch.float32) -> PruneResult:
+        if storage_dtype != torch.float32:
+            raise ValueError("the streaming variant keeps its gradient records in fp32; "
+                             f"storage dtype {storage_dtype} is not supported")
+        with tempfile.TemporaryDirectory(prefix="gradprobe-streaming-") as folder:
+            save_model(self.model, f"{folder}/weights")
+            result = StreamingGradProbe(f"{folder}/weights", self.strategy).prune(
+                loader, f"{folder}/pruned", loss_fn, sparsity, num_batches, reduction_factor,
+                gradient_threshold)
+            masks = dict(result.masks.items())  # each read from the masks file into memory
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():  # the pruned weights: originals, zeros under M_f
+                p.masked_fill_(masks[name].to(p.device), 0)
+        return PruneResult(masks, result.sparsity, result.candidates, result.pruned, result.prunable,
+                           result.seconds)
