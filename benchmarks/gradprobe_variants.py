@@ -75,21 +75,25 @@ def over_model(run: dict) -> int:
     return run["peak_rss"] - run["rss_after_build"]
 
 
+def _spread(values: list, show) -> str:
+    """'low - high' over the rounds, or one value where they print the same."""
+    low, high = show(min(values)), show(max(values))
+    return low if low == high else f"{low} - {high}"
+
+
 def cli_table(rounds: list[dict[str, dict]], specs: list[str]) -> str:
-    spread = lambda values, f: f(min(values)) if f(min(values)) == f(max(values)) else f"{f(min(values))} - {f(max(values))}"  # noqa: E731
-    mib = lambda b: f"{b / MiB:,.0f}"  # noqa: E731
-    header = ["variant", "peak RSS MiB", "peak over model MiB", "x baseline", "prune s", "x baseline",
-              "pruned", "differing vs baseline", "mask digest"]
-    rows = [header]
+    mib, ratio, count = (lambda b: f"{b / MiB:,.0f}"), (lambda x: f"{x:.2f}"), (lambda n: f"{n:,}")
+    rows = [["variant", "peak RSS MiB", "peak over model MiB", "x baseline", "prune s", "x baseline",
+             "pruned", "differing vs baseline", "mask digest"]]
     for spec in specs:
         runs = [r[spec] for r in rounds]
         memory_ratio = [over_model(r[spec]) / over_model(r["baseline"]) for r in rounds]
         time_ratio = [r[spec]["prune_seconds"] / r["baseline"]["prune_seconds"] for r in rounds]
         digests = {run["mask_digest"][:16] for run in runs}
-        rows.append([spec, spread([r["peak_rss"] for r in runs], mib), spread([over_model(r) for r in runs], mib),
-                     spread(memory_ratio, lambda x: f"{x:.2f}"), spread([r["prune_seconds"] for r in runs], lambda x: f"{x:.1f}"),
-                     spread(time_ratio, lambda x: f"{x:.2f}"), spread([r["pruned"] for r in runs], lambda x: f"{x:,}"),
-                     spread([r["differing"] for r in runs], lambda x: f"{x:,}"),
+        rows.append([spec, _spread([r["peak_rss"] for r in runs], mib), _spread([over_model(r) for r in runs], mib),
+                     _spread(memory_ratio, ratio), _spread([r["prune_seconds"] for r in runs], lambda s: f"{s:.1f}"),
+                     _spread(time_ratio, ratio), _spread([r["pruned"] for r in runs], count),
+                     _spread([r["differing"] for r in runs], count),
                      digests.pop() if len(digests) == 1 else "DIFFER ACROSS RUNS"])
     return _table(rows)
 
@@ -99,8 +103,9 @@ def runs_table(rounds: list[dict[str, dict]]) -> str:
              "prune s", "load avg"]]
     for number, runs in enumerate(rounds, 1):
         for order, (spec, r) in enumerate(runs.items(), 1):
-            rows.append([str(number), str(order), spec, *[f"{r[k] / MiB:,.1f}" for k in ("peak_rss", "rss_after_build", "rss_after_prune")],
-                         f"{over_model(r) / MiB:,.1f}", f"{r['prune_seconds']:.1f}", f"{r['load']:.2f}"])
+            rss = [f"{r[k] / MiB:,.1f}" for k in ("peak_rss", "rss_after_build", "rss_after_prune")]
+            rows.append([str(number), str(order), spec, *rss, f"{over_model(r) / MiB:,.1f}",
+                         f"{r['prune_seconds']:.1f}", f"{r['load']:.2f}"])
     return _table(rows)
 
 

@@ -124,10 +124,13 @@ def _render(args, model, storage: str, summary: dict) -> str:
         ("variant", summary["variant"]),
         ("parameters", f"{summary['parameters']:,}"),
         ("prunable parameters", f"{summary['prunable']:,}"),
-        ("candidates", f"{summary['candidates']:,} ({100 * summary['candidates'] / summary['prunable']:.3f}% of prunable)"),
-        ("pruned", f"{summary['pruned']:,} ({100 * summary['pruned'] / max(1, summary['candidates']):.2f}% of candidates)"),
+        ("candidates", f"{summary['candidates']:,} "
+                       f"({100 * summary['candidates'] / summary['prunable']:.3f}% of prunable)"),
+        ("pruned", f"{summary['pruned']:,} "
+                   f"({100 * summary['pruned'] / max(1, summary['candidates']):.2f}% of candidates)"),
         ("final sparsity", f"{100 * summary['sparsity']:.3f}% of prunable parameters"),
-        ("wall time", f"{summary['prune_seconds']:.2f} s pruning, {summary['build_seconds']:.2f} s building the model"),
+        ("wall time", f"{summary['prune_seconds']:.2f} s pruning, "
+                      f"{summary['build_seconds']:.2f} s building the model"),
         *[(f"RSS {when}", f"{summary['rss_' + when.replace(' ', '_')] / MiB:,.1f} MiB")
           for when in ("before build", "after build", "after prune")],
         ("peak RSS", f"{summary['peak_rss'] / MiB:,.1f} MiB"),

@@ -38,7 +38,8 @@ class PackedMask:
             chunk = flat[start:start + CHUNK].to(torch.uint8)
             padded = torch.nn.functional.pad(chunk, (0, -chunk.numel() % 8))
             # Distinct powers of two: their sum is their bitwise or, and fits in a byte.
-            bits[start // 8:start // 8 + padded.numel() // 8] = (padded.view(-1, 8) << shifts).sum(1, dtype=torch.uint8)
+            first = start // 8
+            bits[first:first + padded.numel() // 8] = (padded.view(-1, 8) << shifts).sum(1, dtype=torch.uint8)
         return cls(bits, mask.shape, int(torch.count_nonzero(mask)))
 
     def chunks(self) -> Iterator[tuple[slice, torch.Tensor]]:
