@@ -75,9 +75,9 @@ def validate(small: Settings, target: str, target_overrides: dict, folder: Path,
 
     folder = Path(folder)
     held_out = replace(small, architecture=target, overrides=dict(target_overrides))
-    available = available_memory() if available is None else available
+    memory = (lambda: available) if available is not None else available_memory  # read when checked
     target_parameters = architectures.count_parameters(target, **target_overrides)
-    check_fits(_label(held_out), 4 * target_parameters, available, margin,
+    check_fits(_label(held_out), 4 * target_parameters, memory(), margin,
                "its fp32 weights alone, before any run")
     folder.mkdir(parents=True, exist_ok=True)
 
@@ -89,6 +89,7 @@ def validate(small: Settings, target: str, target_overrides: dict, folder: Path,
         tracing = pool.submit(traced_audit, held_out, folder / "traced-target")
         record["calibration"] = calibrate(small, folder / "calibration", target=held_out)
         traced = project_traced(record, tracing.result())
+    available = memory()
     check_fits(_label(held_out), traced["peak"]["rss"], available, margin,
                "peak RSS of its traced projection")
     scaled = project(record, target, target_overrides=target_overrides)
@@ -96,9 +97,9 @@ def validate(small: Settings, target: str, target_overrides: dict, folder: Path,
     real = real_audit(held_out, folder / "target", threads)
 
     result = compare(record, real, {"scaled": scaled, "traced": traced})
-    result.update(small=_describe(small, record), target=_describe(held_out, real),
+    result.update(small=_describe(small, folder / "small"), target=_describe(held_out, folder / "target"),
                   folder=str(folder), available=available, margin=margin,
-                  scale_up=target_parameters / parameters_of(small),
+                  scale_up=target_parameters / parameters_of(small), scale_up_range=SCALE_UP_RANGE,
                   fit=scaled["fit"], projections={"scaled": scaled, "traced": traced})
     result["targets"] = check_targets(result)
     (folder / "validation.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -115,10 +116,10 @@ def _label(settings: Settings) -> str:
     return settings.architecture + (f" ({extra})" if extra else "")
 
 
-def _describe(settings: Settings, record: dict) -> dict:
+def _describe(settings: Settings, run_folder: Path) -> dict:
     return {"label": _label(settings), "architecture": settings.architecture,
             "overrides": settings.overrides, "parameters": parameters_of(settings),
-            "settings": asdict(settings), "run": record.get("files", {}).get("run")}
+            "settings": asdict(settings), "run": str(run_folder / "run.json")}
 
 
 def real_audit(settings: Settings, out: Path, threads: int | None = None,
@@ -195,11 +196,6 @@ def check_targets(result: dict) -> list[dict]:
         checked.append({**asdict(target), "error": err,
                         "met": err is not None and abs(err) <= target.limit})
     return checked
-
-
-def scale_up_in_range(result: dict) -> bool:
-    low, high = SCALE_UP_RANGE
-    return low <= result["scale_up"] <= high
 
 
 def _main(settings: dict, out: Path, threads: int) -> None:

@@ -58,6 +58,10 @@ def main(args) -> int:
         advance("auditing the real run")
         record = job.audit(settings, folder, memray=args.memray,
                            on_stage_end=lambda entry: advance(entry["path"]))
+        if not args.no_trace:  # small traced runs that let the scaled projection fit its drivers
+            from auditor.jobs.calibration import calibrate
+            advance("calibrating the scaled projection (small traced runs)")
+            record["calibration"] = calibrate(settings, folder / "calibration")
         projections = []
         for target in targets:
             advance(f"projecting to {target} (scaled)")

@@ -129,7 +129,7 @@ def _size(text: str, option: str) -> int:
 
 def _console():
     from rich.console import Console
-    return Console(stderr=True)
+    return Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 
 def _print(result: dict, output: Path) -> None:
@@ -138,8 +138,10 @@ def _print(result: dict, output: Path) -> None:
 
     from auditor.renderers.validation_markdown import tables
     console = Console(width=None if sys.stdout.isatty() else 200)
+    low, high = result["scale_up_range"]
+    note = "" if low <= result["scale_up"] <= high else f" (the targets are stated for {low:g}x to {high:g}x)"
     console.print(f"[bold]{result['small']['label']} -> {result['target']['label']}[/]: "
-                  f"{result['scale_up']:.1f}x parameters", highlight=False)
+                  f"{result['scale_up']:.1f}x parameters{note}", highlight=False)
     titles = {"targets": "Targets", "peaks": "Peaks", "stages": "Peak inside each stage",
               "components": f"Components at the end of {result['components_stage']}"}
     for name, (headers, rows) in tables(result).items():

@@ -3,10 +3,10 @@
 One audited run cannot tell a transient that grows with the embedding from one that grows
 with every parameter: both change together when the model does. Traced runs of the same job
 at shapes that differ from the audited one in one size at a time (layers x2, hidden x2,
-vocab /2, heads x2, intermediate x2, and sequence x2 when the target's token count differs;
-given a target, only the sizes it differs in) can, and tracing a small model takes seconds.
-They run on fake tensors in one fresh process; only their stages' tensor readings are kept
-(`compact`), stored in the record's `calibration` field for `auditor.analysis.projection`.
+vocab /2, heads x2, intermediate x2, and sequence x2 when the target's token count differs)
+can, and tracing a small model takes seconds. They run on fake tensors in one fresh process;
+only their stages' tensor readings are kept (`compact`), stored in the record's
+`calibration` field for `auditor.analysis.projection` to fit.
 
     runs = calibrate(settings, folder / "calibration")           # or target=Settings(...)
     record["calibration"] = runs
@@ -23,46 +23,38 @@ from pathlib import Path
 import architectures
 from auditor.jobs.gradprobe import Settings
 
-SIZES = ("layers", "hidden", "vocab", "heads", "intermediate")
-
 
 def perturbations(settings: Settings, target: Settings | None = None) -> list[tuple[str, Settings]]:
     """(label, settings) of each calibration run: the audited settings with one size changed.
 
-    With a `target`, only the sizes in which it differs from the audited run are perturbed
-    (a driver that does not move between the two cannot change the projection); the sequence
-    is perturbed only when the token count differs.
+    Every size is perturbed, also those the target shares with the audited run: a driver that
+    does not move between the two still has to be told apart from one that does (a tied
+    embedding's gradient from the logits, say, both vocab-sized). The sequence is perturbed
+    only when the `target`'s token count differs.
     """
     config = architectures.make_config(settings.architecture, **settings.overrides)
     sizes = _sizes(config)
-    differs = set(SIZES)
-    if target is not None:
-        other = architectures.make_config(target.architecture, **target.overrides)
-        if type(other) is type(config):
-            theirs = _sizes(other)
-            differs = {k for k in SIZES if theirs[k] != sizes[k]}
     heads, hidden = sizes["heads"], sizes["hidden"]
-    changes = [("layers x2", "layers", {"layers": sizes["layers"] * 2}),
-               ("hidden x2", "hidden", {"hidden": hidden * 2}),
-               ("vocab /2", "vocab", {"vocab": max(sizes["vocab"] // 2, 2)})]
+    changes = [("layers x2", {"layers": sizes["layers"] * 2}),
+               ("hidden x2", {"hidden": hidden * 2}),
+               ("vocab /2", {"vocab": max(sizes["vocab"] // 2, 2)})]
     if hidden % (heads * 2) == 0:
-        changes.append(("heads x2", "heads", {"heads": heads * 2}))
+        changes.append(("heads x2", {"heads": heads * 2}))
     elif heads % 2 == 0 and _heads_ok(config, heads // 2):
-        changes.append(("heads /2", "heads", {"heads": heads // 2}))
+        changes.append(("heads /2", {"heads": heads // 2}))
     if getattr(config, "intermediate_size", None):
-        changes.append(("intermediate x2", "intermediate", {"intermediate": config.intermediate_size * 2}))
+        changes.append(("intermediate x2", {"intermediate": config.intermediate_size * 2}))
     runs = [(label, replace(settings, overrides={**settings.overrides, **change}))
-            for label, size, change in changes if size in differs]
+            for label, change in changes]
     if target is not None and target.tokens != settings.tokens:
         runs.append(("sequence x2", replace(settings, sequence_length=settings.sequence_length * 2)))
     return [(label, s) for label, s in runs if _buildable(s)]
 
 
 def _sizes(config) -> dict:
-    hidden = config.hidden_size
     return {"layers": getattr(config, "num_hidden_layers", None) or config.num_layers,
-            "hidden": hidden, "vocab": config.vocab_size, "heads": config.num_attention_heads,
-            "intermediate": getattr(config, "intermediate_size", None) or 4 * hidden}
+            "hidden": config.hidden_size, "vocab": config.vocab_size,
+            "heads": config.num_attention_heads}
 
 
 def _heads_ok(config, heads: int) -> bool:

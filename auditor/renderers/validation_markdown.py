@@ -60,6 +60,10 @@ def render(result: dict, command: list[str] | None = None) -> str:
             f"`{small['settings']['strategy']}`, sequence {small['settings']['sequence_length']}, "
             f"batch {small['settings']['batch_size']}, {small['settings']['batches']} batches, "
             f"sparsity {small['settings']['sparsity']}.", ""]
+    low, high = result.get("scale_up_range", (4, 20))
+    if not low <= result["scale_up"] <= high:
+        out += [f"Note: the targets are stated for a {low:g}x to {high:g}x scale-up; this one is "
+                f"{result['scale_up']:.1f}x.", ""]
     out += ["**All targets met.**" if not missed else
             "**Missed:** " + "; ".join(f"{t['what']} ({t['method']}) {t['error']:+.2%} against ±{t['limit']:.0%}"
                                        if t["error"] is not None else f"{t['what']} ({t['method']}): no reading"
