@@ -12,17 +12,13 @@ from pathlib import Path
 from auditor.cli import UsageError
 
 DEFAULT_TARGETS = ["mistral-7b"]
+SIZES = ("layers", "hidden", "vocab", "heads", "intermediate")
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser("gradprobe", help="audit GradProbe and write the memory report",
-                              description=__doc__.split("\n\n")[0])
-    p.add_argument("--arch", default="tinystories-33m", help="architecture name or checkpoint folder")
-    for name in ("layers", "hidden", "vocab", "heads"):
-        p.add_argument(f"--{name}", type=int, help=f"override the architecture's {name}")
+def add_settings_arguments(p) -> None:
+    """The GradProbe settings every command that runs the job takes."""
     p.add_argument("--variant", default="baseline", help="GradProbe variant (see gradprobe.variants)")
     p.add_argument("--strategy", default="magnitude", choices=["magnitude", "wanda"])
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--batches", type=int, default=2)
@@ -30,6 +26,36 @@ def register(subparsers) -> None:
     p.add_argument("--reduction", type=float, default=0.1)
     p.add_argument("--threshold", type=float, default=2.0, help="gradient threshold tau")
     p.add_argument("--seed", type=int, default=0)
+
+
+def settings_from(args, overrides: dict, device: str = "cpu"):
+    """The job's Settings from those arguments, checked: ValueError (one line) if wrong."""
+    import architectures
+    import torch
+    from auditor.jobs.gradprobe import Settings
+    from gradprobe.pruner import check_settings
+    from gradprobe.variants import check_variant
+
+    architectures.make_config(args.arch, **overrides)
+    check_variant(args.variant)
+    check_settings(args.sparsity, args.reduction, args.batches, args.threshold, torch.float32)
+    for name in ("seq_len", "batch_size"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    return Settings(architecture=args.arch, overrides=overrides, variant=args.variant,
+                    strategy=args.strategy, device=device, sequence_length=args.seq_len,
+                    batch_size=args.batch_size, batches=args.batches, sparsity=args.sparsity,
+                    reduction=args.reduction, threshold=args.threshold, seed=args.seed)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("gradprobe", help="audit GradProbe and write the memory report",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--arch", default="tinystories-33m", help="architecture name or checkpoint folder")
+    for name in SIZES:
+        p.add_argument(f"--{name}", type=int, help=f"override the architecture's {name}")
+    add_settings_arguments(p)
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--target", action="append", dest="targets", metavar="ARCH",
                    help=f"architecture to project to (repeatable; default {DEFAULT_TARGETS[0]})")
     p.add_argument("--no-trace", action="store_true", help="scaled projection only (no traced run)")
@@ -81,23 +107,14 @@ def main(args) -> int:
 def _checked(args):
     """Every argument validated before anything runs: bad input is one line, exit 2."""
     import architectures
-    from auditor.jobs.gradprobe import Settings
-    from gradprobe.pruner import check_settings
-    from gradprobe.variants import check_variant
 
-    overrides = {k: getattr(args, k) for k in ("layers", "hidden", "vocab", "heads")
-                 if getattr(args, k) is not None}
+    overrides = {k: getattr(args, k) for k in SIZES if getattr(args, k) is not None}
     targets = args.targets or DEFAULT_TARGETS
     try:
         import torch
-        architectures.make_config(args.arch, **overrides)
+        settings = settings_from(args, overrides, args.device)
         for target in targets:
             architectures.make_config(target)
-        check_variant(args.variant)
-        check_settings(args.sparsity, args.reduction, args.batches, args.threshold, torch.float32)
-        for name in ("seq_len", "batch_size"):
-            if getattr(args, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
         if args.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError("--device cuda: no CUDA device is available")
     except ValueError as error:
@@ -106,10 +123,6 @@ def _checked(args):
     if not os.access(output.parent if output.parent.exists() else Path("."), os.W_OK):
         raise UsageError(f"cannot write the report to {str(output)!r}")
     output.parent.mkdir(parents=True, exist_ok=True)
-    settings = Settings(architecture=args.arch, overrides=overrides, variant=args.variant,
-                        strategy=args.strategy, device=args.device, sequence_length=args.seq_len,
-                        batch_size=args.batch_size, batches=args.batches, sparsity=args.sparsity,
-                        reduction=args.reduction, threshold=args.threshold, seed=args.seed)
     return settings, targets, output
 
 

@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 
 from auditor.cli import UsageError
+from auditor.cli.gradprobe import SIZES, add_settings_arguments, settings_from
 
-SIZES = ("layers", "hidden", "vocab", "heads", "intermediate")
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
           "g": 1 << 30, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 
@@ -34,15 +34,7 @@ def register(subparsers) -> None:
     p.add_argument("--target", default="tinystories-33m", metavar="ARCH", help="held-out architecture")
     for name in SIZES:
         p.add_argument(f"--target-{name}", type=int, help=f"held-out scale: override the target's {name}")
-    p.add_argument("--variant", default="baseline", help="GradProbe variant (see gradprobe.variants)")
-    p.add_argument("--strategy", default="magnitude", choices=["magnitude", "wanda"])
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--batches", type=int, default=2)
-    p.add_argument("--sparsity", type=float, default=0.1)
-    p.add_argument("--reduction", type=float, default=0.1)
-    p.add_argument("--threshold", type=float, default=2.0, help="gradient threshold tau")
-    p.add_argument("--seed", type=int, default=0)
+    add_settings_arguments(p)
     p.add_argument("--threads", type=int, help="torch threads of both real runs (default: torch's)")
     p.add_argument("--available", metavar="SIZE",
                    help="memory the held-out run may use, e.g. 8GiB (default: what the system has available)")
@@ -78,25 +70,16 @@ def main(args) -> int:
 def _checked(args):
     """Every argument validated before anything runs: bad input is one line, exit 2."""
     import architectures
-    from auditor.jobs.gradprobe import Settings
-    from gradprobe.pruner import check_settings
-    from gradprobe.variants import check_variant
 
     overrides = {k: getattr(args, k) for k in SIZES if getattr(args, k) is not None}
     target_overrides = {k: getattr(args, f"target_{k}") for k in SIZES
                         if getattr(args, f"target_{k}") is not None}
     try:
-        import torch
-        architectures.make_config(args.arch, **overrides)
+        small = settings_from(args, overrides)
         try:
             architectures.make_config(args.target, **target_overrides)
         except architectures.UnknownArchitecture as error:
             raise ValueError(f"--target: {error}") from None
-        check_variant(args.variant)
-        check_settings(args.sparsity, args.reduction, args.batches, args.threshold, torch.float32)
-        for name in ("seq_len", "batch_size"):
-            if getattr(args, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
         if args.threads is not None and args.threads < 1:
             raise ValueError("--threads must be >= 1")
         _size(args.margin, "--margin")
@@ -113,10 +96,6 @@ def _checked(args):
             check_run_folder(args.run_dir)
         except ValueError as error:
             raise UsageError(str(error)) from None
-    small = Settings(architecture=args.arch, overrides=overrides, variant=args.variant,
-                     strategy=args.strategy, device="cpu", sequence_length=args.seq_len,
-                     batch_size=args.batch_size, batches=args.batches, sparsity=args.sparsity,
-                     reduction=args.reduction, threshold=args.threshold, seed=args.seed)
     return small, args.target, target_overrides, output
 
 
