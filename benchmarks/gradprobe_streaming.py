@@ -67,7 +67,7 @@ def tinystories(runs: int, threads: int) -> None:
         weights = os.path.join(folder, "weights")
         write = [PYTHON, "-m", "gradprobe.streaming", "write-weights", "--arch", "tinystories-33m",
                  "--seed", "0", "--out", weights]
-        print(f"$ {' '.join(write[1:])}\n{run(write)[0]}")
+        print(f"$ python {' '.join(write[1:])}\n{run(write)[0]}")
         rows, outputs = [], {}
         for number in range(1, runs + 1):
             baseline = [PYTHON, "-m", "gradprobe", "--arch", "tinystories-33m", *SETTINGS,
@@ -83,7 +83,7 @@ def tinystories(runs: int, threads: int) -> None:
             outputs.setdefault("streaming", (streaming, out, err))
         print(f"({load()} after the runs)\n")
         for name, (command, out, err) in outputs.items():
-            shown = " ".join(command[1:]).replace(folder, "$TMP")
+            shown = "python " + " ".join(command[1:]).replace(folder, "$TMP")
             print(f"$ {shown}\n{out.replace(folder, '$TMP')}")
             if err:
                 print(f"stderr (--progress: RSS and peak so far, and the pruner's own structures):\n"
@@ -140,12 +140,12 @@ def mistral(weights: str, out: str, threads: int, cleanup: bool) -> None:
     if not os.path.isdir(weights):
         write = [PYTHON, "-m", "gradprobe.streaming", "write-weights", "--arch", "mistral-7b", "--generate",
                  "--dtype", "bf16", "--seed", "0", "--out", weights]
-        print(f"$ {' '.join(write[1:])}\n{run(write)[0]}")
+        print(f"$ python {' '.join(write[1:])}\n{run(write)[0]}")
     shutil.rmtree(out, ignore_errors=True)
     summary = os.path.join(tempfile.gettempdir(), "gradprobe-streaming-7b-summary.json")
     prune = [PYTHON, "-m", "gradprobe.streaming", "prune", "--weights", weights, "--out", out, *SETTINGS,
              "--threads", str(threads), "--progress", "--summary-json", summary]
-    print(f"$ {' '.join(prune[1:])}")
+    print(f"$ python {' '.join(prune[1:])}")
     stdout, stderr, wall = run(prune)
     print(f"{stdout}\nstderr (--progress):\n{stderr}\nprocess wall {wall:.1f} s ({load()})")
     with open(summary) as file:
@@ -158,8 +158,9 @@ def mistral(weights: str, out: str, threads: int, cleanup: bool) -> None:
 # -- 3. what is resident at a 7B stage's peak, by allocation ----------------------------------------
 
 WHO_ALLOCATED = [  # (function, file) somewhere in the allocation's Python stack -> what it is
-    (("candidate_positions", "candidates.py"), "candidate positions being computed"),
-    ((None, "gradient_records.py"), "gradient records at candidates (positions, G max, gathered values)"),
+    (("__init__", "candidates.py"), "candidate positions of the stage (int32)"),
+    (("gather", "candidates.py"), "a gradient's values gathered at the candidates"),
+    ((None, "gradient_records.py"), "gradient records at candidates (G max, tied partial sums)"),
     (("load", "stages.py"), "stage weights (fp32)"),
     (("backward", None), "backward: parameter gradient being consumed, activation gradients"),
     (("forward", "pruner.py"), "hidden states between layers"),

@@ -203,15 +203,17 @@ def test_registered_variant_prunes_a_model_in_memory_like_the_baseline(tokens):
         make_pruner("streaming", model, per_layer=True)
 
 
-@pytest.mark.parametrize("reduction", [0.1, 0.5, 1.0])
-def test_reduced_weights_give_the_same_candidates(reduction):
+def test_candidates_are_the_baselines_and_reduce_as_it_does():
+    from gradprobe.strategies import TensorScores
     from gradprobe.streaming.candidates import Candidates
-    weight = torch.randn(300, 70) * torch.logspace(-30, 3, 300).unsqueeze(1)  # tiny to large, subnormals
-    scale = torch.rand(1, 70) * 10
+    weight = torch.randn(3000, 700) * torch.logspace(-30, 3, 3000).unsqueeze(1)  # > one block, subnormals
+    scale = torch.rand(1, 700) * 10
     for threshold, s in [(0.5, None), (1e-30, None), (2.0, scale)]:
-        before = torch.cat([chosen for _, chosen in Candidates(weight, threshold, s).blocks()])
-        reduced = weight.clone()
-        Candidates(reduced, threshold, s).reduce(reduction)
-        after = torch.cat([chosen for _, chosen in Candidates(reduced, threshold, s).blocks()])
-        assert before.any() and torch.equal(before, after)
-        assert torch.equal(reduced[~before], weight[~before])  # only candidates were written to
+        expected = TensorScores(weight, s).below(threshold)
+        candidates = Candidates(weight.clone(), threshold, s)
+        assert expected.any() and torch.equal(candidates.gather(weight), weight[expected])
+        candidates.reduce(0.1)
+        assert torch.equal(candidates.weight, torch.where(expected, weight * 0.1, weight))
+        mask = torch.zeros(weight.shape, dtype=torch.uint8)
+        candidates.scatter(mask, torch.ones(candidates.count(), dtype=torch.uint8))
+        assert torch.equal(mask.bool(), expected)

@@ -1,19 +1,17 @@
-"""Candidates without storing them: one global threshold t, and each tensor's candidates recomputed.
+"""Candidates without a mask: one global threshold t, and each tensor's candidates found on load.
 
 The threshold is found by the baseline's exact counting search (`threshold.candidate_threshold`),
 fed one tensor at a time from disk; a tensor's candidates are then `score < t`, scored by the
-baseline's own `TensorScores`. Since t is one number, candidates are recomputed block by block
-whenever they are needed (to reduce them, to gather a gradient at them, to write the masks)
-instead of being kept: no mask, no positions, for any tensor, ever.
-
-The recomputation holds on the reduced weights too: times r (0 < r <= 1) a candidate's |w| can
-only shrink (rounding is monotonic, so |fl(w * r)| <= |w| < t, and likewise for |w| * ||X_j||),
-and the other weights are never written to. So reduced weights and t give the same candidates.
+baseline's own `TensorScores`. Since t is one number, a stage's candidates are found again each
+time the stage is loaded, from its original weights, and dropped with the stage: nothing about
+the candidates of the other stages is kept. While a stage is loaded its candidates are flat
+positions (ascending, int32 where they fit): 0.4 bytes per weight at 10% candidates where a bool
+mask takes 1, and a gradient is gathered at them by one `index_select` (a `masked_select` over
+the blocks again would cost ~50x the time, every batch).
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from itertools import chain
 
 import torch
@@ -41,37 +39,32 @@ def global_threshold(folder: WeightsFolder, names: list[str], sparsity: float,
 
 
 class Candidates:
-    """One weight tensor's candidates, `score < t`, computed block by block when asked for.
-
-    Holds the weight: drop it with the stage it belongs to.
-    """
+    """One weight tensor's candidates, `score < t`, as flat positions found block by block."""
 
     def __init__(self, weight: torch.Tensor, threshold: float, scale: torch.Tensor | None = None):
-        self.weight, self.threshold = weight.detach(), threshold
-        self.scores = TensorScores(self.weight, scale)
-
-    def blocks(self) -> Iterator[tuple[slice, torch.Tensor]]:
+        self.weight = weight.detach()
+        scores = TensorScores(self.weight, scale)
+        per_row = self.weight[0].numel() if self.weight.dim() else 1
+        index_dtype = torch.int32 if self.weight.numel() < 2**31 else torch.int64
+        parts = []
         for rows in row_blocks(self.weight):
-            yield rows, torch.lt(self.scores.block(rows), self.threshold)  # the baseline's comparison
+            chosen = torch.lt(scores.block(rows), threshold).view(-1)  # the baseline's comparison
+            parts.append((torch.nonzero(chosen).view(-1) + (rows.start or 0) * per_row).to(index_dtype))
+        self.positions = torch.cat(parts) if parts else torch.empty(0, dtype=index_dtype)
 
     def count(self) -> int:
-        return sum(int(torch.count_nonzero(chosen)) for _, chosen in self.blocks())
+        return self.positions.numel()
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """`tensor`'s values at the candidates, in row-major order (as `masked_select` reads them)."""
-        return torch.cat([torch.masked_select(tensor[rows], chosen) for rows, chosen in self.blocks()])
+        return tensor.reshape(-1).index_select(0, self.positions)
 
     @torch.no_grad()
     def reduce(self, reduction_factor: float) -> None:
-        """Candidates times r, in place: the baseline's `reduce_candidates`, block for block."""
-        for rows, chosen in self.blocks():
-            block = self.weight[rows]
-            block.copy_(torch.where(chosen, block * reduction_factor, block))
+        """Candidates times r, in place (the same fp32 multiply as the baseline's `reduce_candidates`)."""
+        flat = self.weight.view(-1)
+        flat.index_put_((self.positions,), flat.index_select(0, self.positions) * reduction_factor)
 
     def scatter(self, target: torch.Tensor, values: torch.Tensor) -> None:
         """Put `values` (one per candidate, in `gather`'s order) into `target` at the candidates."""
-        start = 0
-        for rows, chosen in self.blocks():
-            count = int(torch.count_nonzero(chosen))
-            target[rows].masked_scatter_(chosen, values[start:start + count])
-            start += count
+        target.view(-1).index_put_((self.positions,), values)

@@ -18,8 +18,8 @@ full-model gradients, got by checkpointed backpropagation one layer at a time:
                                files are never changed); as each stage's G1 is complete: decide
                                (`decision.is_pruned`), write the stage's pruned weights and masks.
 
-Candidates are never stored: they are recomputed block by block from the weights and t each time
-they are needed (`candidates`). Between stages, freed heap memory is handed back to the OS (`heap`), so each stage
+A stage's candidates are found again from its original weights and t each time it is loaded, and
+dropped with it (`candidates`). Between stages, freed heap memory is handed back to the OS (`heap`), so each stage
 starts from the same RSS.
 
 The output folder gets the pruned weights (the stored dtype, one file per stage) with config.json
@@ -77,7 +77,7 @@ class StreamingGradProbe:
                              f"not {strategy!r}")
         self.strategy = strategy
         self.folder = WeightsFolder(weights)
-        self.model = StagedModel(self.folder)
+        self.model = StagedModel(self.folder.config(), self.folder)
         self.prunable = set(self.model.prunable)
         self._progress = progress
         self.threshold: float | None = None
@@ -234,6 +234,7 @@ class StreamingGradProbe:
         loaded = self._loaded = self.model.load(stage)
         try:
             self._prepare(loaded, backward)  # (a loop here would keep its last tensor alive)
+            release_free_memory()  # what finding the candidates and reducing them left in the heap
             self.progress(Moment("loaded", stage.name))
             yield loaded
         finally:
@@ -278,7 +279,7 @@ class StreamingGradProbe:
             for name in stage.owns:
                 weight = self.folder.load(name)  # the original, in its stored dtype
                 mask = torch.zeros(weight.shape, dtype=torch.uint8)
-                if name in pruned:  # the candidates again, from the original weights and t
+                if name in pruned:  # its candidates again, from the original weights and t
                     Candidates(weight, self.threshold, self.scales.get(name)).scatter(
                         mask, pruned[name].to(torch.uint8))
                     weight.masked_fill_(mask.bool(), 0)
@@ -303,4 +304,5 @@ class StreamingGradProbe:
         stage = self._loaded.parameters.values() if self._loaded else []
         return {"stage weights": size(stage),
                 "hidden states": size(h for row in self.hidden for h in row),
+                "candidate positions": size(c.positions for c in self._candidates.values()),
                 "gradient records": sum(r.nbytes for r in self.records.values())}

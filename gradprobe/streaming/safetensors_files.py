@@ -117,5 +117,6 @@ class SafetensorsWriter:
     def __exit__(self, kind, error, traceback) -> None:
         if kind is None:
             self.close()
-        else:
+        else:  # a half-written file must not pass for a result
             self.file.close()
+            os.remove(self.path)

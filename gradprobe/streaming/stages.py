@@ -45,9 +45,11 @@ class LoadedStage:
 
 
 class StagedModel:
-    def __init__(self, folder: WeightsFolder):
+    """The stages of `config`'s model; with a weights folder (checked against it), stages load."""
+
+    def __init__(self, config, folder: WeightsFolder | None = None):
         from transformers import AutoModelForCausalLM
-        self.folder, self.config = folder, folder.config()
+        self.folder, self.config = folder, config
         with torch.device("meta"):
             self.meta = AutoModelForCausalLM.from_config(self.config)
         self.family = family_of(self.config, self.meta)
@@ -55,7 +57,8 @@ class StagedModel:
         self.shapes = {name: tuple(p.shape) for name, p in parameters.items()}
         self.prunable = list(prunable_tensors(self.meta))
         self._names = {id(p): name for name, p in parameters.items()}  # tied tensors: one name
-        folder.check_matches(self.shapes)
+        if folder is not None:
+            folder.check_matches(self.shapes)
         self.stages = self._cut_into_stages()
         self.layers_loaded, self.most_layers_resident = 0, 0
         self._resident_layers: weakref.WeakSet = weakref.WeakSet()
@@ -82,17 +85,22 @@ class StagedModel:
         for path in stage.modules:
             module = self._build_layer(stage.layer) if stage.layer is not None else \
                 copy.deepcopy(self.meta.get_submodule(path))
-            meta_module = self.meta.get_submodule(path)
-            names = {local: self._names[id(p)] for local, p in meta_module.named_parameters()}
-            module.load_state_dict({local: self.folder.load(name, dtype) for local, name in names.items()},
-                                   assign=True, strict=True)
+            names = {local: self._names[id(p)] for local, p in self.meta.get_submodule(path).named_parameters()}
+            for local, name in names.items():  # one at a time: each placeholder goes as its tensor comes
+                owner, _, attribute = local.rpartition(".")
+                placeholder = getattr(module.get_submodule(owner), attribute)
+                setattr(module.get_submodule(owner), attribute, torch.nn.Parameter(
+                    self.folder.load(name, dtype), requires_grad=placeholder.requires_grad))
             module.eval()  # dropout off: these modules are ours, no user mode to keep
             parameters.update({names[local]: p for local, p in module.named_parameters()})
             modules[path] = module
         return LoadedStage(stage, modules, parameters)
 
     def _build_layer(self, index: int) -> torch.nn.Module:
-        """A fresh decoder layer, its parameters left uninitialised (the folder's weights replace them)."""
+        """A fresh decoder layer, its parameters left uninitialised (the folder's weights replace them).
+
+        Uninitialised parameters are never written to, so their pages never become resident.
+        """
         from transformers.initialization import no_init_weights
         layer_class = type(self.meta.get_submodule(f"{self.family.layers}.{index}"))
         with no_init_weights(), torch.device("cpu"):  # buffers (GPT-Neo's causal mask) are real

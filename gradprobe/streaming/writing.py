@@ -13,7 +13,7 @@ import torch
 
 from .safetensors_files import SafetensorsWriter
 from .stages import Stage, StagedModel
-from .weights_folder import WeightsFolder, write_index
+from .weights_folder import write_index
 
 
 class FolderWriter:
@@ -38,10 +38,8 @@ class FolderWriter:
 
 def save_model(model: torch.nn.Module, folder: str) -> None:
     """An in-memory causal LM written as a streaming weights folder, one file per stage."""
-    os.makedirs(folder, exist_ok=True)
-    model.config.save_pretrained(folder)
     parameters = dict(model.named_parameters())
-    staged = _structure(model.config, folder)
+    staged = _structure(model.config)
     writer = FolderWriter(folder, model.config, staged.shapes, {n: p.dtype for n, p in parameters.items()})
     for stage in staged.stages:
         with writer.stage_file(stage) as file:
@@ -57,9 +55,7 @@ def generate_random_weights(config, folder: str, seed: int = 0, dtype: torch.dty
     Each stage has its own generator seeded from (seed, stage), so a stage's weights do not depend
     on the others.
     """
-    os.makedirs(folder, exist_ok=True)
-    config.save_pretrained(folder)
-    staged = _structure(config, folder)
+    staged = _structure(config)
     std = getattr(config, "initializer_range", 0.02)
     writer = FolderWriter(folder, config, staged.shapes, dict.fromkeys(staged.shapes, dtype))
     for number, stage in enumerate(staged.stages):
@@ -76,21 +72,6 @@ def _random_tensor(name: str, shape: tuple[int, ...], std: float, generator) -> 
     return torch.zeros(shape) if name.endswith("bias") else torch.ones(shape)
 
 
-def _structure(config, folder: str) -> StagedModel:
-    """The stages of `config`'s model, without a weights folder to check against yet."""
-    return StagedModel(_Unchecked(folder, config))
-
-
-class _Unchecked(WeightsFolder):
-    """A folder being written: it has a config but no weights yet, so nothing is checked."""
-
-    def __init__(self, path: str, config):
-        self.path, self.stored, self._config = path, {}, config
-
-    def config(self):
-        config = copy.deepcopy(self._config)  # never change the caller's model
-        config._attn_implementation = "eager"
-        return config
-
-    def check_matches(self, shapes) -> None:
-        pass
+def _structure(config) -> StagedModel:
+    """The stages of `config`'s model (a copy: building the structure must not change the caller's)."""
+    return StagedModel(copy.deepcopy(config))
