@@ -33,13 +33,15 @@ STORAGE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bf
 MiB = 1 << 20
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineErrors(argparse.ArgumentParser):
+    """Mistakes on the command line: one line on stderr, exit status 2."""
+
     def error(self, message: str):  # one line saying what is wrong, no usage block, no traceback
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="gradprobe", description="Prune a causal LM with GradProbe or one of its variants.")
+    parser = OneLineErrors(prog="gradprobe", description="Prune a causal LM with GradProbe or one of its variants.")
     parser.add_argument("--arch", default="tinystories-33m",
                         help="architecture name (random weights) or local checkpoint folder")
     for name in ("layers", "hidden", "vocab", "heads"):

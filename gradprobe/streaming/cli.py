@@ -18,23 +18,15 @@ import time
 
 import torch
 
+from ..cli import STORAGE_DTYPES as DTYPES, MiB, OneLineErrors
 from ..masks import mask_digest
 from ..process_memory import current_rss, peak_rss
 from .pruner import STRATEGIES, Moment, StreamingGradProbe
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-MiB = 1 << 20
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line saying what is wrong, no usage block, no traceback
-        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m gradprobe.streaming",
+    parser = OneLineErrors(prog="python -m gradprobe.streaming",
                      description="GradProbe with the model on disk, one decoder layer in memory.")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineErrors)
     write = commands.add_parser("write-weights", help="write a model as a streaming weights folder")
     write.add_argument("--arch", required=True, help="architecture name or local checkpoint folder")
     for name in ("layers", "hidden", "vocab", "heads"):
