@@ -6,7 +6,8 @@
 The model is written to a temporary weights folder, pruned there by `StreamingGradProbe`, and the
 masks and pruned weights are read back into it. This gives streaming the same interface, inputs
 and outputs as the other variants (so `auditor compare` can check its decisions), not its memory:
-the model is in memory the whole time. The memory floor is the folder API
+the model is in memory the whole time. Stages are computed in fp32 whatever the model's dtype
+(the baseline computes in the model's own). The memory floor is the folder API
 (`StreamingGradProbe(folder)`, `python -m gradprobe.streaming prune --weights FOLDER`).
 """
 from __future__ import annotations
