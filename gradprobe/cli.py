@@ -40,18 +40,23 @@ class OneLineErrors(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineErrors(prog="gradprobe", description="Prune a causal LM with GradProbe or one of its variants.")
-    parser.add_argument("--arch", default="tinystories-33m",
-                        help="architecture name (random weights) or local checkpoint folder")
-    for name in ("layers", "hidden", "vocab", "heads"):
-        parser.add_argument(f"--{name}", type=int, help=f"override the architecture's {name}")
+def add_pruning_arguments(parser) -> None:
+    """The calibration shape and decision settings every GradProbe command takes."""
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--batches", type=int, default=2, help="calibration batches per gradient pass")
     parser.add_argument("--sparsity", type=float, default=0.1, help="candidate fraction s")
     parser.add_argument("--reduction", type=float, default=0.1, help="reduction factor r")
     parser.add_argument("--threshold", type=float, default=2.0, help="gradient threshold tau")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineErrors(prog="gradprobe", description="Prune a causal LM with GradProbe or one of its variants.")
+    parser.add_argument("--arch", default="tinystories-33m",
+                        help="architecture name (random weights) or local checkpoint folder")
+    for name in ("layers", "hidden", "vocab", "heads"):
+        parser.add_argument(f"--{name}", type=int, help=f"override the architecture's {name}")
+    add_pruning_arguments(parser)
     parser.add_argument("--strategy", choices=sorted(STRATEGIES), default="magnitude")
     parser.add_argument("--per-layer", action="store_true", help="one threshold per tensor")
     parser.add_argument("--storage-dtype", choices=sorted(STORAGE_DTYPES),

@@ -34,3 +34,11 @@ def tiny_mistral():
 def tokens():
     """Two batches of 2 x 16 token ids, inside the tiny vocabulary."""
     return synthetic_batches(256, sequence_length=16, batch_size=2, num_batches=2, seed=0)
+
+
+def one_error_line(capsys) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("auditor: error: ") and "Traceback" not in captured.err
+    return lines[0]

@@ -10,6 +10,7 @@ import pytest
 
 import auditor
 from auditor.cli import main
+from conftest import one_error_line
 
 
 @pytest.fixture
@@ -24,13 +25,6 @@ def write(path, text: str):
     return path
 
 
-def one_error_line(capsys) -> str:
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1, captured.err
-    assert lines[0].startswith("auditor: error: ")
-    assert "Traceback" not in captured.err
-    return lines[0]
 
 
 def test_runs_a_script_like_python_with_staged_targets(workdir, capsys):

@@ -12,6 +12,7 @@ import pytest
 from auditor.cli import main
 from auditor.comparison import Comparison, Side, Tolerance, run_comparison
 from auditor.renderers import comparison_markdown
+from conftest import one_error_line
 
 MiB = 1 << 20
 
@@ -66,12 +67,6 @@ def record_of(path) -> dict:
     return json.loads(path.with_suffix(".json").read_text())
 
 
-def one_error_line(capsys) -> str:
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1, captured.err
-    assert lines[0].startswith("auditor: error: ") and "Traceback" not in captured.err
-    return lines[0]
 
 
 def test_measures_a_200_mib_difference_and_agrees(workdir, capsys):

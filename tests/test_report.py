@@ -22,6 +22,7 @@ from auditor.analysis.timeline import timeline
 from auditor.cli import main
 from auditor.renderers.markdown import render
 from test_findings import TINY_GPT_NEO, records
+from conftest import one_error_line
 
 SECTIONS = ["## Summary", "## Stages", "## Components", "## Timeline",
             "## Top allocation sites at the peak", "## Findings", "## Theoretical minimum and gap",
@@ -392,12 +393,6 @@ def test_environment(reports, built):
 
 # -- bad input ----------------------------------------------------------------------------
 
-def one_error_line(capsys) -> str:
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1, captured.err
-    assert lines[0].startswith("auditor: error: ") and "Traceback" not in captured.err
-    return lines[0]
 
 
 @pytest.mark.parametrize("case, expected", [

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from ..cli import STORAGE_DTYPES as DTYPES, MiB, OneLineErrors
+from ..cli import STORAGE_DTYPES as DTYPES, MiB, OneLineErrors, add_pruning_arguments
 from ..masks import mask_digest
 from ..process_memory import current_rss, peak_rss
 from .pruner import STRATEGIES, Moment, StreamingGradProbe
@@ -47,12 +47,7 @@ def add_prune_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--masks-out", help="masks file (default OUT/masks.safetensors)")
     parser.add_argument("--summary-json", help="also write the summary as JSON here")
     parser.add_argument("--scratch", help="folder for G0 between passes (default: inside OUT)")
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--batches", type=int, default=2, help="calibration batches per gradient pass")
-    parser.add_argument("--sparsity", type=float, default=0.1, help="candidate fraction s")
-    parser.add_argument("--reduction", type=float, default=0.1, help="reduction factor r")
-    parser.add_argument("--threshold", type=float, default=2.0, help="gradient threshold tau")
+    add_pruning_arguments(parser)
     parser.add_argument("--strategy", choices=STRATEGIES, default="magnitude")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic calibration tokens")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's own)")
