@@ -182,8 +182,13 @@ def _has_weights(folder: str) -> bool:
 
 def count_parameters(name_or_path: str, **overrides: int) -> int:
     """Parameter count (tied weights once) without allocating: the model is built on `meta`."""
+    return sum(parameter_sizes(name_or_path, **overrides))
+
+
+def parameter_sizes(name_or_path: str, **overrides: int) -> list[int]:
+    """Elements of each parameter tensor (tied weights once), from the config on `meta`."""
     from transformers import AutoModelForCausalLM
     config = make_config(name_or_path, **overrides)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in model.parameters())
+    return [p.numel() for p in model.parameters()]

@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMANDS = ["run", "gradprobe", "report", "compare", "validate_projection"]
+SUBCOMMANDS = ["run", "gradprobe", "train_step", "report", "compare", "validate_projection"]
 
 
 class UsageError(Exception):

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from auditor.cli import UsageError
+from auditor.cli.progress import StatusLine
 
 DEFAULT_TARGETS = ["mistral-7b"]
 SIZES = ("layers", "hidden", "vocab", "heads", "intermediate")
@@ -80,7 +81,7 @@ def main(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     folder = Path(args.run_dir) if args.run_dir else new_run_folder(f"gradprobe-{args.arch}")
-    with _progress() as advance:
+    with StatusLine() as advance:
         advance("auditing the real run")
         record = job.audit(settings, folder, memray=args.memray,
                            on_stage_end=lambda entry: advance(entry["path"]))
@@ -124,24 +125,6 @@ def _checked(args):
         raise UsageError(f"cannot write the report to {str(output)!r}")
     output.parent.mkdir(parents=True, exist_ok=True)
     return settings, targets, output
-
-
-class _progress:
-    """A rich status line naming what runs now; stages are printed as they finish."""
-
-    def __enter__(self):
-        from rich.console import Console
-        self._console = Console(stderr=True)
-        self._status = self._console.status("starting")
-        self._status.start()
-        return self._advance
-
-    def _advance(self, text: str) -> None:
-        self._console.print(f"[dim]auditor:[/] {text}", highlight=False)
-        self._status.update(text)
-
-    def __exit__(self, *exc) -> None:
-        self._status.stop()
 
 
 def _print_summary(record: dict, output: Path, folder: Path) -> None:

@@ -108,6 +108,8 @@ def site_frame(stack: list):
     """The innermost frame in user code; an auditor frame met first is reported as itself
     (the auditor's own allocations are not the user's); the innermost frame otherwise."""
     for frame in stack:
+        if passes_through(frame[0], frame[1]):
+            continue
         if frame[1].startswith(_AUDITOR_ROOT):
             return frame
         if is_user_code(frame[1]):
@@ -138,6 +140,21 @@ def _library_roots() -> tuple[str, ...]:
 
 _AUDITOR_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
 _LIBRARY_ROOTS = _library_roots()
+
+
+# Frames that only hand an allocation on: torch's operator and module-call plumbing, and the
+# live-tensor meter's dispatch mode (every op runs inside it, but it allocates nothing there).
+_PLUMBING = tuple(os.path.join("torch", *parts) for parts in (
+    ("_ops.py",), ("_dynamo", ""), ("nn", "modules", "module.py"), ("utils", "_contextlib.py"),
+    ("utils", "_python_dispatch.py")))
+_METER = os.path.join(_AUDITOR_ROOT, "probes", "live_tensors.py")
+
+
+def passes_through(function: str, filename: str) -> bool:
+    """True for a frame that is plumbing between the code that asked and the allocator."""
+    if filename == _METER:
+        return function == "__torch_dispatch__"
+    return any(part in filename for part in _PLUMBING)
 
 
 def is_user_code(filename: str) -> bool:

@@ -19,6 +19,7 @@ from auditor.analysis.components import (BEYOND_CENSUS, BEYOND_LIVE, UNSEEN_TENS
                                          attribute, census_before, census_order, final_stage,
                                          is_traced, live_tensor_peak, peak_at_start, peak_stage,
                                          projection_views, run_weights, stage_depths)
+from auditor.probes.memray_trace import passes_through
 
 SITE_STACK_FRAMES = 3
 MAX_STAGE_ROWS = 300
@@ -327,6 +328,8 @@ def _stack(site: dict) -> str:
     native = not frames
     if native:
         frames = site.get("native_stack") or []
+    if not native:  # torch's call plumbing says nothing about who asked for the memory
+        frames = [f for f in frames if not passes_through(*_function_and_file(f))]
     shown = []
     for frame in frames[:SITE_STACK_FRAMES]:
         frame = frame.removesuffix(" (<unknown>)")  # native frames without a known file
@@ -337,6 +340,11 @@ def _stack(site: dict) -> str:
         return "-"
     text = " ← ".join(shown) + (" ← …" if len(frames) > SITE_STACK_FRAMES else "")
     return ("native: " if native else "") + _text(text)
+
+
+def _function_and_file(frame: str) -> tuple[str, str]:
+    function, _, where = frame.partition(" at ")
+    return function, where.rsplit(":", 1)[0]
 
 
 def _findings(found, outcomes) -> str:

@@ -1,0 +1,309 @@
+"""What a training step holds, read from a train-step run record (auditor.jobs.train_step).
+
+    study = training.study(record)
+    study["components"]      # parameters, gradients, optimizer state... measured and expected
+    study["explanations"]    # why one step's breakdown and the peak over many steps differ
+
+Pure functions over the record: nothing here imports torch or reaches a live process.
+Sizes in bytes. Live tensors come from the dispatch-mode meter (exact), RSS from the
+per-stage high-water mark, CUDA from the caching allocator.
+"""
+from __future__ import annotations
+
+from auditor.analysis.stability import classify
+from auditor.units import share, signed_size, size
+
+ACTIVATION_TOLERANCE = 0.02  # saved-tensor accounting vs live-tensor growth over the forward
+MEASURES = {"live_tensors": "live tensors", "rss": "RSS", "cuda_allocated": "CUDA allocated"}
+
+
+# -- stages --------------------------------------------------------------------------------
+
+def stage(record: dict, path: str) -> dict | None:
+    return next((s for s in record["stages"] if s["path"] == path and s["status"] == "ok"), None)
+
+
+def step_numbers(record: dict) -> list[int]:
+    return [int(s["name"].split()[1]) for s in record["stages"]
+            if s["parent"] is None and s["name"].startswith("step ") and s["status"] == "ok"]
+
+
+def micro_stages(record: dict, step: int, kind: str) -> list[dict]:
+    """`forward` or `backward` stages of a step, micro-batch order."""
+    return [s for s in record["stages"] if s["parent"] == f"step {step}" and s["status"] == "ok"
+            and s["name"].split()[0] == kind]
+
+
+def peaks(entry: dict | None) -> dict:
+    """A stage's peaks: live tensors, RSS and (on GPU) CUDA allocated and reserved."""
+    if entry is None:
+        return {"live_tensors": None, "rss": None, "cuda_allocated": None, "cuda_reserved": None}
+    cuda = entry.get("cuda") or {}
+    return {"live_tensors": (entry.get("live_tensors") or {}).get("peak"),
+            "rss": (entry.get("rss") or {}).get("peak"),
+            "cuda_allocated": cuda.get("peak_allocated"), "cuda_reserved": cuda.get("reserved_end")}
+
+
+def transient(entry: dict) -> int:
+    """Live-tensor bytes that exist only inside the stage: its peak above its start and end."""
+    live = entry["live_tensors"]
+    return live["peak"] - max(live["start"], live["end"])
+
+
+# -- the study -----------------------------------------------------------------------------
+
+def study(record: dict) -> dict:
+    steps = step_numbers(record)
+    result = {"settings": record["workload"]["settings"], "steps": steps,
+              "complete": (record.get("exit") or {}).get("status") == "ok"}
+    if not steps:
+        return result
+    result.update(components=components(record), activation_check=activation_check(record),
+                  calculator=calculator_check(record), series=series(record),
+                  forward_only=forward_only(record))
+    result["explanations"] = explanations(record, result)
+    result["stability"] = {key: classify(values, label=MEASURES[key])
+                           for key, values in result["series"].items() if values}
+    return result
+
+
+def components(record: dict) -> list[dict]:
+    """Rows: name, measured bytes, expected bytes (from the config) or None, how it was measured."""
+    expected = record["workload"]["expected"]
+    measured = record.get("measured") or {}
+    saved = measured.get("saved_tensors") or {}
+    rows = [
+        _row("parameters", measured.get("parameters"), expected["parameters"],
+             f"{expected['parameter_count']:,} parameters x {expected['element_bytes']} B"),
+        _row("gradients", measured.get("gradients"), expected["gradients"],
+             "one .grad per parameter, same dtype"),
+        _row("optimizer state", measured.get("optimizer_state"), expected["optimizer_state"],
+             expected["optimizer_rule"]),
+        _row("saved activations", saved.get("activations"), None,
+             "saved-tensor hooks, unique storages, model state excluded"),
+    ]
+    if measured.get("buffers"):
+        rows.append(_row("model buffers", measured["buffers"], None,
+                         "registered buffers (e.g. causal-mask tables), unique storages"))
+    if saved.get("autocast weight copies"):
+        rows.append(_row("autocast weight copies", saved["autocast weight copies"], None,
+                         "low-precision casts of the weights, saved for backward"))
+    largest = max(_step_stages(record), key=transient, default=None)
+    if largest is not None:
+        rows.append(_row("temporaries", transient(largest), None,
+                         f"largest transient of a stage: {largest['path']} (peak above start and end)"))
+    return rows
+
+
+def _row(name, measured, expected, how) -> dict:
+    exact = None if expected is None or measured is None else measured == expected
+    return {"name": name, "measured": measured, "expected": expected, "exact": exact, "how": how}
+
+
+def _step_stages(record: dict) -> list[dict]:
+    return [s for s in record["stages"] if s["status"] == "ok" and s["parent"]
+            and s["parent"].startswith("step ") and s.get("live_tensors")]
+
+
+def activation_check(record: dict) -> dict | None:
+    """Saved-tensor accounting against the live tensors the first forward left behind."""
+    saved = (record.get("measured") or {}).get("saved_tensors")
+    forward = (micro_stages(record, 1, "forward") or [None])[0]
+    if not saved or forward is None:
+        return None
+    accounted = saved["activations"] + saved["autocast weight copies"]
+    grown = forward["live_tensors"]["end"] - forward["live_tensors"]["start"]
+    difference = grown - accounted
+    relative = difference / accounted if accounted else None
+    return {"saved": accounted, "live_growth": grown, "difference": difference,
+            "relative": relative,
+            "within_tolerance": relative is not None and abs(relative) <= ACTIVATION_TOLERANCE,
+            "tolerance": ACTIVATION_TOLERANCE}
+
+
+def calculator_check(record: dict) -> dict | None:
+    """The config-only activation calculator against the saved-tensor bytes."""
+    calc = record["workload"].get("activation_calculator")
+    saved = (record.get("measured") or {}).get("saved_tensors")
+    if not calc or not saved:
+        return None
+    if "unavailable" in calc:
+        return {"unavailable": calc["unavailable"]}
+    per_layer = saved["per_layer"]
+    return {"residual_stream": calc["residual_stream"], "saved": calc["saved"],
+            "computed_per_layer": calc["saved"]["per_layer"]["total"],
+            "measured_per_layer": max(per_layer) if per_layer else None,
+            "measured_layers": per_layer,
+            "computed_total": calc["saved"]["total"], "measured_total": saved["activations"],
+            "computed_weight_copies": calc["saved"]["weight_copies_total"],
+            "measured_weight_copies": saved["autocast weight copies"]}
+
+
+def series(record: dict) -> dict:
+    """Each step's peak: live tensors, RSS, and on GPU CUDA allocated."""
+    out = {"live_tensors": [], "rss": [], "cuda_allocated": []}
+    for number in step_numbers(record):
+        for key, value in peaks(stage(record, f"step {number}")).items():
+            if key in out and value is not None:
+                out[key].append(value)
+    return out
+
+
+def forward_only(record: dict) -> dict:
+    """Inference forward against the full step, for each measure present."""
+    forward = peaks(stage(record, "forward only"))
+    step = {key: max(values) if values else None for key, values in series(record).items()}
+    return {key: {"forward_only": forward[key], "full_step": step.get(key)}
+            for key in ("live_tensors", "rss", "cuda_allocated")
+            if forward[key] is not None and step.get(key) is not None}
+
+
+# -- why a one-step breakdown and the peak over many steps differ -------------------------
+
+def explanations(record: dict, result: dict) -> list[str]:
+    rows = {row["name"]: row["measured"] for row in result["components"]}
+    lines = [_sum_versus_peak(record, rows)]
+    lines += [line for line in (_optimizer_warm_up(record, rows), _accumulation(record, rows),
+                                _process_overhead(record), _cuda_caching(record)) if line]
+    return lines
+
+
+def _sum_versus_peak(record: dict, rows: dict) -> str:
+    total = sum(v for k, v in rows.items() if k != "temporaries" and v)
+    live = series(record)["live_tensors"]
+    top = max(range(len(live)), key=live.__getitem__)
+    holder = peak_stage_name(record, top + 1)
+    return (f"The components add up to {size(total)} (parameters, gradients, optimizer state and "
+            f"saved activations as if all lived at once), while the measured peak of live tensors "
+            f"is {size(live[top])}, in step {top + 1}'s `{holder}` stage: activations are freed during "
+            f"backward as gradients appear, so they never coexist in full "
+            f"({signed_size(live[top] - total)} against the sum).")
+
+
+def peak_stage_name(record: dict, step: int) -> str:
+    """The stage of step `step` where live tensors peaked (forward, backward, optimizer...)."""
+    children = [s for s in record["stages"] if s["parent"] == f"step {step}" and s.get("live_tensors")]
+    return max(children, key=lambda s: s["live_tensors"]["peak"])["name"]
+
+
+def _optimizer_warm_up(record: dict, rows: dict) -> str | None:
+    state = rows.get("optimizer state")
+    first, second = stage(record, "step 1/optimizer"), stage(record, "step 2")
+    if not state or first is None:
+        return None
+    grown = first["live_tensors"]["end"] - first["live_tensors"]["start"]
+    line = (f"Optimizer state appears at step 1: +{size(grown)} of live tensors in step 1's "
+            f"`optimizer` stage (the state measured is {size(state)}).")
+    if second is not None:
+        one = max(s["live_tensors"]["peak"] for s in micro_stages(record, 1, "backward"))
+        two = max(s["live_tensors"]["peak"] for s in micro_stages(record, 2, "backward"))
+        line += (f" From step 2 on it is held through forward and backward too: step 2's backward "
+                 f"peaks at {size(two)} against step 1's {size(one)} ({signed_size(two - one)}).")
+    return line
+
+
+def _accumulation(record: dict, rows: dict) -> str | None:
+    backward = micro_stages(record, 1, "backward")
+    if len(backward) < 2:
+        return None
+    first, later = backward[0]["live_tensors"]["peak"], backward[1]["live_tensors"]["peak"]
+    return (f"Accumulation over {len(backward)} micro-batches: gradients ({size(rows.get('gradients'))}) "
+            f"stay alive from the first micro-batch's backward to the optimizer, so micro-batch 2's "
+            f"backward peaks at {size(later)} against micro-batch 1's {size(first)} "
+            f"({signed_size(later - first)}).")
+
+
+def _process_overhead(record: dict) -> str | None:
+    live, rss = series(record)["live_tensors"], series(record)["rss"]
+    if not live or not rss:
+        return None
+    return (f"Process memory: the peak RSS over {len(rss)} steps is {size(max(rss))} (step 1: "
+            f"{size(rss[0])}), against at most {size(max(live))} of live tensors; the "
+            f"{size(max(rss) - max(live))} between them is the interpreter, libraries, "
+            f"the model's buffers and what the allocator keeps after frees, which a tensor-level "
+            f"breakdown does not count.")
+
+
+def _cuda_caching(record: dict) -> str | None:
+    cuda = [peaks(stage(record, f"step {n}")) for n in step_numbers(record)]
+    if not cuda or cuda[0]["cuda_allocated"] is None:
+        return None
+    allocated = max(c["cuda_allocated"] for c in cuda)
+    reserved = max(c["cuda_reserved"] or 0 for c in cuda)
+    return (f"CUDA caching allocator: {size(reserved)} reserved against a peak of {size(allocated)} "
+            f"allocated ({share(reserved - allocated, reserved)} of the reservation is cached or "
+            f"fragmented); nvidia-smi shows the reservation plus the CUDA context.")
+
+
+# -- sweeps --------------------------------------------------------------------------------
+
+def sweep_rows(records: list[dict]) -> list[dict]:
+    """One row per configuration: forward-only and full-step peaks, saved activations."""
+    rows = []
+    for record in records:
+        settings = record["workload"]["settings"]
+        result = study(record)
+        saved = ((record.get("measured") or {}).get("saved_tensors") or {})
+        row = {"architecture": settings["architecture"], "sequence_length": settings["sequence_length"],
+               "precision": settings["precision"], "complete": result["complete"],
+               "saved_activations": saved.get("activations"),
+               "weight_copies": saved.get("autocast weight copies"),
+               "state": _state_bytes(record)}
+        for key, pair in (result.get("forward_only") or {}).items():
+            row[f"forward_{key}"], row[f"step_{key}"] = pair["forward_only"], pair["full_step"]
+        rows.append(row)
+    return rows
+
+
+def _state_bytes(record: dict) -> int | None:
+    measured = record.get("measured") or {}
+    parts = [measured.get(k) for k in ("parameters", "gradients", "optimizer_state")]
+    return sum(parts) if all(p is not None for p in parts) else None
+
+
+def sweep_commentary(rows: list[dict], measure: str = "live_tensors") -> list[str]:
+    """Data-driven sentences: mixed precision against fp32, long against short context."""
+    lines = []
+    by_key = {(r["architecture"], r["sequence_length"], r["precision"]): r for r in rows}
+    for (arch, seq, precision), row in by_key.items():
+        base = by_key.get((arch, seq, "fp32"))
+        if precision == "fp32" or base is None or row.get(f"step_{measure}") is None:
+            continue
+        lines.append(_precision_sentence(arch, seq, precision, base, row, measure))
+    for arch in dict.fromkeys(r["architecture"] for r in rows):
+        lines += _context_sentences([r for r in rows if r["architecture"] == arch], measure)
+    return lines
+
+
+def _precision_sentence(arch, seq, precision, base, row, measure) -> str:
+    before, after = base[f"step_{measure}"], row[f"step_{measure}"]
+    change = (after - before) / before
+    saved_before, saved_after = base["saved_activations"], row["saved_activations"]
+    state = row["state"]
+    verdict = "cuts" if change < 0 else "raises"
+    return (f"{arch}, sequence {seq}: {precision} {verdict} the full-step peak by {abs(change):.1%} "
+            f"({size(before)} → {size(after)}). Saved activations go from {size(saved_before)} to "
+            f"{size(saved_after)}" + (f" plus {size(row['weight_copies'])} of low-precision weight "
+                                     f"copies" if row.get("weight_copies") else "")
+            + f"; parameters, gradients and optimizer state stay at {size(state)} "
+            f"({share(state, after)} of the new peak), which is why it does not cut more.")
+
+
+def _context_sentences(rows: list[dict], measure: str) -> list[str]:
+    lines = []
+    for precision in dict.fromkeys(r["precision"] for r in rows):
+        same = sorted((r for r in rows if r["precision"] == precision and r["saved_activations"]),
+                      key=lambda r: r["sequence_length"])
+        if len(same) < 2:
+            continue
+        short, long = same[0], same[-1]
+        factor = long["sequence_length"] / short["sequence_length"]
+        grown = long["saved_activations"] / short["saved_activations"]
+        why = (f", more than {factor:g}x: attention scores grow with the square of the context"
+               if grown > factor * 1.05 else "")
+        lines.append(
+            f"{short['architecture']}, {precision}: {factor:g}x the context ({short['sequence_length']} → "
+            f"{long['sequence_length']}) makes {grown:.2f}x the saved activations{why}; the full-step "
+            f"peak grows {long[f'step_{measure}'] / short[f'step_{measure}']:.2f}x and the "
+            f"forward-only peak {long[f'forward_{measure}'] / short[f'forward_{measure}']:.2f}x.")
+    return lines

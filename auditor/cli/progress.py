@@ -1,0 +1,21 @@
+"""A status line for long commands: names what runs now; finished steps are printed above it
+(rich, on stderr, so stdout keeps only the command's results)."""
+from __future__ import annotations
+
+
+class StatusLine:
+    """`with StatusLine() as advance: advance("tracing")` prints and shows each step."""
+
+    def __enter__(self):
+        from rich.console import Console
+        self._console = Console(stderr=True)
+        self._status = self._console.status("starting")
+        self._status.start()
+        return self._advance
+
+    def _advance(self, text: str) -> None:
+        self._console.print(f"[dim]auditor:[/] {text}", highlight=False)
+        self._status.update(text)
+
+    def __exit__(self, *exc) -> None:
+        self._status.stop()

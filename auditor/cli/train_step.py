@@ -1,0 +1,108 @@
+"""`auditor train-step`: the memory of real training steps, component by component, swept over
+context lengths and precisions, each configuration in a fresh process.
+
+    auditor train-step --arch tinystories-33m gpt-neo-125m --seq-len 128 512 \\
+        --precision fp32 amp-bf16 --accumulation 2 -o reports/train-step-cpu.md
+
+Exit status: 0 every configuration finished; 1 one did not (its finished stages are still in
+the report); 2 bad input.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+from auditor.analysis.activation_size import PRECISIONS
+from auditor.cli import UsageError
+from auditor.cli.gradprobe import SIZES
+from auditor.cli.progress import StatusLine
+
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum")  # for --help; the job checks the name
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("train-step", help="memory of training steps: components, sweeps, leaks",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--arch", nargs="+", default=["tinystories-33m"], metavar="ARCH",
+                   help="architecture names or local checkpoint folders")
+    for name in SIZES:
+        p.add_argument(f"--{name}", type=int, help=f"override the architecture's {name}")
+    p.add_argument("--seq-len", nargs="+", type=int, default=[128], metavar="N",
+                   help="sequence lengths to sweep (default 128)")
+    p.add_argument("--precision", nargs="+", metavar="MODE", choices=PRECISIONS,
+                   help=f"precision modes to sweep: {', '.join(PRECISIONS)} (amp-*: autocast over fp32 "
+                        "weights; bf16/fp16: the whole model, gradients and optimizer state in it)")
+    p.add_argument("--amp", choices=("bf16", "fp16"), help="autocast: the same as --precision amp-DTYPE")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--accumulation", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument("--steps", type=int, default=6, help="optimizer steps (default 6)")
+    p.add_argument("--optimizer", default="adamw", metavar="NAME",
+                   help=f"one of {', '.join(OPTIMIZERS)} (default adamw)")
+    p.add_argument("--lr", type=float, default=1e-4, help="learning rate")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--no-memray", action="store_true",
+                   help="skip memray's allocation trace (on by default on CPU)")
+    p.add_argument("--run-dir", help="folder for the run records (default: a new folder under runs/)")
+    p.add_argument("-o", "--output", help="report path (default reports/train-step-ARCH.md)")
+    p.set_defaults(handler=main)
+
+
+def main(args) -> int:
+    configurations, output = _checked(args)
+    from auditor.audit import new_run_folder
+    from auditor.jobs.train_step import audit_in_fresh_process
+    from auditor.renderers.train_step_markdown import write_report
+
+    folder = Path(args.run_dir) if args.run_dir else new_run_folder("train-step")
+    on_cpu = args.device == "cpu"
+    records, failed = [], 0
+    with StatusLine() as advance:
+        for index, settings in enumerate(configurations, 1):
+            advance(f"[{index}/{len(configurations)}] {settings.label}, {settings.steps} steps")
+            run = folder / f"{Path(settings.architecture).name}-seq{settings.sequence_length}-{settings.precision}"
+            record = audit_in_fresh_process(settings, run, memray=on_cpu and not args.no_memray,
+                                            cuda_history=not on_cpu)
+            failed += (record.get("exit") or {}).get("status") != "ok"
+            records.append((record, run))
+    write_report(records, output, command=shlex.join(args.command_line))
+    _print_summary(records, output)
+    return 1 if failed else 0
+
+
+def _checked(args):
+    """Every configuration validated before any runs: bad input is one line, exit 2."""
+    from auditor.jobs.train_step import Settings, check_settings
+
+    if args.amp and args.precision:
+        raise UsageError("give --amp or --precision, not both (--amp bf16 is --precision amp-bf16)")
+    precisions = [f"amp-{args.amp}"] if args.amp else (args.precision or ["fp32"])
+    overrides = {k: getattr(args, k) for k in SIZES if getattr(args, k) is not None}
+    configurations = [
+        Settings(architecture=arch, overrides=overrides, device=args.device,
+                 batch_size=args.batch_size, sequence_length=seq, accumulation=args.accumulation,
+                 steps=args.steps, optimizer=args.optimizer, precision=precision,
+                 learning_rate=args.lr, seed=args.seed)
+        for arch in args.arch for seq in args.seq_len for precision in precisions]
+    try:
+        for settings in configurations:
+            check_settings(settings)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    name = "-".join(Path(a.rstrip("/")).name for a in args.arch)
+    output = Path(args.output or f"reports/train-step-{name}.md")
+    if not os.access(output.parent if output.parent.exists() else Path("."), os.W_OK):
+        raise UsageError(f"cannot write the report to {str(output)!r}")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    return configurations, output
+
+
+def _print_summary(records, output: Path) -> None:
+    from auditor.analysis.training import sweep_rows
+    from auditor.units import size
+    for row in sweep_rows([record for record, _ in records]):
+        print(f"{row['architecture']} seq {row['sequence_length']} {row['precision']}: "
+              f"forward only {size(row.get('forward_live_tensors'))}, full step "
+              f"{size(row.get('step_live_tensors'))} live tensors; peak RSS {size(row.get('step_rss'))}")
+    print(f"report: {output}")

@@ -1,0 +1,262 @@
+"""The training-step job: audit real training steps of a named architecture (or a local
+checkpoint folder) and record what each component of the step holds.
+
+    from auditor.jobs import train_step
+    settings = train_step.Settings("tinystories-33m", sequence_length=512, precision="amp-bf16")
+    record = train_step.audit(settings, "runs/step")          # in this process
+    record = train_step.audit_in_fresh_process(settings, "runs/step")   # a clean process
+
+Stages: `build model`, `forward only` (one micro-batch without autograd: what inference
+needs), then `step K` holding `forward`/`backward` per micro-batch, `optimizer` and
+`zero grad`. Components are measured from the objects themselves (unique storages of the
+parameters, their .grad, the optimizer's state, what autograd saved) and also computed from
+the config alone, so the record shows whether the two agree to the byte.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+import auditor
+from auditor.audit import Audit
+from auditor.probes.saved_tensors import SavedTensorLedger, decoder_layers
+
+# precision -> (weights dtype, autocast dtype or None)
+PRECISIONS = {
+    "fp32": (torch.float32, None),
+    "amp-bf16": (torch.float32, torch.bfloat16),
+    "amp-fp16": (torch.float32, torch.float16),
+    "bf16": (torch.bfloat16, None),
+    "fp16": (torch.float16, None),
+}
+# optimizer -> what it keeps per parameter tensor: (copies of the parameter, fp32 scalars)
+OPTIMIZERS = {
+    "adamw": (2, 1),          # exp_avg, exp_avg_sq; step (a float32 scalar tensor)
+    "adam": (2, 1),
+    "sgd": (0, 0),            # no state without momentum
+    "sgd-momentum": (1, 0),   # momentum_buffer
+}
+
+
+@dataclass
+class Settings:
+    architecture: str = "tinystories-33m"
+    overrides: dict = field(default_factory=dict)
+    device: str = "cpu"
+    batch_size: int = 1
+    sequence_length: int = 128
+    accumulation: int = 1
+    steps: int = 6
+    optimizer: str = "adamw"
+    precision: str = "fp32"
+    learning_rate: float = 1e-4
+    seed: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.architecture} seq {self.sequence_length} {self.precision}"
+
+
+def check_settings(settings: Settings):
+    """ValueError (one line) for anything that cannot run; returns the model's config."""
+    import architectures
+    for name, value in (("batch size", settings.batch_size), ("sequence length",
+                        settings.sequence_length), ("accumulation", settings.accumulation),
+                        ("steps", settings.steps)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1 (got {value!r})")
+    if settings.optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {settings.optimizer!r}; known: {', '.join(OPTIMIZERS)}")
+    if settings.precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {settings.precision!r}; known: {', '.join(PRECISIONS)}")
+    config = architectures.make_config(settings.architecture, **settings.overrides)
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit is not None and settings.sequence_length > limit:
+        raise ValueError(f"sequence length {settings.sequence_length} exceeds "
+                         f"{settings.architecture}'s maximum of {limit} positions")
+    check_device(settings.device, settings.precision)
+    return config
+
+
+def check_device(device: str, precision: str) -> None:
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        kind = None
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {device!r}; use cpu, cuda or cuda:N")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: no CUDA device is available")
+    weights, amp = PRECISIONS[precision]
+    if amp is None:
+        return
+    if not torch.amp.autocast_mode.is_autocast_available(kind):
+        raise ValueError(f"{precision}: autocast is not available on {kind}")
+    if kind == "cuda" and amp is torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"{precision}: this CUDA device does not support bfloat16")
+    with warnings.catch_warnings(record=True) as caught:  # unsupported dtypes only warn
+        warnings.simplefilter("always")
+        with torch.autocast(kind, dtype=amp):
+            pass
+    if any("not supported" in str(w.message) for w in caught):
+        raise ValueError(f"{precision}: autocast to {amp} is not supported on {kind}")
+
+
+# -- what the components must be, from the config alone ----------------------------------
+
+def expected_bytes(settings: Settings) -> dict:
+    """Parameters, gradients and optimizer state computed from the architecture (no weights)."""
+    import architectures
+    sizes = architectures.parameter_sizes(settings.architecture, **settings.overrides)
+    element = PRECISIONS[settings.precision][0].itemsize
+    copies, scalars = OPTIMIZERS[settings.optimizer]
+    parameters = element * sum(sizes)
+    return {
+        "parameter_count": sum(sizes), "parameter_tensors": len(sizes), "element_bytes": element,
+        "parameters": parameters, "gradients": parameters,
+        "optimizer_state": copies * parameters + 4 * scalars * len(sizes),
+        "optimizer_rule": f"{copies} x parameters + {scalars} fp32 scalar per parameter tensor",
+    }
+
+
+# -- the audited program -------------------------------------------------------------------
+
+def unique_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors` (tied weights and views once)."""
+    seen = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def make_optimizer(name: str, parameters, learning_rate: float):
+    if name in ("adamw", "adam"):
+        cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
+        return cls(parameters, lr=learning_rate)
+    return torch.optim.SGD(parameters, lr=learning_rate, momentum=0.9 if name == "sgd-momentum" else 0.0)
+
+
+def batches(settings: Settings, vocab: int) -> list[torch.Tensor]:
+    """One seeded synthetic micro-batch per (step, micro-batch), token ids on the device."""
+    generator = torch.Generator().manual_seed(settings.seed)
+    shape = (settings.batch_size, settings.sequence_length)
+    return [torch.randint(0, vocab, shape, generator=generator).to(settings.device)
+            for _ in range(settings.steps * settings.accumulation)]
+
+
+def run_workload(settings: Settings, run=None, on_step=None) -> dict:
+    """Build, then train `steps` steps; returns the measured components (also annotated)."""
+    import architectures
+    weights, amp = PRECISIONS[settings.precision]
+    kind = torch.device(settings.device).type
+    autocast = (lambda: torch.autocast(kind, dtype=amp)) if amp is not None else nullcontext
+    with auditor.stage("build model"):
+        model = architectures.build_model(settings.architecture, seed=settings.seed, dtype=weights,
+                                          device=settings.device, **settings.overrides)
+        model.train()
+        optimizer = make_optimizer(settings.optimizer, model.parameters(), settings.learning_rate)
+        scaler = torch.amp.GradScaler(kind) if amp is torch.float16 else None
+    data = batches(settings, model.config.vocab_size)
+    with auditor.stage("forward only"), torch.no_grad(), autocast():
+        model(input_ids=data[0])  # inference: logits and per-layer temporaries, nothing saved
+    ledger = SavedTensorLedger(model, decoder_layers(model))
+    measured = {"saved_tensors": [], "parameters": unique_bytes(model.parameters()),
+                "buffers": unique_bytes(model.buffers())}
+    many = settings.accumulation > 1
+    for step in range(1, settings.steps + 1):
+        with auditor.stage(f"step {step}"):
+            for micro in range(1, settings.accumulation + 1):
+                ids = data[(step - 1) * settings.accumulation + micro - 1]
+                suffix = f" {micro}" if many else ""
+                with auditor.stage("forward" + suffix), ledger, autocast():
+                    output = model(input_ids=ids, labels=ids)
+                    loss = output.loss / settings.accumulation
+                    del output  # the logits: the graph keeps what backward needs, nothing more
+                measured["saved_tensors"].append(ledger.summary())
+                with auditor.stage("backward" + suffix):
+                    (scaler.scale(loss) if scaler else loss).backward()
+                del loss
+            if step == 1:
+                measured["gradients"] = unique_bytes(p.grad for p in model.parameters())
+            with auditor.stage("optimizer"):
+                if scaler:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+            if step == 1:
+                measured["optimizer_state"] = unique_bytes(
+                    t for state in optimizer.state.values() for t in state.values())
+                if run is not None:
+                    run.annotate("measured", _first_step(measured))
+            with auditor.stage("zero grad"):
+                optimizer.zero_grad(set_to_none=True)
+            if on_step is not None:  # user code inside the step, e.g. logging (or a planted leak)
+                on_step(step, model, ids)
+    return _first_step(measured)
+
+
+def _first_step(measured: dict) -> dict:
+    """Step 1's components; the saved-tensor totals of every forward, to show they repeat."""
+    first = dict(measured)
+    saved = measured["saved_tensors"]
+    first["saved_tensors"] = saved[0] if saved else None
+    first["saved_totals"] = [s["activations"] + s["autocast weight copies"] for s in saved]
+    return first
+
+
+def audit(settings: Settings, out, *, memray: bool = False, cuda_history: bool = False,
+          on_step=None, on_stage_end=None) -> dict:
+    """Audit the training steps in this process; the run record (also `out/run.json`)."""
+    config = check_settings(settings)
+    with Audit(out=out, name=f"train-step {settings.label}", live_tensors=True, memray=memray,
+               cuda_history=cuda_history, on_stage_end=on_stage_end) as run:
+        run.annotate("workload", workload(settings, config))
+        run_workload(settings, run, on_step)
+    return run.record
+
+
+def workload(settings: Settings, config) -> dict:
+    from auditor.analysis.activation_size import residual_stream, saved_total
+    kind = torch.device(settings.device).type
+    shape = (config, settings.batch_size, settings.sequence_length, settings.precision)
+    try:
+        calculator = {"residual_stream": residual_stream(*shape), "saved": saved_total(*shape, kind)}
+    except ValueError as error:  # a family or setting the calculator has no formula for
+        calculator = {"unavailable": str(error)}
+    return {"job": "train-step", "settings": asdict(settings), "expected": expected_bytes(settings),
+            "config": {"model_type": config.model_type, "hidden_size": config.hidden_size,
+                       "layers": config.num_hidden_layers, "vocab_size": config.vocab_size},
+            "activation_calculator": calculator}
+
+
+def audit_in_fresh_process(settings: Settings, out, *, memray: bool = False,
+                           cuda_history: bool = False, timeout_s: int = 3600) -> dict:
+    """The audit in a new Python process, so its peak RSS owes nothing to earlier work.
+
+    A child that dies (out of memory, killed) still leaves its finished stages: the record
+    is rebuilt from its event log and says how it ended.
+    """
+    options = json.dumps({"memray": memray, "cuda_history": cuda_history})
+    command = [sys.executable, "-m", "auditor.jobs.train_step", json.dumps(asdict(settings)),
+               str(out), options]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    if (Path(out) / "run.json").exists():
+        return auditor.load(out)
+    if (Path(out) / "events.jsonl").exists():
+        return auditor.rebuild(out)
+    last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    raise RuntimeError(f"training-step audit of {settings.label} failed: {last}")
+
+
+if __name__ == "__main__":  # python -m auditor.jobs.train_step SETTINGS OUT OPTIONS
+    audit(Settings(**json.loads(sys.argv[1])), Path(sys.argv[2]), **json.loads(sys.argv[3]))

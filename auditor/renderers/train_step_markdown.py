@@ -1,0 +1,158 @@
+"""The training-step report: the sweep table with its commentary, then one section per
+configuration (components, activation calculator, one step against many, leak/spike/stable,
+largest allocations). Everything comes from the run records (auditor.analysis.training).
+
+    write_report(records, "reports/train-step-tinystories-33m.md", command="auditor train-step ...")
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from auditor import units
+from auditor.analysis import training
+from auditor.renderers.markdown import _code, _environment, _sites, _table, _text
+
+MEASURES = tuple(training.MEASURES.items())
+
+
+def write_report(records: list[tuple[dict, Path]], out: str | os.PathLike, *, command: str) -> Path:
+    """`records`: (run record, its run folder) per configuration, in sweep order."""
+    out = Path(out)
+    out.write_text(render(records, command=command, report_folder=out.parent), encoding="utf-8")
+    return out
+
+
+def render(records: list[tuple[dict, Path]], *, command: str, report_folder: Path | None = None) -> str:
+    only = [record for record, _ in records]
+    architectures = ", ".join(dict.fromkeys(r["workload"]["settings"]["architecture"] for r in only))
+    parts = [f"# Training-step memory: {_text(architectures)}", _intro(only, command),
+             _sweep(only)]
+    for record, folder in records:
+        parts.append(_configuration(record, folder, report_folder))
+    parts.append(_environment(only[0]).replace("## Environment", "## Environment (first configuration)"))
+    return "\n\n".join(p for p in parts if p).rstrip() + "\n"
+
+
+def _intro(records: list[dict], command: str) -> str:
+    s = records[0]["workload"]["settings"]
+    return (f"Produced by {_code(command)}: each configuration ran in a fresh process on "
+            f"{_text(records[0].get('device', 'cpu'))}, batch {s['batch_size']}, "
+            f"{s['accumulation']} micro-batch(es) per step, {s['steps']} steps, optimizer "
+            f"{_code(s['optimizer'])}, synthetic tokens (seed {s['seed']}). Live tensors are counted "
+            f"storage by storage (exact); peak RSS is the per-stage kernel high-water mark; "
+            f"`forward only` is one micro-batch without autograd (inference).")
+
+
+def _sweep(records: list[dict]) -> str:
+    rows = training.sweep_rows(records)
+    measures = [(k, label) for k, label in MEASURES if any(r.get(f"step_{k}") for r in rows)]
+    headers = ["architecture", "sequence", "precision"]
+    for _, label in measures:
+        headers += [f"forward only: peak {label}", f"full step: peak {label}"]
+    headers += ["saved activations", "full step / forward only"]
+    table = []
+    for r in rows:
+        cells = [_text(r["architecture"]), str(r["sequence_length"]), _text(r["precision"])]
+        for key, _ in measures:
+            cells += [units.size(r.get(f"forward_{key}")), units.size(r.get(f"step_{key}"))]
+        cells += [units.size(r["saved_activations"]),
+                  units.ratio(r.get("step_live_tensors"), r.get("forward_live_tensors"))]
+        if not r["complete"]:
+            cells[2] += " (run did not finish)"
+        table.append(cells)
+    right = set(range(3, len(headers)))
+    commentary = training.sweep_commentary(rows)
+    text = "\n".join(f"- {_text(line)}" for line in commentary) or "- One configuration: nothing to compare."
+    return ("## Peak memory: forward only against the full step\n\n"
+            + _table(headers, table, right) + "\n\n" + text)
+
+
+def _configuration(record: dict, folder: Path, report_folder: Path | None) -> str:
+    s = record["workload"]["settings"]
+    result = training.study(record)
+    head = f"## {_text(s['architecture'])}, sequence {s['sequence_length']}, {_text(s['precision'])}"
+    if not result.get("components"):
+        return f"{head}\n\nNo training step finished: {_text((record.get('exit') or {}).get('error'))}."
+    parts = [head, f"Run record: {_code(folder / 'run.json')}.", _components(result),
+             _calculator(result["calculator"]), _steps(record, result), _stability(result),
+             _allocations(record, folder, report_folder)]
+    return "\n\n".join(p for p in parts if p)
+
+
+def _components(result: dict) -> str:
+    rows = []
+    for row in result["components"]:
+        exact = "-" if row["exact"] is None else ("yes, to the byte" if row["exact"] else "**no**")
+        rows.append([_text(row["name"]), units.size(row["measured"]), f"{row['measured']:,}",
+                     f"{row['expected']:,}" if row["expected"] is not None else "-", exact,
+                     _text(row["how"])])
+    check = result["activation_check"]
+    line = ""
+    if check:
+        verdict = "within" if check["within_tolerance"] else "**outside**"
+        line = (f"\n\nSaved-tensor accounting: {units.size(check['saved'])} ({check['saved']:,} B); "
+                f"live tensors the first forward left behind: {units.size(check['live_growth'])} "
+                f"({check['live_growth']:,} B); difference {check['difference']:+,} B "
+                f"({check['relative']:+.3%}), {verdict} the {check['tolerance']:.0%} tolerance "
+                f"(the input ids and the loss account for the rest).")
+    return ("### Components of one step\n\n"
+            + _table(["component", "size", "bytes", "expected from the config", "equal", "how"],
+                     rows, right={1, 2, 3}) + line)
+
+
+def _calculator(calc: dict | None) -> str:
+    if not calc:
+        return ""
+    if "unavailable" in calc:
+        return ("### Activation size from the config\n\n"
+                f"No formula for this model: {_text(calc['unavailable'])}.")
+    per_layer = calc["saved"]["per_layer"]
+    measured = calc["measured_layers"]
+    same = all(m == calc["computed_per_layer"] for m in measured)
+    return ("### Activation size from the config\n\n"
+            f"One residual-stream tensor: {_text(calc['residual_stream']['derivation'])}.\n\n"
+            f"Saved for backward by one decoder layer ({_text(per_layer['family'])}):\n\n"
+            f"```\n{per_layer['derivation']}\n```\n\n"
+            f"Measured by the saved-tensor hooks per layer: "
+            f"{', '.join(f'{m:,}' for m in measured)} B "
+            f"({'equal to' if same else 'against'} the computed {calc['computed_per_layer']:,} B). "
+            f"Whole model: computed {units.size(calc['computed_total'])} ({calc['computed_total']:,} B), "
+            f"measured {units.size(calc['measured_total'])} ({calc['measured_total']:,} B)."
+            + (f" Autocast weight copies: computed {calc['computed_weight_copies']:,} B, measured "
+               f"{calc['measured_weight_copies']:,} B." if calc["computed_weight_copies"] else "")
+            + "\n\n"
+            f"```\n{calc['saved']['derivation']}\n```")
+
+
+def _steps(record: dict, result: dict) -> str:
+    series = result["series"]
+    keys = [(k, label) for k, label in MEASURES if series.get(k)]
+    rows = []
+    for index, number in enumerate(result["steps"]):
+        cells = [str(number)] + [units.size(series[k][index]) for k, _ in keys]
+        cells.append(_code(training.peak_stage_name(record, number)))
+        rows.append(cells)
+    table = _table(["step"] + [f"peak {label}" for _, label in keys] + ["stage of the live-tensor peak"],
+                   rows, right=set(range(1, len(keys) + 1)))
+    lines = "\n".join(f"- {_text(line)}" for line in result["explanations"])
+    return f"### One step against many\n\n{table}\n\n{lines}"
+
+
+def _stability(result: dict) -> str:
+    lines = [f"- {_text(key.replace('_', ' '))}: **{verdict['verdict']}**. {_text(verdict['evidence'])}"
+             for key, verdict in result["stability"].items()]
+    return "### Leak, spike or stable\n\n" + "\n".join(lines)
+
+
+def _allocations(record: dict, folder: Path, report_folder: Path | None) -> str:
+    parts = [_sites(record, report_folder, folder).replace("## Top allocation sites at the peak",
+                                                           "### Largest allocations at the peak")]
+    history = (record.get("files") or {}).get("cuda_history")
+    if history:
+        target = Path(folder) / history
+        link = (Path(os.path.relpath(target.resolve(), Path(report_folder).resolve())).as_posix()
+                if report_folder is not None else str(target))
+        parts.append(f"CUDA allocation history for https://pytorch.org/memory_viz, allocations labelled "
+                     f"with their stage (`step K/forward`, `backward`, `optimizer`): [{_text(history)}]({link}).")
+    return "\n\n".join(parts)

@@ -1,0 +1,156 @@
+"""Training-step studies: components exact to the byte, saved-tensor accounting against the
+live-tensor meter, one step against many, leak/spike verdicts from real planted faults, and
+bad input on the command line."""
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import TINY_GPT_NEO, TINY_MISTRAL, one_error_line
+
+from auditor.analysis import training
+from auditor.cli import main
+from auditor.jobs import train_step
+from auditor.probes.saved_tensors import SavedTensorLedger
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def tiny(arch="tinystories-33m", overrides=TINY_GPT_NEO, **fields) -> train_step.Settings:
+    fields.setdefault("steps", 3)
+    return train_step.Settings(arch, overrides=dict(overrides), batch_size=2, sequence_length=16,
+                               **fields)
+
+
+# -- the saved-tensor ledger against known answers ---------------------------------------
+
+def test_ledger_counts_a_linear_input_and_relu_output_not_the_weight():
+    layer = torch.nn.Linear(16, 4)
+    x = torch.randn(8, 16, requires_grad=True) * 2  # a new storage, saved by the Linear
+    ledger = SavedTensorLedger(layer)
+    with ledger:
+        torch.relu(layer(x)).sum()
+    summary = ledger.summary()
+    assert summary["activations"] == 8 * 16 * 4 + 8 * 4 * 4  # input, relu output
+    assert summary["autocast weight copies"] == 0
+
+
+def test_ledger_splits_autocast_weight_copies_from_activations():
+    layer = torch.nn.Linear(16, 4)
+    x = torch.randn(8, 16, requires_grad=True) * 2
+    ledger = SavedTensorLedger(layer)
+    with ledger, torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.relu(layer(x)).float().sum()
+    summary = ledger.summary()
+    assert summary["autocast weight copies"] == 4 * 16 * 2  # the bf16 copy of the weight
+    assert summary["activations"] == 8 * 16 * 2 + 8 * 4 * 2  # bf16 input cast, bf16 relu output
+
+
+# -- components of a real step ------------------------------------------------------------
+
+@pytest.mark.parametrize("arch, overrides, optimizer, precision", [
+    ("tinystories-33m", TINY_GPT_NEO, "adamw", "fp32"),
+    ("tinystories-33m", TINY_GPT_NEO, "sgd-momentum", "amp-bf16"),
+    ("mistral-7b", TINY_MISTRAL, "adam", "bf16"),
+    ("mistral-7b", TINY_MISTRAL, "sgd", "fp32"),
+])
+def test_parameters_gradients_and_optimizer_state_equal_the_config_to_the_byte(
+        tmp_path, arch, overrides, optimizer, precision):
+    record = train_step.audit(tiny(arch, overrides, optimizer=optimizer, precision=precision), tmp_path)
+    rows = {row["name"]: row for row in training.study(record)["components"]}
+    for name in ("parameters", "gradients", "optimizer state"):
+        assert rows[name]["exact"] is True, rows[name]
+    expected = record["workload"]["expected"]
+    width = 2 if precision == "bf16" else 4
+    assert expected["parameters"] == width * expected["parameter_count"]
+    copies = {"adamw": 2, "adam": 2, "sgd-momentum": 1, "sgd": 0}[optimizer]
+    scalars = 4 * expected["parameter_tensors"] if optimizer in ("adamw", "adam") else 0
+    assert rows["optimizer state"]["measured"] == copies * expected["parameters"] + scalars
+
+
+@pytest.mark.parametrize("precision", ["fp32", "amp-bf16", "bf16"])
+def test_saved_activations_match_the_live_tensors_the_forward_leaves(tmp_path, precision):
+    record = train_step.audit(tiny(precision=precision), tmp_path)
+    check = training.study(record)["activation_check"]
+    assert check["within_tolerance"], check
+    assert abs(check["relative"]) < 0.02
+    measured = record["measured"]
+    assert len(set(measured["saved_totals"])) == 1  # every forward saves the same
+
+
+def test_optimizer_state_appears_in_step_one_and_accumulation_holds_gradients(tmp_path):
+    record = train_step.audit(tiny(accumulation=2, steps=2), tmp_path)
+    result = training.study(record)
+    state = record["measured"]["optimizer_state"]
+    first = training.stage(record, "step 1/optimizer")["live_tensors"]
+    assert first["end"] - first["start"] == state
+    text = " ".join(result["explanations"])
+    assert "Optimizer state appears at step 1" in text and "Accumulation over 2 micro-batches" in text
+    backward = training.micro_stages(record, 1, "backward")
+    assert [s["name"] for s in backward] == ["backward 1", "backward 2"]
+
+
+# -- leak, spike, stable through the training loop ---------------------------------------
+
+def test_a_clean_loop_is_stable(tmp_path):
+    record = train_step.audit(tiny(steps=6), tmp_path)
+    assert training.study(record)["stability"]["live_tensors"]["verdict"] == "stable"
+
+
+def test_a_list_keeping_each_steps_loss_with_its_graph_is_a_leak(tmp_path):
+    kept = []
+
+    def log_loss(step, model, batch):  # the classic mistake: no .item(), no detach
+        kept.append(model(input_ids=batch, labels=batch).loss)
+
+    record = train_step.audit(tiny(steps=6), tmp_path, on_step=log_loss)
+    verdict = training.study(record)["stability"]["live_tensors"]
+    assert verdict["verdict"] == "leak", verdict
+    assert verdict["slope_bytes_per_step"] > 0
+
+
+def test_one_large_temporary_is_a_spike(tmp_path):
+    def spike(step, model, batch):
+        if step == 4:
+            torch.ones(4 << 20)  # 16 MiB, freed at once
+
+    record = train_step.audit(tiny(steps=6), tmp_path, on_step=spike)
+    verdict = training.study(record)["stability"]["live_tensors"]
+    assert verdict["verdict"] == "spike", verdict
+    assert verdict["largest_jump"]["step"] == 4
+
+
+# -- the command --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--batch-size", "0"], "batch size must be an integer >= 1"),
+    (["--seq-len", "0"], "sequence length must be an integer >= 1"),
+    (["--accumulation", "0"], "accumulation must be an integer >= 1"),
+    (["--seq-len", "4096"], "exceeds tinystories-33m's maximum of 2048 positions"),
+    (["--optimizer", "lion"], "unknown optimizer 'lion'"),
+    (["--precision", "fp8"], "invalid choice: 'fp8'"),
+    (["--amp", "fp8"], "invalid choice: 'fp8'"),
+    (["--amp", "bf16", "--precision", "fp32"], "not both"),
+    (["--amp", "bf16", "--device", "cuda"], "no CUDA device is available"),
+    (["--arch", "gpt-5"], "unknown architecture 'gpt-5'"),
+    (["--device", "tpu"], "unknown device 'tpu'"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, expected):
+    if expected.startswith("no CUDA") and torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    assert main(["train-step", *argv]) == 2
+    assert expected in one_error_line(capsys)
+
+
+def test_the_command_writes_the_sweep_report(tmp_path, capsys):
+    out = tmp_path / "report.md"
+    overrides = ["--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "256"]
+    code = main(["train-step", *overrides, "--seq-len", "8", "16", "--precision", "fp32", "amp-bf16",
+                 "--steps", "4", "--batch-size", "2", "--run-dir", str(tmp_path / "runs"),
+                 "-o", str(out)])
+    assert code == 0
+    text = out.read_text()
+    assert text.count("## tinystories-33m, sequence") == 4
+    assert "yes, to the byte" in text and "**no**" not in text
+    assert "amp-bf16 cuts the full-step peak" in text or "amp-bf16 raises the full-step peak" in text
+    assert "### Largest allocations at the peak" in text
+    assert "report:" in capsys.readouterr().out
