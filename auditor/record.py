@@ -31,7 +31,7 @@ The record (design.md's fields keep their meaning; added ones marked +):
     +marks[{name, stage (enclosing path | null), t_s, thread, rss, py_heap, cuda}],
     peak{rss, stage, +stage_id, +py_heap, +cuda_allocated},
     +memray{file, flamegraph, peak_memory, total_allocations, stage, stage_id,
-            sites[{location "file:line", function, bytes, allocations, python_stack,
+            sites[{location "file:line", function, code (the source line), bytes, allocations, python_stack,
                    native_stack}]} | null,
     +exit{status ok|failed|interrupted|unfinished, code, error},
     +files{events, run, memray?, flamegraph?, cuda_history?}, +warnings[str],

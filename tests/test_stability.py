@@ -130,12 +130,11 @@ def _train(keep=None, long_step=None) -> list[int]:
     activations stay alive; keep="logits": only every step's logits stay alive. long_step: that
     step runs a batch twice as long, a one-off transient.
     """
+    meter = LiveTensorMeter()  # entered first: it counts the loop's own tensors, model included,
+    meter.__enter__()          # and nothing another test left alive
     model = build_model("tinystories-33m", seed=0, layers=2, hidden=64, heads=4, vocab=VOCAB)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     kept, peaks = [], []
-    meter = LiveTensorMeter()
-    meter.seed_existing()
-    meter.__enter__()
     try:
         for step in range(1, STEPS + 1):
             meter.reset_peak()

@@ -111,7 +111,7 @@ def test_a_list_keeping_each_steps_loss_with_its_graph_is_a_leak(tmp_path):
 def test_one_large_temporary_is_a_spike(tmp_path):
     def spike(step, model, batch):
         if step == 4:
-            torch.ones(4 << 20)  # 16 MiB, freed at once
+            torch.ones(16 << 20)  # 64 MiB, freed at once: several times the tiny step
 
     record = train_step.audit(tiny(steps=6), tmp_path, on_step=spike)
     verdict = training.study(record)["stability"]["live_tensors"]
@@ -153,4 +153,14 @@ def test_the_command_writes_the_sweep_report(tmp_path, capsys):
     assert "yes, to the byte" in text and "**no**" not in text
     assert "amp-bf16 cuts the full-step peak" in text or "amp-bf16 raises the full-step peak" in text
     assert "### Largest allocations at the peak" in text
+    assert "equal to the computed" in text and "within the 2% tolerance" in text
     assert "report:" in capsys.readouterr().out
+
+
+def test_a_killed_configuration_keeps_its_finished_stages(tmp_path):
+    settings = tiny(steps=100_000)  # far more than the time allowed
+    record = train_step.audit_in_fresh_process(settings, tmp_path / "run", timeout_s=40)
+    assert record["exit"]["status"] == "unfinished"
+    finished = [s["path"] for s in record["stages"] if s["status"] == "ok"]
+    assert "build model" in finished and "step 1/optimizer" in finished
+    assert training.study(record)["complete"] is False

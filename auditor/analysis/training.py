@@ -61,6 +61,11 @@ def study(record: dict) -> dict:
     result.update(components=components(record), activation_check=activation_check(record),
                   calculator=calculator_check(record), series=series(record),
                   forward_only=forward_only(record))
+    live = result["series"]["live_tensors"]
+    if live:
+        top = max(range(len(live)), key=live.__getitem__)
+        result["peak"] = {"step": steps[top], "stage": f"step {steps[top]}/"
+                          f"{peak_stage_name(record, steps[top])}", "live_tensors": live[top]}
     result["explanations"] = explanations(record, result)
     result["stability"] = {key: classify(values, label=MEASURES[key])
                            for key, values in result["series"].items() if values}
@@ -248,11 +253,22 @@ def sweep_rows(records: list[dict]) -> list[dict]:
                "precision": settings["precision"], "complete": result["complete"],
                "saved_activations": saved.get("activations"),
                "weight_copies": saved.get("autocast weight copies"),
-               "state": _state_bytes(record)}
+               "state": _state_bytes(record), "float32_activations": _float32_bytes(record),
+               "peak_stage": result.get("peak", {}).get("stage")}
         for key, pair in (result.get("forward_only") or {}).items():
             row[f"forward_{key}"], row[f"step_{key}"] = pair["forward_only"], pair["full_step"]
         rows.append(row)
     return rows
+
+
+def _float32_bytes(record: dict) -> int | None:
+    """Saved activations still in float32, from the calculator's terms (checked to the byte)."""
+    saved = (record["workload"].get("activation_calculator") or {}).get("saved")
+    if not saved:
+        return None
+    layer = sum(t["bytes"] for t in saved["per_layer"]["terms"] if t["dtype"] == "float32")
+    outside = sum(t["bytes"] for t in saved["outside"] if t["dtype"] == "float32")
+    return saved["layers"] * layer + outside
 
 
 def _state_bytes(record: dict) -> int | None:
@@ -278,15 +294,31 @@ def sweep_commentary(rows: list[dict], measure: str = "live_tensors") -> list[st
 def _precision_sentence(arch, seq, precision, base, row, measure) -> str:
     before, after = base[f"step_{measure}"], row[f"step_{measure}"]
     change = (after - before) / before
-    saved_before, saved_after = base["saved_activations"], row["saved_activations"]
-    state = row["state"]
-    verdict = "cuts" if change < 0 else "raises"
-    return (f"{arch}, sequence {seq}: {precision} {verdict} the full-step peak by {abs(change):.1%} "
-            f"({size(before)} → {size(after)}). Saved activations go from {size(saved_before)} to "
-            f"{size(saved_after)}" + (f" plus {size(row['weight_copies'])} of low-precision weight "
-                                     f"copies" if row.get("weight_copies") else "")
-            + f"; parameters, gradients and optimizer state stay at {size(state)} "
-            f"({share(state, after)} of the new peak), which is why it does not cut more.")
+    saved = row["saved_activations"] - base["saved_activations"]
+    copies = row.get("weight_copies") or 0
+    text = (f"{arch}, sequence {seq}: {precision} {'lowers' if change < 0 else 'raises'} the full-step "
+            f"peak by {abs(change):.1%} ({size(before)} → {size(after)}, in `{row['peak_stage']}`). "
+            f"Saved activations change by {signed_size(saved)} ({size(base['saved_activations'])} → "
+            f"{size(row['saved_activations'])})"
+            + (", not halved" if row["saved_activations"] > 0.55 * base["saved_activations"] else "")
+            + f": {share(row['float32_activations'], row['saved_activations'])} of them are still "
+            f"float32 (residual stream, norms, softmax, log-probabilities, as the calculator lists).")
+    if copies:
+        text += (f" Autocast also keeps {size(copies)} of low-precision weight copies for backward, "
+                 f"so the graph holds {signed_size(saved + copies)} against fp32.")
+    if precision.startswith("amp-"):
+        text += (f" Parameters, gradients and optimizer state stay float32 at {size(row['state'])} "
+                 f"({share(row['state'], after)} of the peak): mixed precision does not shrink them.")
+    else:
+        text += (f" Parameters, gradients and optimizer state are {precision} too: {size(row['state'])} "
+                 f"against {size(base['state'])}.")
+    forward_before, forward_after = base.get(f"forward_{measure}"), row.get(f"forward_{measure}")
+    if forward_before and forward_after:
+        text += (f" Forward only: {size(forward_before)} → {size(forward_after)} "
+                 f"({signed_size(forward_after - forward_before)})"
+                 + (", as the weight copies exist during an inference forward too." if copies and
+                    forward_after > forward_before else "."))
+    return text
 
 
 def _context_sentences(rows: list[dict], measure: str) -> list[str]:

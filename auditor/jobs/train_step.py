@@ -145,12 +145,11 @@ def make_optimizer(name: str, parameters, learning_rate: float):
     return torch.optim.SGD(parameters, lr=learning_rate, momentum=0.9 if name == "sgd-momentum" else 0.0)
 
 
-def batches(settings: Settings, vocab: int) -> list[torch.Tensor]:
-    """One seeded synthetic micro-batch per (step, micro-batch), token ids on the device."""
-    generator = torch.Generator().manual_seed(settings.seed)
+def micro_batch(settings: Settings, vocab: int, index: int) -> torch.Tensor:
+    """Micro-batch `index` (0-based over the run): seeded synthetic token ids on the device."""
+    generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + index)
     shape = (settings.batch_size, settings.sequence_length)
-    return [torch.randint(0, vocab, shape, generator=generator).to(settings.device)
-            for _ in range(settings.steps * settings.accumulation)]
+    return torch.randint(0, vocab, shape, generator=generator).to(settings.device)
 
 
 def run_workload(settings: Settings, run=None, on_step=None) -> dict:
@@ -165,9 +164,9 @@ def run_workload(settings: Settings, run=None, on_step=None) -> dict:
         model.train()
         optimizer = make_optimizer(settings.optimizer, model.parameters(), settings.learning_rate)
         scaler = torch.amp.GradScaler(kind) if amp is torch.float16 else None
-    data = batches(settings, model.config.vocab_size)
+    vocab = model.config.vocab_size
     with auditor.stage("forward only"), torch.no_grad(), autocast():
-        model(input_ids=data[0])  # inference: logits and per-layer temporaries, nothing saved
+        model(input_ids=micro_batch(settings, vocab, 0))  # inference: nothing saved
     ledger = SavedTensorLedger(model, decoder_layers(model))
     measured = {"saved_tensors": [], "parameters": unique_bytes(model.parameters()),
                 "buffers": unique_bytes(model.buffers())}
@@ -175,7 +174,7 @@ def run_workload(settings: Settings, run=None, on_step=None) -> dict:
     for step in range(1, settings.steps + 1):
         with auditor.stage(f"step {step}"):
             for micro in range(1, settings.accumulation + 1):
-                ids = data[(step - 1) * settings.accumulation + micro - 1]
+                ids = micro_batch(settings, vocab, (step - 1) * settings.accumulation + micro - 1)
                 suffix = f" {micro}" if many else ""
                 with auditor.stage("forward" + suffix), ledger, autocast():
                     output = model(input_ids=ids, labels=ids)
@@ -249,12 +248,16 @@ def audit_in_fresh_process(settings: Settings, out, *, memray: bool = False,
     options = json.dumps({"memray": memray, "cuda_history": cuda_history})
     command = [sys.executable, "-m", "auditor.jobs.train_step", json.dumps(asdict(settings)),
                str(out), options]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        stderr = done.stderr
+    except subprocess.TimeoutExpired as timeout:  # the child is killed; its stages stay on disk
+        stderr = f"killed after {timeout_s} s\n"
     if (Path(out) / "run.json").exists():
         return auditor.load(out)
     if (Path(out) / "events.jsonl").exists():
         return auditor.rebuild(out)
-    last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    last = (stderr.strip().splitlines() or ["no output"])[-1]
     raise RuntimeError(f"training-step audit of {settings.label} failed: {last}")
 
 

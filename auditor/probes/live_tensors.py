@@ -34,6 +34,7 @@ class LiveTensorMeter(TorchDispatchMode):
 
     def seed_existing(self) -> None:
         """Count the tensors already alive (model weights built before the audit began)."""
+        gc.collect()  # unreachable cycles still holding tensors are not alive: don't count them
         for obj in gc.get_objects():
             if issubclass(type(obj), torch.Tensor):  # type(): some modules warn on isinstance
                 self._track(obj)

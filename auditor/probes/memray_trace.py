@@ -8,6 +8,7 @@ Only one memray Tracker can be active per process (not inside `pytest --memray`,
 """
 from __future__ import annotations
 
+import linecache
 import os
 import site
 import subprocess
@@ -79,6 +80,7 @@ def top_sites(records, limit: int = TOP_SITES) -> list[dict]:
         location = f"{user[1]}:{user[2]}" if user else "<no Python frame>"
         site_entry = sites.setdefault(location, {
             "location": location, "function": user[0] if user else None,
+            "code": linecache.getline(user[1], user[2]).strip() or None if user else None,
             "bytes": 0, "allocations": 0, "_largest": None})
         site_entry["bytes"] += record.size
         site_entry["allocations"] += record.n_allocations
@@ -145,7 +147,7 @@ _LIBRARY_ROOTS = _library_roots()
 # Frames that only hand an allocation on: torch's operator and module-call plumbing, and the
 # live-tensor meter's dispatch mode (every op runs inside it, but it allocates nothing there).
 _PLUMBING = tuple(os.path.join("torch", *parts) for parts in (
-    ("_ops.py",), ("_dynamo", ""), ("nn", "modules", "module.py"), ("utils", "_contextlib.py"),
+    ("_ops.py",), ("_compile.py",), ("_dynamo", ""), ("nn", "modules", "module.py"), ("utils", "_contextlib.py"),
     ("utils", "_python_dispatch.py")))
 _METER = os.path.join(_AUDITOR_ROOT, "probes", "live_tensors.py")
 

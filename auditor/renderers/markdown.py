@@ -290,14 +290,17 @@ def _sites(record: dict, report_folder: Path | None, run_folder: Path | None) ->
         return f"{head}\n\nNo memray trace: {_text(why)}."
     sites = memray.get("sites") or []
     lead = (f"memray's high-water mark: {units.size(memray.get('peak_memory'))} of native allocations "
-            f"(stage {_code(memray.get('stage'))}), {memray.get('total_allocations', 0):,} allocations in the run. "
+            f"({'stage ' + _code(memray['stage']) if memray.get('stage') else 'outside any stage'}), {memray.get('total_allocations', 0):,} allocations in the run. "
             "Sites alive at that instant, grouped by their innermost frame in user code:")
     rows = []
     for index, site in enumerate(sites, 1):
-        rows.append([str(index), _code(_short_location(site.get("location", "?"))),
+        where = _short_location(site.get("location", "?"))
+        if site.get("code"):  # the source line, read when the trace was summarized
+            where = f"{where}: {site['code']}"
+        rows.append([str(index), _code(where),
                      _code(site["function"]) if site.get("function") else "-",
                      units.size(site.get("bytes")), f"{site.get('allocations', 0):,}", _stack(site)])
-    table = _table(["#", "location", "function", "bytes", "allocations", "stack (innermost first)"],
+    table = _table(["#", "location and line", "function", "bytes", "allocations", "stack (innermost first)"],
                    rows, right={0, 3, 4}) if rows else "No allocation was alive at the high-water mark."
     return f"{head}\n\n{lead}\n\n{table}\n\n{_flamegraph_link(memray, report_folder, run_folder)}"
 

@@ -140,7 +140,7 @@ def _steps(record: dict, result: dict) -> str:
 
 
 def _stability(result: dict) -> str:
-    lines = [f"- {_text(key.replace('_', ' '))}: **{verdict['verdict']}**. {_text(verdict['evidence'])}"
+    lines = [f"- {training.MEASURES[key]}: **{verdict['verdict']}**. {_text(verdict['evidence'])}"
              for key, verdict in result["stability"].items()]
     return "### Leak, spike or stable\n\n" + "\n".join(lines)
 
