@@ -74,11 +74,11 @@ def measure_saved(model, ids: torch.Tensor, autocast_dtype: torch.dtype | None =
         key = storage.data_ptr()
         if key in seen or key in param_storages:
             return t
-        seen[key] = t  # keeps the storage alive, so its address cannot be reused by another
+        seen[key] = None  # the graph keeps every saved storage alive: no address is reused
         group = ("buffers" if key in buffer_storages else
                  "weight copies" if _is_weight_copy(t, params) else "activations")
         (outside if key in shared else where[0])[group] += storage.nbytes()
-        return t
+        return t.detach()  # t itself would tie the graph into a cycle gc cannot free
 
     handles = [layer.register_forward_pre_hook(enter(i), with_kwargs=True)
                for i, layer in enumerate(_layers(model))]

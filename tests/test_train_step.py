@@ -3,6 +3,9 @@ live-tensor meter, one step against many, leak/spike verdicts from real planted 
 bad input on the command line."""
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 from conftest import TINY_GPT_NEO, TINY_MISTRAL, one_error_line
@@ -43,6 +46,17 @@ def test_ledger_splits_autocast_weight_copies_from_activations():
     summary = ledger.summary()
     assert summary["autocast weight copies"] == 4 * 16 * 2  # the bf16 copy of the weight
     assert summary["activations"] == 8 * 16 * 2 + 8 * 4 * 2  # bf16 input cast, bf16 relu output
+
+
+def test_a_forward_that_never_reaches_backward_leaves_nothing_alive():
+    layer = torch.nn.Linear(16, 4)
+    weight = weakref.ref(layer.weight)
+    x = torch.randn(8, 16, requires_grad=True) * 2
+    with SavedTensorLedger(layer):
+        torch.softmax(layer(x), -1).sum()  # the graph is dropped unused
+    del layer, x
+    gc.collect()
+    assert weight() is None
 
 
 # -- components of a real step ------------------------------------------------------------

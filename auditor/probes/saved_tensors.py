@@ -10,8 +10,8 @@ pack hook. Each storage is counted once (views and tensors saved by several node
 storages of the model's own parameters and buffers are skipped (a Linear saves its weight, a
 causal mask may be a view of a buffer: neither is new memory), and what is left is split into
 activations and the low-precision weight copies autocast makes (a saved tensor whose base was
-cast from a parameter). The pack hook returns the tensor itself, so nothing about the run
-changes. Saved tensors stay alive until backward, so no address is reused while counting.
+cast from a parameter). The pack hook returns the same storage (detached), so nothing about
+the run changes. Saved tensors stay alive until backward, so no address is reused while counting.
 
 With `layers` (the decoder blocks), each saved storage is also attributed to the block that
 was running when it was first saved; the rest is "outside" (embeddings, head, loss, and what
@@ -74,7 +74,10 @@ class SavedTensorLedger:
             kind = WEIGHT_COPIES if _is_parameter_cast(tensor) else ACTIVATIONS
             layer = None if address in self._shared else self._current
             self._seen[address] = (kind, layer, size)
-        return tensor
+        # Detached: the same storage without a reference to the graph. The tensor itself would
+        # tie the graph into a cycle through C++ that gc cannot see, so a forward that never
+        # reaches backward would keep its model alive for good.
+        return tensor.detach()
 
     def summary(self) -> dict:
         """Bytes by kind, by layer (activations only) and outside the layers."""
