@@ -296,8 +296,10 @@ def _precision_sentence(arch, seq, precision, base, row, measure) -> str:
     change = (after - before) / before
     saved = row["saved_activations"] - base["saved_activations"]
     copies = row.get("weight_copies") or 0
-    text = (f"{arch}, sequence {seq}: {precision} {'lowers' if change < 0 else 'raises'} the full-step "
-            f"peak by {abs(change):.1%} ({size(before)} → {size(after)}, in `{row['peak_stage']}`). "
+    moved = ("leaves the full-step peak unchanged" if abs(change) < 0.0005 else
+             f"{'lowers' if change < 0 else 'raises'} the full-step peak by {abs(change):.1%}")
+    text = (f"{arch}, sequence {seq}: {precision} {moved} ({size(before)} → {size(after)} of live "
+            f"tensors, in `{row['peak_stage']}`{_rss_change(base, row)}). "
             f"Saved activations change by {signed_size(saved)} ({size(base['saved_activations'])} → "
             f"{size(row['saved_activations'])})"
             + (", not halved" if row["saved_activations"] > 0.55 * base["saved_activations"] else "")
@@ -319,6 +321,13 @@ def _precision_sentence(arch, seq, precision, base, row, measure) -> str:
                  + (", as the weight copies exist during an inference forward too." if copies and
                     forward_after > forward_before else "."))
     return text
+
+
+def _rss_change(base: dict, row: dict) -> str:
+    before, after = base.get("step_rss"), row.get("step_rss")
+    if not before or not after:
+        return ""
+    return f"; peak RSS {size(before)} → {size(after)}, {(after - before) / before:+.1%}"
 
 
 def _context_sentences(rows: list[dict], measure: str) -> list[str]:

@@ -1,5 +1,7 @@
-"""`auditor report RUN [-o REPORT.md]`: the markdown memory report of a run, from its record
-alone (run.json or its run folder; no live process), with the timeline PNG beside it.
+"""`auditor report RUN [RUN ...] [-o REPORT.md]`: the markdown memory report of a run, from its
+record alone (run.json or its run folder; no live process), with the timeline PNG beside it.
+Records of `auditor train-step` give the training-step report instead, one or several
+configurations in one report.
 
 Default output: report.md in the run folder. A record that is missing, truncated, not JSON
 or of an unknown schema, and an output path that cannot be written, are usage errors: one
@@ -8,6 +10,7 @@ line, exit status 2.
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 from auditor.cli import UsageError
@@ -21,7 +24,9 @@ def register(subparsers) -> None:
         description="Render the memory report of a run from its record alone (run.json or a "
                     "run folder): summary, stages, components, timeline PNG, allocation sites, "
                     "findings, minimum, environment.")
-    parser.add_argument("run", metavar="RUN", help="run.json, or the run folder holding it")
+    parser.add_argument("runs", nargs="+", metavar="RUN",
+                        help="run.json, or the run folder holding it; several train-step runs "
+                             "make one training-step report")
     parser.add_argument("-o", "--out", metavar="REPORT.md",
                         help=f"where to write the report (default: {DEFAULT_NAME} in the run folder); "
                              "the PNG goes beside it")
@@ -30,21 +35,29 @@ def register(subparsers) -> None:
 
 def main(args) -> int:
     from auditor.record import RunRecordError, load
-    try:
-        record = load(args.run)
-    except RunRecordError as error:
-        raise UsageError(f"{error}; give a run.json written by `auditor run` or its run folder") from None
-    source = Path(args.run)
-    run_folder = source if source.is_dir() else source.parent
+    loaded = []
+    for run in args.runs:
+        try:
+            loaded.append((load(run), Path(run) if Path(run).is_dir() else Path(run).parent))
+        except RunRecordError as error:
+            raise UsageError(f"{error}; give a run.json written by `auditor run` or its run folder") from None
+    training = [(record.get("workload") or {}).get("job") == "train-step" for record, _ in loaded]
+    if len(loaded) > 1 and not all(training):
+        raise UsageError("several runs make one report only when all are `auditor train-step` runs")
+    run_folder = loaded[0][1]
     out = Path(args.out) if args.out else run_folder / DEFAULT_NAME
     _check_writable(out)
-    from auditor.renderers.markdown import write_report
     try:
-        write_report(record, out, run_folder=run_folder)
+        if all(training):
+            from auditor.renderers.train_step_markdown import write_report
+            write_report(loaded, out, command=shlex.join(args.command_line))
+        else:
+            from auditor.renderers.markdown import write_report
+            write_report(loaded[0][0], out, run_folder=run_folder)
     except OSError as error:
         raise UsageError(f"cannot write the report to {str(out)!r}: {error.strerror or error}") from None
     except (KeyError, TypeError, ValueError, AttributeError) as error:
-        raise UsageError(f"run record {str(source)!r} is malformed ({type(error).__name__}: {error})") from None
+        raise UsageError(f"run record {args.runs[0]!r} is malformed ({type(error).__name__}: {error})") from None
     print(out)
     return 0
 

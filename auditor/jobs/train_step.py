@@ -133,8 +133,8 @@ def unique_bytes(tensors) -> int:
     seen = {}
     for t in tensors:
         if isinstance(t, torch.Tensor):
-            storage = t.untyped_storage()
-            seen[storage.data_ptr()] = storage.nbytes()
+            storage = t.untyped_storage()  # keyed with the device: AdamW's steps stay on CPU
+            seen[storage.device, storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
 
 

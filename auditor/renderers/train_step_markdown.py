@@ -1,5 +1,5 @@
-"""The training-step report: the sweep table with its commentary, then one section per
-configuration (components, activation calculator, one step against many, leak/spike/stable,
+"""The training-step report: the sweep table with its commentary and a components chart
+(train_step_chart), then one section per configuration (components, activation calculator, one step against many, leak/spike/stable,
 largest allocations). Everything comes from the run records (auditor.analysis.training).
 
     write_report(records, "reports/train-step-tinystories-33m.md", command="auditor train-step ...")
@@ -18,16 +18,21 @@ MEASURES = tuple(training.MEASURES.items())
 
 def write_report(records: list[tuple[dict, Path]], out: str | os.PathLike, *, command: str) -> Path:
     """`records`: (run record, its run folder) per configuration, in sweep order."""
+    from auditor.renderers.train_step_chart import write_png
     out = Path(out)
-    out.write_text(render(records, command=command, report_folder=out.parent), encoding="utf-8")
+    chart = write_png([record for record, _ in records], out.with_name(out.stem + "-components.png"))
+    out.write_text(render(records, command=command, report_folder=out.parent, chart=chart.name),
+                   encoding="utf-8")
     return out
 
 
-def render(records: list[tuple[dict, Path]], *, command: str, report_folder: Path | None = None) -> str:
+def render(records: list[tuple[dict, Path]], *, command: str, report_folder: Path | None = None,
+           chart: str | None = None) -> str:
+    """The report's markdown; `chart`: the components PNG's path relative to the report."""
     only = [record for record, _ in records]
     architectures = ", ".join(dict.fromkeys(r["workload"]["settings"]["architecture"] for r in only))
     parts = [f"# Training-step memory: {_text(architectures)}", _intro(only, command),
-             _sweep(only)]
+             _sweep(only), f"![components against the measured peaks]({chart})" if chart else ""]
     for record, folder in records:
         parts.append(_configuration(record, folder, report_folder))
     parts.append(_environment(only[0]).replace("## Environment", "## Environment (first configuration)"))
