@@ -197,7 +197,7 @@ def test_the_command_writes_the_sweep_report(tmp_path, capsys):
         section = report[report.index("## Peak memory"):report.index("## tinystories-33m, sequence")]
         return [line for line in section.splitlines() if line.startswith(("|", "- "))]
     assert len(sweep(again.read_text())) == 2 + 4 + 4  # head, 4 rows; 2 precision, 2 context sentences
-    assert sweep(again.read_text()) == sweep(text)
+    assert sorted(sweep(again.read_text())) == sorted(sweep(text))  # runs given in another order
 
 
 def test_a_killed_configuration_keeps_its_finished_stages(tmp_path):
