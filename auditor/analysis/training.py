@@ -66,6 +66,7 @@ def study(record: dict) -> dict:
         top = max(range(len(live)), key=live.__getitem__)
         result["peak"] = {"step": steps[top], "stage": f"step {steps[top]}/"
                           f"{peak_stage_name(record, steps[top])}", "live_tensors": live[top]}
+    result["one_against_many"] = one_against_many(record, result["components"])
     result["explanations"] = explanations(record, result)
     result["stability"] = {key: classify(values, label=MEASURES[key])
                            for key, values in result["series"].items() if values}
@@ -93,10 +94,10 @@ def components(record: dict) -> list[dict]:
     if saved.get("autocast weight copies"):
         rows.append(_row("autocast weight copies", saved["autocast weight copies"], None,
                          "low-precision casts of the weights, saved for backward"))
-    largest = max(_step_stages(record), key=transient, default=None)
-    if largest is not None:
-        rows.append(_row("temporaries", transient(largest), None,
-                         f"largest transient of a stage: {largest['path']} (peak above start and end)"))
+    holder = max(_step_stages(record), key=lambda s: s["live_tensors"]["peak"], default=None)
+    if holder is not None:
+        rows.append(_row("temporaries", transient(holder), None,
+                         f"at the peak, in {holder['path']}: the stage's peak above its start and end"))
     return rows
 
 
@@ -154,6 +155,17 @@ def series(record: dict) -> dict:
     return out
 
 
+def one_against_many(record: dict, components_: list[dict]) -> list[dict]:
+    """Side by side: the components summed, step 1's peak, and the peak over all steps."""
+    summed = sum(row["measured"] or 0 for row in components_ if row["name"] != "temporaries")
+    rows = []
+    for key, values in series(record).items():
+        if values:
+            rows.append({"measure": MEASURES[key], "summed": summed if key == "live_tensors" else None,
+                         "first_step": values[0], "all_steps": max(values), "steps": len(values)})
+    return rows
+
+
 def forward_only(record: dict) -> dict:
     """Inference forward against the full step, for each measure present."""
     forward = peaks(stage(record, "forward only"))
@@ -178,11 +190,14 @@ def _sum_versus_peak(record: dict, rows: dict) -> str:
     live = series(record)["live_tensors"]
     top = max(range(len(live)), key=live.__getitem__)
     holder = peak_stage_name(record, top + 1)
-    return (f"The components add up to {size(total)} (parameters, gradients, optimizer state and "
-            f"saved activations as if all lived at once), while the measured peak of live tensors "
-            f"is {size(live[top])}, in step {top + 1}'s `{holder}` stage: activations are freed during "
-            f"backward as gradients appear, so they never coexist in full "
-            f"({signed_size(live[top] - total)} against the sum).")
+    text = (f"The components add up to {size(total)} (everything but temporaries, as if all lived at "
+            f"once), while the measured peak of live tensors is {size(live[top])}, in step {top + 1}'s "
+            f"`{holder}` stage ({signed_size(live[top] - total)}).")
+    if live[top] < total:
+        return text + (" Activations are freed during backward as gradients appear, so the two "
+                       "never coexist in full.")
+    return text + (f" Temporaries of that stage ({size(rows.get('temporaries'))}) come on top of "
+                   f"what persists, and a sum of persistent components misses them.")
 
 
 def peak_stage_name(record: dict, step: int) -> str:
@@ -224,9 +239,8 @@ def _process_overhead(record: dict) -> str | None:
         return None
     return (f"Process memory: the peak RSS over {len(rss)} steps is {size(max(rss))} (step 1: "
             f"{size(rss[0])}), against at most {size(max(live))} of live tensors; the "
-            f"{size(max(rss) - max(live))} between them is the interpreter, libraries, "
-            f"the model's buffers and what the allocator keeps after frees, which a tensor-level "
-            f"breakdown does not count.")
+            f"{size(max(rss) - max(live))} between them is the interpreter, libraries and what "
+            f"the allocator keeps after frees, which a tensor-level breakdown does not count.")
 
 
 def _cuda_caching(record: dict) -> str | None:

@@ -140,8 +140,12 @@ def _steps(record: dict, result: dict) -> str:
         rows.append(cells)
     table = _table(["step"] + [f"peak {label}" for _, label in keys] + ["stage of the live-tensor peak"],
                    rows, right=set(range(1, len(keys) + 1)))
+    side = _table(["measure", "one-step breakdown (components summed)", "step 1 peak",
+                   f"peak over {len(result['steps'])} steps"],
+                  [[r["measure"], units.size(r["summed"]), units.size(r["first_step"]),
+                    units.size(r["all_steps"])] for r in result["one_against_many"]], right={1, 2, 3})
     lines = "\n".join(f"- {_text(line)}" for line in result["explanations"])
-    return f"### One step against many\n\n{table}\n\n{lines}"
+    return f"### One step against many\n\n{side}\n\nStep by step:\n\n{table}\n\n{lines}"
 
 
 def _stability(result: dict) -> str:
