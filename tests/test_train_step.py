@@ -83,6 +83,18 @@ def test_parameters_gradients_and_optimizer_state_equal_the_config_to_the_byte(
     assert rows["optimizer state"]["measured"] == copies * expected["parameters"] + scalars
 
 
+def test_a_local_checkpoint_folder_trains_with_its_own_weights(tmp_path, tiny_mistral):
+    tiny_mistral.save_pretrained(tmp_path / "checkpoint")  # config.json + model.safetensors
+    settings = train_step.Settings(str(tmp_path / "checkpoint"), batch_size=2, sequence_length=16,
+                                   steps=2)
+    record = train_step.audit(settings, tmp_path / "run")
+    result = training.study(record)
+    assert all(row["exact"] for row in result["components"] if row["exact"] is not None)
+    calc = result["calculator"]
+    assert calc["computed_total"] == calc["measured_total"]
+    assert set(calc["measured_layers"]) == {calc["computed_per_layer"]}
+
+
 @pytest.mark.parametrize("precision", ["fp32", "amp-bf16", "bf16"])
 def test_saved_activations_match_the_live_tensors_the_forward_leaves(tmp_path, precision):
     record = train_step.audit(tiny(precision=precision), tmp_path)
