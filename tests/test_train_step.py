@@ -162,6 +162,13 @@ def test_one_large_temporary_is_a_spike(tmp_path):
     assert verdict["largest_jump"]["step"] == 4
 
 
+def test_the_command_knows_the_jobs_optimizers_and_precisions():
+    from auditor.analysis.activation_size import PRECISIONS
+    from auditor.cli import train_step as command
+    assert set(command.OPTIMIZERS) == set(train_step.OPTIMIZERS)  # listed apart: no torch at start-up
+    assert set(PRECISIONS) == set(train_step.PRECISIONS)
+
+
 # -- the command --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("argv, expected", [

@@ -58,15 +58,17 @@ def study(record: dict) -> dict:
               "complete": (record.get("exit") or {}).get("status") == "ok"}
     if not steps:
         return result
+    per_step = series(record)
     result.update(components=components(record), activation_check=activation_check(record),
-                  calculator=calculator_check(record), series=series(record),
-                  forward_only=forward_only(record))
-    live = result["series"]["live_tensors"]
+                  calculator=calculator_check(record), series=per_step,
+                  forward_only=forward_only(record, per_step))
+    live = per_step["live_tensors"]
     if live:
         top = max(range(len(live)), key=live.__getitem__)
-        result["peak"] = {"step": steps[top], "stage": f"step {steps[top]}/"
-                          f"{peak_stage_name(record, steps[top])}", "live_tensors": live[top]}
-    result["one_against_many"] = one_against_many(record, result["components"])
+        name = peak_stage_name(record, steps[top])
+        result["peak"] = {"step": steps[top], "stage_name": name,
+                          "stage": f"step {steps[top]}/{name}", "live_tensors": live[top]}
+    result["one_against_many"] = one_against_many(per_step, result["components"])
     result["explanations"] = explanations(record, result)
     result["stability"] = {key: classify(values, label=MEASURES[key])
                            for key, values in result["series"].items() if values}
@@ -155,21 +157,21 @@ def series(record: dict) -> dict:
     return out
 
 
-def one_against_many(record: dict, components_: list[dict]) -> list[dict]:
+def one_against_many(per_step: dict, components_: list[dict]) -> list[dict]:
     """Side by side: the components summed, step 1's peak, and the peak over all steps."""
     summed = sum(row["measured"] or 0 for row in components_ if row["name"] != "temporaries")
     rows = []
-    for key, values in series(record).items():
+    for key, values in per_step.items():
         if values:
             rows.append({"measure": MEASURES[key], "summed": summed if key == "live_tensors" else None,
                          "first_step": values[0], "all_steps": max(values), "steps": len(values)})
     return rows
 
 
-def forward_only(record: dict) -> dict:
+def forward_only(record: dict, per_step: dict) -> dict:
     """Inference forward against the full step, for each measure present."""
     forward = peaks(stage(record, "forward only"))
-    step = {key: max(values) if values else None for key, values in series(record).items()}
+    step = {key: max(values) if values else None for key, values in per_step.items()}
     return {key: {"forward_only": forward[key], "full_step": step.get(key)}
             for key in ("live_tensors", "rss", "cuda_allocated")
             if forward[key] is not None and step.get(key) is not None}
@@ -179,21 +181,18 @@ def forward_only(record: dict) -> dict:
 
 def explanations(record: dict, result: dict) -> list[str]:
     rows = {row["name"]: row["measured"] for row in result["components"]}
-    lines = [_sum_versus_peak(record, rows)]
+    lines = [_sum_versus_peak(result["peak"], rows)]
     lines += [line for line in (_optimizer_warm_up(record, rows), _accumulation(record, rows),
-                                _process_overhead(record), _cuda_caching(record)) if line]
+                                _process_overhead(result["series"]), _cuda_caching(record)) if line]
     return lines
 
 
-def _sum_versus_peak(record: dict, rows: dict) -> str:
+def _sum_versus_peak(peak: dict, rows: dict) -> str:
     total = sum(v for k, v in rows.items() if k != "temporaries" and v)
-    live = series(record)["live_tensors"]
-    top = max(range(len(live)), key=live.__getitem__)
-    holder = peak_stage_name(record, top + 1)
     text = (f"The components add up to {size(total)} (everything but temporaries, as if all lived at "
-            f"once), while the measured peak of live tensors is {size(live[top])}, in step {top + 1}'s "
-            f"`{holder}` stage ({signed_size(live[top] - total)}).")
-    if live[top] < total:
+            f"once), while the measured peak of live tensors is {size(peak['live_tensors'])}, in step "
+            f"{peak['step']}'s `{peak['stage_name']}` stage ({signed_size(peak['live_tensors'] - total)}).")
+    if peak["live_tensors"] < total:
         return text + (" Activations are freed during backward as gradients appear, so the two "
                        "never coexist in full.")
     return text + (f" Temporaries of that stage ({size(rows.get('temporaries'))}) come on top of "
@@ -233,8 +232,8 @@ def _accumulation(record: dict, rows: dict) -> str | None:
             f"({signed_size(later - first)}).")
 
 
-def _process_overhead(record: dict) -> str | None:
-    live, rss = series(record)["live_tensors"], series(record)["rss"]
+def _process_overhead(per_step: dict) -> str | None:
+    live, rss = per_step["live_tensors"], per_step["rss"]
     if not live or not rss:
         return None
     return (f"Process memory: the peak RSS over {len(rss)} steps is {size(max(rss))} (step 1: "
