@@ -163,6 +163,7 @@ def test_memray_sites_from_the_python_api_name_the_user_line(tmp_path):
     top = audit.record["memray"]["sites"][0]
     assert top["location"] == f"{__file__}:{line}"
     assert top["function"] == "_allocate_known_block"
+    assert top["code"] == source[line - first].strip() and "KNOWN LINE" in top["code"]
     assert 120_000_000 <= top["bytes"] < 121_000_000
     assert audit.record["memray"]["stage"] == "spike"
     spike = next(s for s in audit.record["stages"] if s["path"] == "spike")

@@ -204,6 +204,8 @@ def test_the_command_writes_the_sweep_report(tmp_path, capsys):
     assert re.search(r"amp-bf16 (lowers|raises|leaves) the full-step peak", text)
     assert "of them are still float32" in text
     assert "### Largest allocations at the peak" in text
+    # sites name the step's own lines, not the live-tensor meter every op passes through
+    assert "`auditor/jobs/train_step.py:" in text and "__torch_dispatch__" not in text
     assert "equal to the computed" in text and "within the 2% tolerance" in text
     assert "report:" in capsys.readouterr().out
     assert (tmp_path / "report-components.png").stat().st_size > 0
