@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 SUBCOMMANDS = ["run", "gradprobe", "train_step", "report", "compare", "validate_projection"]
@@ -16,6 +17,14 @@ SUBCOMMANDS = ["run", "gradprobe", "train_step", "report", "compare", "validate_
 
 class UsageError(Exception):
     """Bad input on the command line: one line on stderr, exit status 2."""
+
+
+def check_writable_report(output) -> None:
+    """UsageError (one line) unless the report could be written at `output`; creates nothing."""
+    from pathlib import Path
+    output = Path(output)
+    if not os.access(output.parent if output.parent.exists() else Path("."), os.W_OK):
+        raise UsageError(f"cannot write the report to {str(output)!r}")
 
 
 class _Parser(argparse.ArgumentParser):

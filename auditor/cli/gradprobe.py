@@ -5,11 +5,10 @@
 """
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 
-from auditor.cli import UsageError
+from auditor.cli import UsageError, check_writable_report
 from auditor.cli.progress import StatusLine
 
 DEFAULT_TARGETS = ["mistral-7b"]
@@ -121,8 +120,7 @@ def _checked(args):
     except ValueError as error:
         raise UsageError(str(error)) from None
     output = Path(args.output or f"reports/gradprobe-{args.arch.strip('/').split('/')[-1]}.md")
-    if not os.access(output.parent if output.parent.exists() else Path("."), os.W_OK):
-        raise UsageError(f"cannot write the report to {str(output)!r}")
+    check_writable_report(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     return settings, targets, output
 

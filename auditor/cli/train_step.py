@@ -9,12 +9,11 @@ the report); 2 bad input.
 """
 from __future__ import annotations
 
-import os
 import shlex
 from pathlib import Path
 
 from auditor.analysis.activation_size import PRECISIONS
-from auditor.cli import UsageError
+from auditor.cli import UsageError, check_writable_report
 from auditor.cli.gradprobe import SIZES
 from auditor.cli.progress import StatusLine
 
@@ -92,8 +91,7 @@ def _checked(args):
         raise UsageError(str(error)) from None
     name = "-".join(Path(a.rstrip("/")).name for a in args.arch)
     output = Path(args.output or f"reports/train-step-{name}.md")
-    if not os.access(output.parent if output.parent.exists() else Path("."), os.W_OK):
-        raise UsageError(f"cannot write the report to {str(output)!r}")
+    check_writable_report(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     return configurations, output
 

@@ -13,12 +13,11 @@ Exit status: 0 every target met; 1 a target missed; 2 bad input, or the target w
 """
 from __future__ import annotations
 
-import os
 import re
 import sys
 from pathlib import Path
 
-from auditor.cli import UsageError
+from auditor.cli import UsageError, check_writable_report
 from auditor.cli.gradprobe import SIZES, add_settings_arguments, settings_from
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
@@ -88,8 +87,8 @@ def _checked(args):
     except ValueError as error:
         raise UsageError(str(error)) from None
     output = Path(args.output) if args.output else None
-    if output is not None and not os.access(output.parent if output.parent.exists() else Path("."), os.W_OK):
-        raise UsageError(f"cannot write the report to {str(output)!r}")
+    if output is not None:
+        check_writable_report(output)
     if args.run_dir:
         from auditor.record import check_run_folder
         try:

@@ -195,12 +195,14 @@ def run_workload(settings: Settings, run=None, on_step=None) -> dict:
             if step == 1:
                 measured["optimizer_state"] = unique_bytes(
                     t for state in optimizer.state.values() for t in state.values())
-                if run is not None:
+                if run is not None:  # on disk now: a run killed later keeps its components
                     run.annotate("measured", _first_step(measured))
             with auditor.stage("zero grad"):
                 optimizer.zero_grad(set_to_none=True)
             if on_step is not None:  # user code inside the step, e.g. logging (or a planted leak)
                 on_step(step, model, ids)
+    if run is not None:  # again, with every forward's saved-tensor total
+        run.annotate("measured", _first_step(measured))
     return _first_step(measured)
 
 
@@ -251,7 +253,7 @@ def audit_in_fresh_process(settings: Settings, out, *, memray: bool = False,
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
         stderr = done.stderr
-    except subprocess.TimeoutExpired as timeout:  # the child is killed; its stages stay on disk
+    except subprocess.TimeoutExpired:  # the child is killed; its stages stay on disk
         stderr = f"killed after {timeout_s} s\n"
     if (Path(out) / "run.json").exists():
         return auditor.load(out)

@@ -314,8 +314,13 @@ def _flamegraph_link(memray: dict, report_folder: Path | None, run_folder: Path 
     target = Path(run_folder) / name
     if not target.exists():
         return f"Flamegraph: {_code(name)} was not found in the run folder {_code(run_folder)}."
-    relative = Path(os.path.relpath(target.resolve(), Path(report_folder).resolve())).as_posix()
-    return f"Flamegraph of the allocations alive at the peak: [{_text(name)}]({relative.replace(' ', '%20')})."
+    return f"Flamegraph of the allocations alive at the peak: [{_text(name)}]({_relative_link(target, report_folder)})."
+
+
+def _relative_link(target: Path, report_folder: Path) -> str:
+    """A markdown link target to `target`, relative to the folder holding the report."""
+    relative = Path(os.path.relpath(Path(target).resolve(), Path(report_folder).resolve())).as_posix()
+    return relative.replace(" ", "%20")
 
 
 def _short_location(location: str) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from auditor import units
 from auditor.analysis import training
-from auditor.renderers.markdown import _code, _environment, _sites, _table, _text
+from auditor.renderers.markdown import _code, _environment, _relative_link, _sites, _table, _text
 
 MEASURES = tuple(training.MEASURES.items())
 
@@ -160,8 +160,7 @@ def _allocations(record: dict, folder: Path, report_folder: Path | None) -> str:
     history = (record.get("files") or {}).get("cuda_history")
     if history:
         target = Path(folder) / history
-        link = (Path(os.path.relpath(target.resolve(), Path(report_folder).resolve())).as_posix()
-                if report_folder is not None else str(target))
+        link = _relative_link(target, report_folder) if report_folder is not None else str(target)
         parts.append(f"CUDA allocation history for https://pytorch.org/memory_viz, allocations labelled "
                      f"with their stage (`step K/forward`, `backward`, `optimizer`): [{_text(history)}]({link}).")
     return "\n\n".join(parts)
