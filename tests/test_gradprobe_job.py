@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from auditor.units import size
+
 TINY = ["--arch", "tinystories-33m", "--layers", "2", "--hidden", "64", "--vocab", "256",
         "--heads", "4", "--seq-len", "16"]
 
@@ -39,6 +41,20 @@ def test_audits_projects_and_reports(tmp_path):
     for heading in ("## Summary", "## Stages", "## Components", "## Findings", "## Environment"):
         assert heading in text
     assert (tmp_path / "report-timeline.png").exists()
+    # memray is on by default: the report names the allocation sites of the peak
+    assert record["probes"]["memray"]["state"] == "on" and record["memray"]["sites"]
+    sites = text.split("## Top allocation sites at the peak", 1)[1].split("\n## ", 1)[0]
+    assert "No memray trace" not in sites
+    top = record["memray"]["sites"][0]
+    assert f"| `{top['function']}` | {size(top['bytes'])} |" in sites.split("\n| 2 |")[0]
+
+
+def test_memray_is_on_by_default_and_no_memray_skips_it():
+    from auditor.cli import build_parser
+    parse = build_parser().parse_args
+    assert parse(["gradprobe"]).memray is True
+    assert parse(["gradprobe", "--memray"]).memray is True
+    assert parse(["gradprobe", "--no-memray"]).memray is False
 
 
 @pytest.mark.parametrize("args, message", [

@@ -59,7 +59,11 @@ def register(subparsers) -> None:
     p.add_argument("--target", action="append", dest="targets", metavar="ARCH",
                    help=f"architecture to project to (repeatable; default {DEFAULT_TARGETS[0]})")
     p.add_argument("--no-trace", action="store_true", help="scaled projection only (no traced run)")
-    p.add_argument("--memray", action="store_true", help="trace allocations with memray")
+    # memray is on by default: it costs about 2 s here and names the lines behind the peak.
+    p.add_argument("--memray", dest="memray", action="store_true", default=True,
+                   help="trace allocations with memray (the default; kept for old command lines)")
+    p.add_argument("--no-memray", dest="memray", action="store_false",
+                   help="skip the memray trace (the report then lists no allocation sites)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     p.add_argument("--run-dir", help="folder for the run record (default: a new folder under runs/)")
     p.add_argument("-o", "--output", help="report path (default reports/gradprobe-ARCH.md)")

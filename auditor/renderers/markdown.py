@@ -285,7 +285,7 @@ def _sites(record: dict, report_folder: Path | None, run_folder: Path | None) ->
     probe = (record.get("probes") or {}).get("memray") or {}
     head = "## Top allocation sites at the peak"
     if not memray:
-        why = probe.get("reason") or ("memray was off for this run (run with --memray)"
+        why = probe.get("reason") or ("memray was off for this run (`auditor run --memray`; `auditor gradprobe` traces unless given --no-memray)"
                                       if probe.get("state") in (None, "off") else f"memray {probe.get('state')}")
         return f"{head}\n\nNo memray trace: {_text(why)}."
     sites = memray.get("sites") or []
