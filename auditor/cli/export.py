@@ -1,0 +1,108 @@
+"""`auditor export RUN [--format chrome-trace] [-o FILE]`: a run record in another tool's format.
+
+chrome-trace: the Trace Event Format, which Perfetto (ui.perfetto.dev) and chrome://tracing
+open (auditor/renderers/chrome_trace.py). A run folder with events.jsonl but no run.json (a
+killed run) is rebuilt from its event log without writing run.json, and the export says it
+comes from an unfinished run.
+
+Default output: trace.json in the run folder. An unreadable record, and an output that is a
+folder, cannot be written, or would take a run record's own name, are usage errors: one line,
+exit status 2, nothing written.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from auditor.cli import UsageError
+
+DEFAULT_NAMES = {"chrome-trace": "trace.json"}  # format -> file name in the run folder
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "export", help="export a run record as a Chrome trace (opens in Perfetto)",
+        description="Export a run record (run.json or its run folder) to another tool's format.\n"
+                    "chrome-trace: stages as nested spans per thread, RSS / live tensors / Python heap /\n"
+                    "CUDA allocated as counters, marks and peaks as instant events; open the file in\n"
+                    "Perfetto (ui.perfetto.dev) or chrome://tracing.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example:\n  auditor export runs/20250101-120000-prune -o prune-trace.json\n\n"
+               "A run folder with events.jsonl but no run.json (a killed run) is rebuilt from its\n"
+               "event log (run.json is not written); stages still open are drawn to its last known time.")
+    parser.add_argument("run", metavar="RUN", help="run folder, or its run.json")
+    parser.add_argument("--format", choices=sorted(DEFAULT_NAMES), default="chrome-trace",
+                        help="output format (default: chrome-trace, the Trace Event Format)")
+    parser.add_argument("-o", "--output", metavar="FILE",
+                        help="where to write (default: trace.json in the run folder)")
+    parser.set_defaults(handler=main)
+
+
+def main(args) -> int:
+    from auditor.renderers.chrome_trace import render
+    run = Path(args.run)
+    record = read_record(run)
+    folder = run if run.is_dir() else run.parent
+    out = Path(args.output) if args.output else folder / DEFAULT_NAMES[args.format]
+    check_output(out, run)
+    try:
+        text = json.dumps(render(record, source=str(run)), separators=(",", ":"))
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise UsageError(f"run record {args.run!r} is malformed ({type(error).__name__}: {error})") from None
+    write(out, text)
+    print(out)
+    return 0
+
+
+def read_record(run: Path) -> dict:
+    """The record of a run folder or run.json; a killed run's is rebuilt, not written."""
+    from auditor.record import EVENTS_FILE, RUN_FILE, RunRecordError, load, rebuild, validate
+    folder = run if run.is_dir() else run.parent
+    means_the_folder = run.is_dir() or run.name == RUN_FILE
+    killed = means_the_folder and not (folder / RUN_FILE).exists() and (folder / EVENTS_FILE).exists()
+    try:
+        if not killed:
+            return load(run)
+        record = rebuild(folder, write=False)
+        validate(record, f"event log of {str(folder)!r}")
+        return record
+    except RunRecordError as error:
+        raise UsageError(f"{error}; give a run folder or its run.json") from None
+    except (KeyError, TypeError, AttributeError) as error:  # an event missing its fields
+        raise UsageError(f"event log of {str(folder)!r} is malformed "
+                         f"({type(error).__name__}: {error})") from None
+
+
+def check_output(out: Path, run: Path) -> None:
+    """One line unless the export can be written at `out` without touching a record."""
+    from auditor.record import EVENTS_FILE, RUN_FILE
+    name = DEFAULT_NAMES["chrome-trace"]
+    if out.is_dir():
+        raise UsageError(f"output {str(out)!r} is a folder; give a file name such as {str(out / name)!r}")
+    instead = str(out.with_name(name))
+    if out.exists() and run.exists() and out.samefile(run):
+        raise UsageError(f"output {str(out)!r} is the run record being exported; give another file, such as {instead!r}")
+    # `auditor report` and rebuild take these names for a run record: a trace there would
+    # replace one, or pass for one.
+    if out.name in (RUN_FILE, EVENTS_FILE):
+        raise UsageError(f"output {str(out)!r} has a run record's name ({RUN_FILE}, {EVENTS_FILE}); "
+                         f"give another, such as {instead!r}")
+    if not out.parent.is_dir():
+        raise UsageError(f"cannot write {str(out)!r}: folder {str(out.parent)!r} does not exist")
+    if not os.access(out.parent, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write {str(out)!r}: folder {str(out.parent)!r} is not writable")
+    if out.exists() and not os.access(out, os.W_OK):
+        raise UsageError(f"cannot write {str(out)!r}: the file is not writable")
+
+
+def write(out: Path, text: str) -> None:
+    """Through a temporary file renamed over `out`: a failed write leaves nothing behind."""
+    tmp = out.with_name(out.name + ".tmp")
+    try:
+        tmp.write_text(text + "\n", encoding="utf-8")
+        os.replace(tmp, out)
+    except OSError as error:
+        tmp.unlink(missing_ok=True)
+        raise UsageError(f"cannot write {str(out)!r}: {error.strerror or error}") from None
