@@ -2,6 +2,8 @@
 separators): 512 B, 96.0 KiB, 2,401.3 MiB, 161.20 GiB."""
 from __future__ import annotations
 
+import re
+
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 
 
@@ -40,3 +42,22 @@ def seconds(s: float | None) -> str:
     if s is None:
         return "-"
     return f"{s * 1000:,.1f} ms" if s < 1 else f"{s:,.2f} s"
+
+
+# "" and "b": whole bytes. Only spelled-out units: "1.5G" is an error rather than a guess.
+_SIZE_UNITS = {"": 1, "b": 1, "kib": KiB, "mib": MiB, "gib": GiB, "tib": 2**40,
+               "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+
+
+def parse_size(value: int | str) -> int:
+    """Bytes from a whole number of bytes or a size with its unit (any case): 512KiB, 1.5GiB,
+    1GB, 4096. ValueError, one line, for anything else."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    text = value if isinstance(value, str) else ""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if unit not in _SIZE_UNITS or (_SIZE_UNITS[unit] == 1 and "." in match.group(1)):
+        raise ValueError(f"{value!r} is not a size: write e.g. 1.5GiB, 900MiB, 512KiB, 1GB "
+                         "or a whole number of bytes")
+    return round(float(match.group(1)) * _SIZE_UNITS[unit])
