@@ -4,6 +4,9 @@
         prune(model)
     audit.record          # the run record (also runs/x/run.json)
 
+`torch_profiler=True` also records a torch.profiler trace with memory, stages as ranges, in
+runs/x/profiler/ for TensorBoard (auditor.probes.torch_profiler).
+
 At every stage boundary each probe's high-water mark is folded into every open stage (all
 threads) and into the run, then reset for the stage that opens. A stage open at a boundary
 has been open since the previous reset, so each stage's peak is exact, and a child's reset
@@ -46,7 +49,8 @@ class Audit:
     def __init__(self, out: str | os.PathLike | None = None, name: str | None = None, *,
                  memray: bool = False, tracemalloc: bool = False, census: bool = False,
                  cuda_history: bool = False, live_tensors: bool = False, traced: bool = False,
-                 stage_targets=(), command: str | None = None, on_stage_end=None):
+                 torch_profiler: bool = False, stage_targets=(), command: str | None = None,
+                 on_stage_end=None):
         """Validates everything (ValueError, one line) and creates nothing until entered."""
         self.name = name or "audit"
         self.folder = Path(out) if out is not None else new_run_folder(self.name)
@@ -56,7 +60,7 @@ class Audit:
         # measured; the live-tensor meter and a census of fake storages come with it.
         self.options = dict(memray=memray, tracemalloc=tracemalloc, census=census,
                             cuda_history=cuda_history, live_tensors=live_tensors or traced,
-                            traced=traced)
+                            traced=traced, torch_profiler=torch_profiler)
         self.command = command if command is not None else shlex.join([sys.executable, *sys.argv])
         self.on_stage_end = on_stage_end
         self.record: dict | None = None
@@ -87,7 +91,7 @@ class Audit:
         self._t0 = time.perf_counter()
         started_at = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
         self._staging.apply()  # first: the one step that can still refuse, before any file
-        self._meters, self._memray, self._log = [], None, None
+        self._meters, self._memray, self._torch_profiler, self._log = [], None, None, None
         try:
             self._log = run_record.EventLog(self.folder)
             self._pending_warnings: list[str] = []
@@ -112,6 +116,8 @@ class Audit:
         """Undo a start that failed half-way: no tracker, trace or patch left behind."""
         if self._memray is not None:
             self._memray.stop()
+        if self._torch_profiler is not None:
+            self._torch_profiler.stop()
         for meter in reversed(self._meters):
             meter.close()
         self._stop_tracing()
@@ -120,6 +126,9 @@ class Audit:
         self._staging.restore()
 
     def _start_probes(self) -> dict:
+        if self.options["torch_profiler"]:  # built (torch imported) before the run's peak counts
+            from auditor.probes.torch_profiler import TorchProfilerTrace
+            self._torch_profiler = TorchProfilerTrace(self.folder)
         rss = RssProbe()
         rss.reset()  # the run's peak counts from here, not from the process's past
         self._meters = [rss]
@@ -159,6 +168,13 @@ class Audit:
             if not self._history.on:
                 reason = self._history.state["reason"]
                 self._pending_warnings.append(f"CUDA memory history absent: {reason}")
+        probes["torch_profiler"] = {"state": "off"}
+        if self._torch_profiler is not None:  # late, for the same reason as memray
+            self._torch_profiler.start()
+            probes["torch_profiler"] = self._torch_profiler.state
+            if not self._torch_profiler.on:
+                reason = self._torch_profiler.state["reason"]
+                self._pending_warnings.append(f"torch profiler absent: {reason}")
         self._memray = None
         probes["memray"] = {"state": "off"}
         if self.options["memray"]:  # last, so its trace holds as little of our setup as possible
@@ -199,10 +215,14 @@ class Audit:
         for meter in reversed(self._meters):  # dispatch modes leave in the reverse order
             meter.close()  # before reading the memray trace: tracemalloc would slow it down
         self._stop_tracing()
-        memray = self._finish_memray()
-        history_file = self._history.finish(self.folder) if self._history else None
+        memray_on = self._memray is not None and self._memray.on
+        if memray_on:  # before the profiler writes its trace: that is no allocation of the run
+            self._memray.stop()
+        files = {"torch_profiler": self._finish_torch_profiler()}
+        memray = self._finish_memray() if memray_on else None
+        files["cuda_history"] = self._history.finish(self.folder) if self._history else None
         self._overhead["finish_s"] = time.perf_counter() - began
-        self._emit(self._finish_event(end_s, ends, memray, history_file, exc), durable=True)
+        self._emit(self._finish_event(end_s, ends, memray, files, exc), durable=True)
         self._log.close()
         self.record = run_record.assemble(self._events)
         run_record.write_json_atomically(self.run_json, self.record)
@@ -221,9 +241,6 @@ class Audit:
         return ends
 
     def _finish_memray(self) -> dict | None:
-        if self._memray is None or not self._memray.on:
-            return None
-        self._memray.stop()
         try:
             return self._memray.summarize()
         except Exception as error:  # a broken trace must not cost the rest of the record
@@ -232,7 +249,21 @@ class Audit:
             self._warn(f"memray trace could not be read: {error}")
             return None
 
-    def _finish_event(self, end_s, ends, memray, history_file, exc) -> dict:
+    def _finish_torch_profiler(self) -> str | None:
+        if self._torch_profiler is None or not self._torch_profiler.on:
+            return None
+        try:
+            trace = self._torch_profiler.stop()
+        except Exception as error:  # a failed export must not cost the rest of the record
+            trace, reason = None, f"{type(error).__name__}: {error}"
+        else:
+            reason = None if trace else f"no trace file in {self._torch_profiler.folder}"
+        if reason:
+            self._probes["torch_profiler"] = {"state": "failed", "reason": reason}
+            self._warn(f"torch profiler trace was not written: {reason}")
+        return trace
+
+    def _finish_event(self, end_s, ends, memray, probe_files: dict, exc) -> dict:
         finished = [e["stage"] for e in self._events if e["event"] == "stage_finished"]
         holder = run_record.peak_stage(finished, self._run_peaks["rss"])
         peak = {"rss": self._run_peaks["rss"], "stage": holder["path"] if holder else None,
@@ -244,8 +275,7 @@ class Audit:
         files = {"events": run_record.EVENTS_FILE, "run": run_record.RUN_FILE}
         if memray:
             files.update(memray=memray["file"], flamegraph=memray["flamegraph"])
-        if history_file:
-            files["cuda_history"] = history_file
+        files.update((key, name) for key, name in probe_files.items() if name)
         return {
             "event": "run_finished",
             "finished_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),

@@ -21,8 +21,8 @@ The record (design.md's fields keep their meaning; added ones marked +):
     device ("cpu" or "cuda:0 (name)"), +machine{platform, cpus, memory_total},
     environment{python, torch, transformers, threads}, +options{memray, tracemalloc, ...},
     process{+pid, rss_at_start, +rss_at_end},
-    +probes{rss, python_heap, cuda, cuda_history, census, memray: {state: on|off|absent|
-            failed|pending, method?, reason?}},
+    +probes{rss, python_heap, cuda, cuda_history, census, memray, torch_profiler:
+            {state: on|off|absent|failed|pending, method?, reason?}},
     stages[{+id, name, path, parent, status ok|failed (|open: rebuilt, never finished),
             start_s, end_s, rss{start, end, peak}, py_heap{+start, end, peak} | null,
             cuda{+allocated_start, allocated_end, reserved_end, peak_allocated} | null,
@@ -34,7 +34,9 @@ The record (design.md's fields keep their meaning; added ones marked +):
             sites[{location "file:line", function, code (the source line), bytes, allocations, python_stack,
                    native_stack}]} | null,
     +exit{status ok|failed|interrupted|unfinished, code, error},
-    +files{events, run, memray?, flamegraph?, cuda_history?}, +warnings[str],
+    +files{events, run, memray?, flamegraph?, cuda_history?, torch_profiler? (the
+           torch.profiler trace, "profiler/HOST_PID.TIME.pt.trace.json": TensorBoard reads
+           the profiler/ folder)}, +warnings[str],
     +audit_overhead_s{boundaries_s, census_s, finish_s}
 
 Times are seconds since the audit began with census time left out; sizes are bytes. Marks

@@ -7,7 +7,8 @@ A target is patched where it lives (the attribute on its module or class) for th
 an audit and restored afterwards. Code that copied the function away before the patch
 (`from m import f` run earlier) keeps calling the original: the CLI therefore patches before
 the script runs. Repeated calls are numbered (`GradProbe.record_gradients#2`); a staged
-method also registers its receiver as a census root named after its class.
+method also registers its receiver as a census root named after its class. Like any stage,
+each call also opens a torch profiler range (auditor.stage) while a profiler records.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import sys
 import types
 from dataclasses import dataclass
 
-from auditor.stage import active_audit, stage
+from auditor.stage import active_audit, profiler_recording, stage
 
 _MISSING = object()
 
@@ -172,7 +173,10 @@ def _stage_calls(function, name: str, receiver: bool):
     def staged_call(*args, **kwargs):
         audit = active_audit()
         if audit is None:
-            return function(*args, **kwargs)
+            if not profiler_recording():
+                return function(*args, **kwargs)
+            with stage(name):  # a profiler range only: calls are numbered by the audit
+                return function(*args, **kwargs)
         if receiver and args:
             audit.track_receiver(args[0])
         with stage(audit.numbered(name)):

@@ -39,6 +39,9 @@ def register(subparsers) -> None:
                         help="exact live tensor bytes and their peak per stage (torch dispatch mode)")
     parser.add_argument("--cuda-history", action="store_true",
                         help="record CUDA allocator history (pytorch.org/memory_viz snapshot)")
+    parser.add_argument("--torch-profiler", action="store_true",
+                        help="record a torch.profiler trace with memory, stages as ranges, in "
+                             "DIR/profiler (tensorboard --logdir DIR/profiler)")
     parser.add_argument("--name", help="run name (default: the script's name)")
     parser.add_argument("script", nargs="?", metavar="SCRIPT", help="the Python script to run")
     parser.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
@@ -64,7 +67,7 @@ def main(args) -> int:
         try:
             audit = Audit(out, name, memray=args.memray, tracemalloc=args.tracemalloc,
                           census=args.census, live_tensors=args.live_tensors,
-                          cuda_history=args.cuda_history,
+                          cuda_history=args.cuda_history, torch_profiler=args.torch_profiler,
                           stage_targets=args.stages, command=shlex.join(args.command_line),
                           on_stage_end=lambda entry: _progress(console, entry))
         except ValueError as error:
@@ -188,4 +191,9 @@ def _summary(console, audit) -> None:
         console.print(f"memray: top site at the high-water mark {top['location']} "
                       f"({mib(top['bytes'])}); flamegraph {flamegraph}",
                       markup=False, soft_wrap=True)
+    trace = record.get("files", {}).get("torch_profiler")
+    if trace:
+        folder = (audit.folder / trace).parent
+        console.print(f"torch profiler trace: {audit.folder / trace}; view it with "
+                      f"tensorboard --logdir {folder}", markup=False, soft_wrap=True)
     console.print(f"run record: {audit.run_json}", markup=False, soft_wrap=True)
