@@ -18,6 +18,7 @@ from auditor import units
 from auditor.analysis.components import (BEYOND_CENSUS, UNSEEN_TENSORS, attribute, census_before,
                                          final_stage, peak_at_start, peak_stage, run_weights)
 from auditor.analysis.findings import RULES, evaluate, findings
+from auditor.analysis.source_paths import code_root, shown_command
 from auditor.analysis.timeline import timeline
 from auditor.cli import main
 from auditor.renderers.markdown import render
@@ -381,7 +382,9 @@ def test_environment(reports, built):
     env = record["environment"]
     assert row(settings, "python")[1] == env["python"] and row(settings, "torch")[1] == env["torch"]
     assert row(settings, "threads")[1] == str(env["threads"])
-    assert row(settings, "command")[1] == f"`{record['command']}`"
+    # the command as run, without the machine's folders (auditor.analysis.source_paths)
+    shown = shown_command(record["command"], code_root(record))
+    assert row(settings, "command")[1] == f"`{shown}`" and not shown.startswith("/")
     assert row(settings, "started at")[1] == record["started_at"]
     assert row(probes, "census")[1] == "on"
     cuda = record["probes"]["cuda"]

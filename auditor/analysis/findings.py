@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from auditor import units
+from auditor.analysis import source_paths
 from auditor.analysis.components import (BEYOND_CENSUS, attribute, census_order, finished, is_traced,
                                          live_tensor_peak, peak_stage, weights_bytes)
 
@@ -181,7 +182,8 @@ def _transients(record: dict) -> list[Finding]:
         sites = memray.get("sites") or []
         if sites and memray.get("stage") == stage["path"]:
             site = sites[0]
-            where = f"`{site['location']}`" + (f" in `{site['function']}`" if site.get("function") else "")
+            location = source_paths.shown_path(site["location"], source_paths.code_root(record))
+            where = f"`{location}`" + (f" in `{site['function']}`" if site.get("function") else "")
             statement += (f"; memray's largest site alive at its high-water mark is {where} "
                           f"({units.size(site['bytes'])})")
             evidence["memray_site"] = site["location"]

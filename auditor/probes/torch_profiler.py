@@ -1,14 +1,14 @@
-"""torch.profiler for the length of an audit: every operator with its input shapes and every
-tensor allocation and free (profile_memory), CUDA kernels too where CUDA is available. The
+"""torch.profiler for the length of an audit: every operator and every tensor allocation and
+free (profile_memory), CUDA kernels too where CUDA is available. The
 stages show as `record_function` ranges (auditor.stage opens them). The trace is written
 where TensorBoard's PyTorch Profiler plugin (torch-tb-profiler) looks for one:
 
     RUN/profiler/HOST_PID.TIMESTAMP.pt.trace.json    tensorboard --logdir RUN/profiler
 
-The profiler's own memory counts in the stages' RSS, and it is not small: on GradProbe with
-TinyStories-33M the run's peak went from 2.2 to 3.2 GiB, nearly all of it from record_shapes
-(CPU ops alone: +0.2 GiB, profile_memory: +0.1 GiB). Read RSS from a run without the profiler.
-Python stacks are left out (with_stack=False). Only one profiler can record per
+The profiler's own memory counts in the stages' RSS: on GradProbe with TinyStories-33M the
+run's peak went from 2,213 to 2,331 MiB. Input shapes are left out because record_shapes alone
+took that peak to about 3.2 GiB, and Python stacks too (with_stack=False): the Memory and
+Trace views need neither. Read RSS from a run without the profiler. Only one profiler can record per
 process: with one already recording, the probe reports itself absent.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ class TorchProfilerTrace:
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
         self._activities = "+".join(activity.name for activity in activities)
-        return profile(activities=activities, profile_memory=True, record_shapes=True,
+        return profile(activities=activities, profile_memory=True, record_shapes=False,
                        with_stack=False, on_trace_ready=tensorboard_trace_handler(str(self.folder)))
 
     def start(self) -> None:
@@ -55,8 +55,8 @@ class TorchProfilerTrace:
             self.state["reason"] = f"torch.profiler did not start: {type(error).__name__}: {error}"
             return
         self._profiler = self._ready
-        self.state = {"state": "on", "method": f"torch.profiler ({self._activities}; shapes, "
-                                               "memory; stages as record_function ranges)"}
+        self.state = {"state": "on", "method": f"torch.profiler ({self._activities}; memory; "
+                                               "stages as record_function ranges)"}
 
     @property
     def on(self) -> bool:

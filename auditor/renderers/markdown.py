@@ -15,6 +15,7 @@ from pathlib import Path
 
 from auditor import units
 from auditor.analysis import findings as findings_module
+from auditor.analysis import source_paths
 from auditor.analysis.components import (BEYOND_CENSUS, BEYOND_LIVE, UNSEEN_TENSORS, ProjectionView,
                                          attribute, census_before, census_order, final_stage,
                                          is_traced, live_tensor_peak, peak_at_start, peak_stage,
@@ -289,17 +290,18 @@ def _sites(record: dict, report_folder: Path | None, run_folder: Path | None) ->
                                       if probe.get("state") in (None, "off") else f"memray {probe.get('state')}")
         return f"{head}\n\nNo memray trace: {_text(why)}."
     sites = memray.get("sites") or []
+    root = source_paths.code_root(record)
     lead = (f"memray's high-water mark: {units.size(memray.get('peak_memory'))} of native allocations "
             f"({'stage ' + _code(memray['stage']) if memray.get('stage') else 'outside any stage'}), {memray.get('total_allocations', 0):,} allocations in the run. "
             "Sites alive at that instant, grouped by their innermost frame in user code:")
     rows = []
     for index, site in enumerate(sites, 1):
-        where = _short_location(site.get("location", "?"))
+        where = source_paths.shown_path(site.get("location", "?"), root)
         if site.get("code"):  # the source line, read when the trace was summarized
             where = f"{where}: {site['code']}"
         rows.append([str(index), _code(where),
                      _code(site["function"]) if site.get("function") else "-",
-                     units.size(site.get("bytes")), f"{site.get('allocations', 0):,}", _stack(site)])
+                     units.size(site.get("bytes")), f"{site.get('allocations', 0):,}", _stack(site, root)])
     table = _table(["#", "location and line", "function", "bytes", "allocations", "stack (innermost first)"],
                    rows, right={0, 3, 4}) if rows else "No allocation was alive at the high-water mark."
     return f"{head}\n\n{lead}\n\n{table}\n\n{_flamegraph_link(memray, report_folder, run_folder)}"
@@ -323,15 +325,7 @@ def _relative_link(target: Path, report_folder: Path) -> str:
     return relative.replace(" ", "%20")
 
 
-def _short_location(location: str) -> str:
-    for marker in ("site-packages/", "dist-packages/"):
-        if marker in location:
-            return location.split(marker, 1)[1]
-    parts = location.split("/")
-    return "/".join(parts[-3:]) if len(parts) > 3 else location
-
-
-def _stack(site: dict) -> str:
+def _stack(site: dict, root: str | None) -> str:
     frames = site.get("python_stack") or []
     native = not frames
     if native:
@@ -343,7 +337,7 @@ def _stack(site: dict) -> str:
         frame = frame.removesuffix(" (<unknown>)")  # native frames without a known file
         function, _, where = frame.partition(" at ")
         function = function if len(function) <= 60 else function[:57] + "..."
-        shown.append(f"{function} ({_short_location(where)})" if where else function)
+        shown.append(f"{function} ({source_paths.shown_path(where, root)})" if where else function)
     if not shown:
         return "-"
     text = " ← ".join(shown) + (" ← …" if len(frames) > SITE_STACK_FRAMES else "")
@@ -410,7 +404,8 @@ def _environment(record: dict) -> str:
     if machine:
         rows.append(["machine", _text(f"{machine.get('platform', '?')}, {machine.get('cpus', '?')} CPUs, "
                                       f"{units.size(machine.get('memory_total'))} memory")])
-    rows += [["command", _code(record.get("command", "-"))], ["started at", _text(record.get("started_at", "-"))]]
+    command = source_paths.shown_command(record.get("command", "-"), source_paths.code_root(record))
+    rows += [["command", _code(command)], ["started at", _text(record.get("started_at", "-"))]]
     if record.get("finished_at"):
         rows.append(["finished at", _text(record["finished_at"])])
     if record.get("duration_s") is not None:

@@ -1,0 +1,55 @@
+"""Source paths as a report's reader should see them: no folders of the machine that ran it.
+
+The record keeps every path as it was (absolute, so a site can be opened where the run
+happened). A report shows a library file from its package (`torch/autograd/graph.py`), a
+standard-library file by its name (`linecache.py`), and the audited code relative to the
+folder its files share (`gradprobe/pruner.py`), so a committed report names no machine.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+
+_LIBRARY = re.compile(r".*?/(?:site|dist)-packages/")
+_STDLIB = re.compile(r".*?/lib/python\d+\.\d+/")
+
+
+def code_root(record: dict) -> str | None:
+    """The folder that the audited code's files in the memray sites share, if any."""
+    memray = record.get("memray") or {}
+    files = set()
+    for site in memray.get("sites") or []:
+        for frame in [site.get("location", "")] + [f.partition(" at ")[2] for f in site.get("python_stack") or []]:
+            path = frame.rsplit(":", 1)[0]
+            if path.startswith("/") and not (_LIBRARY.match(path) or _STDLIB.match(path)):
+                files.add(path)
+    if not files:
+        return None
+    root = os.path.commonpath([os.path.dirname(f) for f in files])
+    return root if root != "/" else None
+
+
+def shown_path(path: str, root: str | None) -> str:
+    """`path` without the machine's folders (a trailing `:line` is kept)."""
+    for pattern in (_LIBRARY, _STDLIB):
+        if pattern.match(path):
+            return pattern.sub("", path, count=1)
+    if root and path.startswith(os.path.join(root, "")):
+        return path[len(os.path.join(root, "")):]
+    parts = path.split("/")
+    return "/".join(parts[-3:]) if len(parts) > 3 else path
+
+
+def shown_command(command: str, root: str | None) -> str:
+    """The command as run, with the interpreter by name and the audited code's paths shortened."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return command
+    if not words:
+        return command
+    first = os.path.basename(words[0]) if words[0].startswith("/") else words[0]
+    rest = [shown_path(w, root) if w.startswith("/") and root and w.startswith(os.path.join(root, ""))
+            else w for w in words[1:]]
+    return shlex.join([first, *rest])
