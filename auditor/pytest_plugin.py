@@ -15,8 +15,8 @@ Budgets, each checked against the peak of every matching stage:
                    libraries included): the kernel's high-water mark, reset as the stage opens, so
                    a higher RSS the process reached before the test does not count.
     live_tensors   the highest live tensor-storage bytes inside the stage (switches the
-                   live-tensor meter on). Every tensor alive in the process counts, those made by
-                   fixtures or before the test included.
+                   live-tensor meter on), above those alive when the test body began: tensors
+                   made by fixtures or left by earlier tests do not count.
   Each is a size or a ratio. A size is an int (bytes) or a string with its unit: "1.5GiB",
   "900MiB", "512KiB", "1GB". A ratio is a float or a string ending in "x" (0.6 or "0.6x"): that
   many times the same measure's peak in the reference stage of the same test, so the budget holds
@@ -66,7 +66,7 @@ from auditor.stage import active_audit, stage
 MARKER = "memory_budget"
 BODY = "test body"
 DEFAULT_REFERENCE = "reference"
-MEASURES = {"peak_rss": ("rss", "peak RSS"), "live_tensors": ("live_tensors", "live tensors peak")}
+MEASURES = {"peak_rss": ("rss", "peak RSS"), "live_tensors": ("live_tensors", "live tensors peak above the body's start")}
 OPTIONS = ("stage", "reference", "census", "memray")
 MAX_RATIO = 100  # a float this large is bytes written without a unit, not a ratio
 TOP = 5
@@ -232,10 +232,11 @@ def enforce(budget: Budget, record: dict, run_json) -> None:
         pytest.fail(f"{MARKER}: no stage {budget.stage!r} ran in the test body (stages: "
                     f"{', '.join(_relative(s['path']) for s in record['stages'][1:]) or 'none'})",
                     pytrace=False)
-    reference = _reference_peaks(budget, record)
-    overruns = [(limit, stage, _peak(stage, limit.measure), reference.get(limit.measure))
+    floors = _floors(record)
+    reference = _reference_peaks(budget, record, floors)
+    overruns = [(limit, stage, _peak(stage, limit.measure, floors), reference.get(limit.measure))
                 for limit in budget.limits for stage in stages
-                if _peak(stage, limit.measure) > limit.allowed(reference.get(limit.measure))]
+                if _peak(stage, limit.measure, floors) > limit.allowed(reference.get(limit.measure))]
     if overruns:
         pytest.fail(explain(budget, record, overruns, run_json), pytrace=False)
 
@@ -248,7 +249,7 @@ def _check_memray(budget: Budget, record: dict) -> None:
                     "process (not under `pytest --memray` or `memray run`)", pytrace=False)
 
 
-def _reference_peaks(budget: Budget, record: dict) -> dict[str, int]:
+def _reference_peaks(budget: Budget, record: dict, floors: dict[str, int]) -> dict[str, int]:
     if not budget.needs_reference:
         return {}
     stages = _matching(record, budget.reference)
@@ -256,7 +257,7 @@ def _reference_peaks(budget: Budget, record: dict) -> dict[str, int]:
         pytest.fail(f"{MARKER}: a ratio budget needs the reference stage {budget.reference!r} to run "
                     f"in the test body: wrap the code to compare with in "
                     f"`with auditor.stage({budget.reference!r}):`", pytrace=False)
-    return {measure: max(_peak(s, measure) for s in stages) for measure in MEASURES}
+    return {measure: max(_peak(s, measure, floors) for s in stages) for measure in MEASURES}
 
 
 def _matching(record: dict, name: str) -> list[dict]:
@@ -268,8 +269,16 @@ def _relative(path: str) -> str:
     return path.removeprefix(BODY + "/")
 
 
-def _peak(stage: dict, measure: str) -> int:
-    return ((stage.get(MEASURES[measure][0]) or {}).get("peak")) or 0
+def _floors(record: dict) -> dict[str, int]:
+    """What each measure does not count: for live tensors, those alive as the body began
+    (fixtures' and earlier tests' tensors), so a budget holds whatever ran before the test."""
+    body = next((s for s in record["stages"] if s["path"] == BODY), {})
+    return {"live_tensors": ((body.get("live_tensors") or {}).get("start")) or 0}
+
+
+def _peak(stage: dict, measure: str, floors: dict[str, int] | None = None) -> int:
+    peak = ((stage.get(MEASURES[measure][0]) or {}).get("peak")) or 0
+    return max(0, peak - (floors or {}).get(measure, 0))
 
 
 # -- the failure message -------------------------------------------------------------------
@@ -280,6 +289,10 @@ def explain(budget: Budget, record: dict, overruns: list, run_json) -> str:
         lines.append(f"  {MEASURES[limit.measure][1]} {units.size(peak)} in stage "
                      f"`{_relative(stage['path'])}` > budget "
                      f"{limit.describe(budget.reference, reference_peak)}")
+    floor = _floors(record)["live_tensors"]
+    if floor and any(limit.measure == "live_tensors" for limit, *_ in overruns):
+        lines.append(f"  ({units.size(floor)} of tensors alive as the test body began are not counted; "
+                     "the table shows whole peaks)")
     worst = {id(stage) for _, stage, _, _ in overruns}
     limit, stage = overruns[0][:2]
     lines += ["", *stage_table(record, worst), "", *where_it_went(record, peak_holder(record, stage, limit.measure))]
