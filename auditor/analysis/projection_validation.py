@@ -2,7 +2,8 @@
 
     result = validate(Settings(overrides={"hidden": 256, "layers": 2}), "tinystories-33m", {}, folder)
 
-1. The job runs for real at a small scale (a fresh process: its RSS is comparable).
+1. The job runs for real at a small scale (a fresh process, `auditor.jobs.validation_run`:
+   its RSS is comparable).
 2. The held-out target is traced on fake tensors, and beside it calibration runs
    (`auditor.jobs.calibration`) around the small scale, which the scaled projection is
    fitted on. The traced projection's peak RSS must fit in the memory available (less a
@@ -20,13 +21,13 @@ within 2% of the live-tensor meter, at the peak and in every stage.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from auditor.jobs.gradprobe import Settings
+from auditor.jobs.validation_run import label as _label
+from auditor.jobs.validation_run import real_audit
 
 GiB = 1 << 30
 DEFAULT_MARGIN = GiB
@@ -111,28 +112,10 @@ def parameters_of(settings: Settings) -> int:
     return architectures.count_parameters(settings.architecture, **settings.overrides)
 
 
-def _label(settings: Settings) -> str:
-    extra = ", ".join(f"{k} {v}" for k, v in settings.overrides.items())
-    return settings.architecture + (f" ({extra})" if extra else "")
-
-
 def _describe(settings: Settings, run_folder: Path) -> dict:
     return {"label": _label(settings), "architecture": settings.architecture,
             "overrides": settings.overrides, "parameters": parameters_of(settings),
             "settings": asdict(settings), "run": str(run_folder / "run.json")}
-
-
-def real_audit(settings: Settings, out: Path, threads: int | None = None,
-               timeout_s: int = 3600) -> dict:
-    """The job for real in a fresh process, so its RSS holds nothing of this one's."""
-    import auditor.record
-    command = [sys.executable, "-m", "auditor.analysis.projection_validation",
-               json.dumps(asdict(settings)), str(out), str(threads or 0)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"real run of {_label(settings)} failed: {last}")
-    return auditor.record.load(out)
 
 
 # -- comparing ---------------------------------------------------------------------------
@@ -196,16 +179,3 @@ def check_targets(result: dict) -> list[dict]:
         checked.append({**asdict(target), "error": err,
                         "met": err is not None and abs(err) <= target.limit})
     return checked
-
-
-def _main(settings: dict, out: Path, threads: int) -> None:
-    import torch
-
-    from auditor.jobs.gradprobe import audit
-    if threads:
-        torch.set_num_threads(threads)
-    audit(Settings(**settings), out)
-
-
-if __name__ == "__main__":  # the real run: python -m auditor.analysis.projection_validation SETTINGS OUT THREADS
-    _main(json.loads(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]))

@@ -15,12 +15,12 @@ only their stages' tensor readings are kept (`compact`), stored in the record's
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import architectures
+from auditor.jobs.fresh_process import run_module
 from auditor.jobs.gradprobe import Settings
 
 
@@ -77,11 +77,9 @@ def calibrate(settings: Settings, folder: Path, target: Settings | None = None,
     plan = [(label, asdict(s)) for label, s in perturbations(settings, target)]
     if not plan:
         return []
-    command = [sys.executable, "-m", "auditor.jobs.calibration", json.dumps(plan), str(folder)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"calibration runs for {settings.architecture} failed: {last}")
+    child = run_module("auditor.jobs.calibration", json.dumps(plan), str(folder), timeout_s=timeout_s)
+    if not child.ok:
+        raise RuntimeError(child.failure(f"calibration runs for {settings.architecture}"))
     return [json.loads((folder / _slug(label) / "compact.json").read_text()) for label, _ in plan]
 
 

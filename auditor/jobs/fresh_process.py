@@ -111,8 +111,13 @@ def run_module(module: str, *args: str, run_folder: str | os.PathLike | None = N
 
     `run_folder`: where the child writes a run record; it is read back (rebuilt from the
     event log when the child died before run.json) and amended with how the child ended.
-    Raises `Interrupted` after the child has ended when the parent got Ctrl-C.
+    Raises ValueError (one line) before starting when `run_folder` already holds a record:
+    an old record must never pass for the new run's. Raises `Interrupted` after the child
+    has ended when the parent got Ctrl-C.
     """
+    if run_folder is not None:
+        from auditor.record import check_run_folder
+        check_run_folder(run_folder)
     command = python_command(module, *args)
     started = time.perf_counter()
     with tempfile.TemporaryFile() as output:  # a file, not a pipe: waiting is resumable

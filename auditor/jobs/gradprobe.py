@@ -9,7 +9,6 @@ for a 7B target in a subprocess.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -122,12 +121,12 @@ def minimum(settings: Settings, prunable: int) -> dict:
 
 def traced_audit(settings: Settings, out: Path, timeout_s: int = 1800) -> dict:
     """The job traced on fake tensors in a fresh process (a 7B model fits: nothing is allocated)."""
-    command = [sys.executable, "-m", "auditor.jobs.gradprobe", json.dumps(asdict(settings)), str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"traced run for {settings.architecture} failed: {last}")
-    return auditor.record.load(out)
+    from auditor.jobs.fresh_process import run_module
+    child = run_module("auditor.jobs.gradprobe", json.dumps(asdict(settings)), str(out),
+                       run_folder=out, timeout_s=timeout_s)
+    if not child.ok or child.record is None:
+        raise RuntimeError(child.failure(f"traced run for {settings.architecture}"))
+    return child.record
 
 
 if __name__ == "__main__":  # the traced subprocess: python -m auditor.jobs.gradprobe SETTINGS OUT

@@ -15,7 +15,6 @@ the config alone, so the record shows whether the two agree to the byte.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import warnings
 from contextlib import nullcontext
@@ -244,23 +243,18 @@ def audit_in_fresh_process(settings: Settings, out, *, memray: bool = False,
                            cuda_history: bool = False, timeout_s: int = 3600) -> dict:
     """The audit in a new Python process, so its peak RSS owes nothing to earlier work.
 
-    A child that dies (out of memory, killed) still leaves its finished stages: the record
-    is rebuilt from its event log and says how it ended.
+    A child that dies (out of memory, killed, timed out) still leaves its finished stages:
+    the record is rebuilt from its event log and its `exit` says how the child ended
+    ("killed by SIGKILL: out of memory?"). Ctrl-C raises fresh_process.Interrupted, whose
+    `.child.record` holds what finished.
     """
+    from auditor.jobs.fresh_process import run_module
     options = json.dumps({"memray": memray, "cuda_history": cuda_history})
-    command = [sys.executable, "-m", "auditor.jobs.train_step", json.dumps(asdict(settings)),
-               str(out), options]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-        stderr = done.stderr
-    except subprocess.TimeoutExpired:  # the child is killed; its stages stay on disk
-        stderr = f"killed after {timeout_s} s\n"
-    if (Path(out) / "run.json").exists():
-        return auditor.load(out)
-    if (Path(out) / "events.jsonl").exists():
-        return auditor.rebuild(out)
-    last = (stderr.strip().splitlines() or ["no output"])[-1]
-    raise RuntimeError(f"training-step audit of {settings.label} failed: {last}")
+    child = run_module("auditor.jobs.train_step", json.dumps(asdict(settings)), str(out), options,
+                       run_folder=out, timeout_s=timeout_s)
+    if child.record is None:
+        raise RuntimeError(child.failure(f"training-step audit of {settings.label}"))
+    return child.record
 
 
 if __name__ == "__main__":  # python -m auditor.jobs.train_step SETTINGS OUT OPTIONS
