@@ -11,13 +11,21 @@ At every stage boundary each probe's high-water mark is folded into every open s
 threads) and into the run, then reset for the stage that opens. A stage open at a boundary
 has been open since the previous reset, so each stage's peak is exact, and a child's reset
 never erases its parent's peak.
+
+The audited program never breaks because of the audit: a probe that fails mid-run is switched
+off (RSS falls back to sampling), an event log that cannot be written (disk full) leaves the
+events in memory, a run.json that cannot be written is a warning, and a staged callable the
+audit itself uses is a plain call inside the audit's own code (auditor.stage.AUDITOR_CODE).
+Each degradation is an AuditorWarning and a line in the record's warnings.
 """
 from __future__ import annotations
 
 import importlib
 import os
 import platform
+import secrets
 import shlex
+import signal
 import sys
 import threading
 import time
@@ -30,12 +38,25 @@ from auditor import record as run_record
 from auditor.probes import cuda as cuda_probe
 from auditor.probes.python_heap import PythonHeapProbe
 from auditor.probes.rss import RssProbe
-from auditor.stage import _set_active, active_audit
+from auditor.stage import AUDITOR_CODE, _set_active, active_audit
 from auditor.targets import Staging
 
 
 class AuditorWarning(UserWarning):
     """A probe that could not run, or a stage the audit had to close itself."""
+
+
+class Interrupted(BaseException):
+    """Raised in the audited program by a signal that ends it (SIGTERM under `auditor run`),
+    as Ctrl-C raises KeyboardInterrupt: its stages close as failed and the record says
+    interrupted, naming the signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_PROBE_NAMES = {"py_heap": "python_heap"}  # a meter's key -> its entry in the record's probes
 
 
 class _OpenStage:
@@ -53,6 +74,7 @@ class Audit:
                  on_stage_end=None):
         """Validates everything (ValueError, one line) and creates nothing until entered."""
         self.name = name or "audit"
+        self._chosen_folder = out is None  # ours to name: claimed on entry, renamed on a clash
         self.folder = Path(out) if out is not None else new_run_folder(self.name)
         run_record.check_run_folder(self.folder)
         self._staging = Staging(stage_targets)
@@ -75,6 +97,7 @@ class Audit:
         self._excluded_s = 0.0
         self._overhead = {"boundaries_s": 0.0, "census_s": 0.0, "finish_s": 0.0}
         self._entered = False
+        self.record_written = False  # run.json on disk (a full disk can cost it, not the run)
 
     @property
     def run_json(self) -> Path:
@@ -83,6 +106,10 @@ class Audit:
     # -- start and finish ----------------------------------------------------------------
 
     def __enter__(self) -> "Audit":
+        with AUDITOR_CODE:
+            return self._start()
+
+    def _start(self) -> "Audit":
         if self._entered:
             raise RuntimeError("an Audit runs once; create a new one")
         if active_audit() is not None:
@@ -92,7 +119,10 @@ class Audit:
         started_at = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
         self._staging.apply()  # first: the one step that can still refuse, before any file
         self._meters, self._memray, self._torch_profiler, self._log = [], None, None, None
+        self._log_warned = False
         try:
+            if self._chosen_folder:
+                self.folder = _claim(self.folder, self.name)
             self._log = run_record.EventLog(self.folder)
             self._pending_warnings: list[str] = []
             probes = self._start_probes()
@@ -196,46 +226,105 @@ class Audit:
         return {"state": "on"}
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        with AUDITOR_CODE:
+            try:
+                self._finish(exc)
+            finally:
+                self._log.close()
+        return False
+
+    def _finish(self, exc) -> None:
         began = time.perf_counter()
         end_s = self._clock()
-        with self._lock:
-            for left in reversed(list(self._open)):
-                self._warn(f"stage {left.entry['path']!r} was still open when the audit ended; "
-                           "closed it there")
-                if left in self._thread_stack():
-                    self._thread_stack().remove(left)
-                self._finish_stage(left, end_s, exc)
+        try:
+            with self._lock:
+                for left in reversed(list(self._open)):
+                    self._warn(f"stage {left.entry['path']!r} was still open when the audit "
+                               "ended; closed it there")
+                    if left in self._thread_stack():
+                        self._thread_stack().remove(left)
+                    self._finish_stage(left, end_s, exc)
+        finally:  # whatever failed above, the program gets its own callables back
             _set_active(None)
-        self._staging.restore()
+            self._staging.restore()
         for target in self._staging.targets:
             if target.name not in self._calls:
                 self._warn(f"stage target {target.spec} was never called (code that imported it "
                            "by name before the audit keeps calling the original)")
         ends = self._final_readings()
         for meter in reversed(self._meters):  # dispatch modes leave in the reverse order
-            meter.close()  # before reading the memray trace: tracemalloc would slow it down
+            self._close_meter(meter)  # before reading the memray trace: tracemalloc would slow it
         self._stop_tracing()
         memray_on = self._memray is not None and self._memray.on
         if memray_on:  # before the profiler writes its trace: that is no allocation of the run
             self._memray.stop()
-        files = {"torch_profiler": self._finish_torch_profiler()}
+        self._stop_torch_profiler()
         memray = self._finish_memray() if memray_on else None
-        files["cuda_history"] = self._history.finish(self.folder) if self._history else None
         self._overhead["finish_s"] = time.perf_counter() - began
-        self._emit(self._finish_event(end_s, ends, memray, files, exc), durable=True)
-        self._log.close()
+        self._emit(self._finish_event(end_s, ends, memray, exc), durable=True)
+        self._write_record()  # the record first: a full disk then costs only the optional files
+        files, probes = self._write_artifacts(memray)
+        if files or probes:
+            self._emit({"event": "artifacts", "files": files, "probes": probes}, durable=True)
+            self._write_record()
+
+    def _stop_torch_profiler(self) -> None:
+        if self._torch_profiler is None or not self._torch_profiler.on:
+            return
+        try:
+            self._torch_profiler.stop()
+        except Exception as error:  # a profiler that fails must not cost the record
+            reason = f"{type(error).__name__}: {error}"
+            self._probes["torch_profiler"] = {"state": "failed", "reason": reason}
+            self._warn(f"torch profiler did not stop cleanly: {reason}")
+
+    def _write_record(self) -> None:
         self.record = run_record.assemble(self._events)
-        run_record.write_json_atomically(self.run_json, self.record)
-        return False
+        try:
+            run_record.write_json_atomically(self.run_json, self.record)
+        except OSError as error:
+            kept = ("an earlier run.json stays" if self.record_written else
+                    f"`auditor rebuild {self.folder}` writes it from {run_record.EVENTS_FILE} once there is space"
+                    if self._log.failure is None else
+                    f"{run_record.EVENTS_FILE} holds the first {self._log.lines} events")
+            self._warn(f"{run_record.RUN_FILE} could not be written ({error.strerror or error}); {kept}")
+            return
+        self.record_written = True
+
+    def _write_artifacts(self, memray) -> tuple[dict, dict]:
+        """The optional files, after the record: flamegraph, profiler trace, CUDA history.
+        Returns the files written and, for each that was not, its probe's failed state."""
+        writers = {}
+        if memray is not None:
+            writers["flamegraph"] = ("memray", self._memray.write_flamegraph)
+        if self._torch_profiler is not None and self._probes["torch_profiler"].get("state") == "on":
+            writers["torch_profiler"] = ("torch_profiler", self._torch_profiler.write)
+        if self._history is not None and self._history.on:
+            writers["cuda_history"] = ("cuda_history", self._write_cuda_history)
+        files, probes = {}, {}
+        for key, (probe, write) in writers.items():
+            try:
+                name = write()
+                reason = None if name else f"no {key.replace('_', ' ')} file was written"
+            except Exception as error:  # a full disk costs this file, never the record
+                name, reason = None, f"{type(error).__name__}: {error}"
+            if name:
+                files[key] = name
+            else:
+                probes[probe] = {**self._probes.get(probe, {}), "state": "failed", "reason": reason}
+                self._warn(f"{key.replace('_', ' ')} was not written: {reason}")
+        return files, probes
+
+    def _write_cuda_history(self) -> str:
+        name = self._history.finish(self.folder)
+        if name is None:
+            raise RuntimeError(self._history.state.get("reason", "no snapshot was written"))
+        return name
 
     def _final_readings(self) -> dict:
-        ends = {}
         with self._lock:
             self._poll_cuda()
-            for meter in self._meters:
-                values, _, high = meter.read()
-                self._fold(meter.key, high)
-                ends[meter.key] = values
+            ends = {key: values for key, (values, _) in self._read_meters().items()}
         if self._cuda is None:
             self._probes["cuda"] = {"state": "absent", "reason": cuda_probe.absence_reason()}
         return ends
@@ -249,21 +338,7 @@ class Audit:
             self._warn(f"memray trace could not be read: {error}")
             return None
 
-    def _finish_torch_profiler(self) -> str | None:
-        if self._torch_profiler is None or not self._torch_profiler.on:
-            return None
-        try:
-            trace = self._torch_profiler.stop()
-        except Exception as error:  # a failed export must not cost the rest of the record
-            trace, reason = None, f"{type(error).__name__}: {error}"
-        else:
-            reason = None if trace else f"no trace file in {self._torch_profiler.folder}"
-        if reason:
-            self._probes["torch_profiler"] = {"state": "failed", "reason": reason}
-            self._warn(f"torch profiler trace was not written: {reason}")
-        return trace
-
-    def _finish_event(self, end_s, ends, memray, probe_files: dict, exc) -> dict:
+    def _finish_event(self, end_s, ends, memray, exc) -> dict:
         finished = [e["stage"] for e in self._events if e["event"] == "stage_finished"]
         holder = run_record.peak_stage(finished, self._run_peaks["rss"])
         peak = {"rss": self._run_peaks["rss"], "stage": holder["path"] if holder else None,
@@ -274,31 +349,44 @@ class Audit:
             memray.update(stage=peak["stage"], stage_id=peak["stage_id"])
         files = {"events": run_record.EVENTS_FILE, "run": run_record.RUN_FILE}
         if memray:
-            files.update(memray=memray["file"], flamegraph=memray["flamegraph"])
-        files.update((key, name) for key, name in probe_files.items() if name)
+            files.update(memray=memray["file"])
         return {
             "event": "run_finished",
             "finished_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
             "duration_s": round(end_s, 6), "device": self._device(), "environment": _environment(),
             "process": {**self._events[0]["process"], "rss_at_end": ends["rss"]},
             "probes": self._probes, "peak": peak, "memray": memray, "exit": _exit_status(exc),
-            "files": files, "audit_overhead_s": {k: round(v, 6) for k, v in self._overhead.items()},
+            "files": files, "event_log": self._log_state(written=1),
+            "audit_overhead_s": {k: round(v, 6) for k, v in self._overhead.items()},
         }
 
     # -- stages --------------------------------------------------------------------------
 
     def open_stage(self, name: str, opener) -> None:
+        try:
+            self._open_stage(name, opener)
+        except Exception as error:  # the audit's own failure never reaches the program
+            self._fault(f"opening stage {name!r}", error)
+
+    def close_stage(self, opener, exc: BaseException | None) -> None:
+        try:
+            self._close_stage(opener, exc)
+        except Exception as error:
+            self._fault("closing a stage", error)
+
+    def _fault(self, doing: str, error: Exception) -> None:
+        self._warn(f"the audit failed {doing} ({type(error).__name__}: {error}); the program "
+                   "goes on, the record may lack this stage")
+
+    def _open_stage(self, name: str, opener) -> None:
         began = time.perf_counter()
         with self._lock:
             self._poll_cuda()
             stack = self._thread_stack()
             parent = stack[-1].entry["path"] if stack else None
-            starts, peaks = {}, {}
-            for meter in self._meters:
-                values, level, high = meter.read()
-                self._fold(meter.key, high)
-                meter.reset()
-                starts[meter.key], peaks[meter.key] = values, level
+            readings = self._read_meters(reset=True)
+            starts = {key: values for key, (values, _) in readings.items()}
+            peaks = {key: level for key, (_, level) in readings.items()}
             self._next_id += 1
             entry = {"id": self._next_id, "name": name,
                      "path": name if parent is None else f"{parent}/{name}", "parent": parent,
@@ -312,7 +400,7 @@ class Audit:
                 self._history.label(entry["path"])
             self._overhead["boundaries_s"] += time.perf_counter() - began
 
-    def close_stage(self, opener, exc: BaseException | None) -> None:
+    def _close_stage(self, opener, exc: BaseException | None) -> None:
         end_s = self._clock()
         began, census_before = time.perf_counter(), self._overhead["census_s"]
         with self._lock:
@@ -334,17 +422,13 @@ class Audit:
                 self._warn(f"on_stage_end failed, switched off: {type(error).__name__}: {error}")
 
     def _finish_stage(self, closing: _OpenStage, end_s: float, exc) -> dict:
-        ends = {}
-        for meter in self._meters:
-            values, _, high = meter.read()
-            self._fold(meter.key, high)
-            ends[meter.key] = values
+        ends = {key: values for key, (values, _) in self._read_meters().items()}
         self._open.remove(closing)
         started = closing.entry
         meters = {meter.key: meter for meter in self._meters}
 
         def field(key):
-            if key not in meters or key not in closing.starts:
+            if key not in meters or key not in closing.starts or key not in ends:
                 return None
             return meters[key].entry(closing.starts[key], ends[key], closing.peaks[key])
 
@@ -362,13 +446,15 @@ class Audit:
         return entry
 
     def mark(self, name: str) -> None:
+        try:
+            self._mark(name)
+        except Exception as error:
+            self._fault(f"reading mark {name!r}", error)
+
+    def _mark(self, name: str) -> None:
         with self._lock:
             self._poll_cuda()
-            readings = {}
-            for meter in self._meters:
-                values, _, high = meter.read()
-                self._fold(meter.key, high)
-                readings[meter.key] = values
+            readings = {key: values for key, (values, _) in self._read_meters().items()}
             stack = self._thread_stack()
             stage_path = stack[-1].entry["path"] if stack else None
             self._emit({"event": "mark", "mark": {
@@ -380,7 +466,8 @@ class Audit:
         """Add a field to the run record (e.g. the workload it ran), written to the log now."""
         if key in run_record.RESERVED:
             raise ValueError(f"{key!r} is a run-record field the audit writes itself")
-        self._emit({"event": "annotation", "key": key, "value": value}, durable=True)
+        with AUDITOR_CODE:
+            self._emit({"event": "annotation", "key": key, "value": value}, durable=True)
 
     def _stop_tracing(self) -> None:
         if getattr(self, "_tracing", None) is None:
@@ -397,6 +484,52 @@ class Audit:
         return name if count == 1 else f"{name}#{count}"
 
     # -- probes --------------------------------------------------------------------------
+
+    def _read_meters(self, reset: bool = False) -> dict[str, tuple]:
+        """Each meter's (values, level), its high-water mark folded into the open stages and
+        the run; `reset` starts a new peak interval. A meter that fails is switched off."""
+        readings = {}
+        for meter in list(self._meters):
+            try:
+                values, level, high = meter.read()
+                if reset:
+                    meter.reset()
+            except Exception as error:
+                if not self._meter_failed(meter, error):
+                    continue
+                values, level, high = meter.read()
+            self._fold(meter.key, high)
+            readings[meter.key] = (values, level)
+        return readings
+
+    def _reset_meters(self) -> None:
+        for meter in list(self._meters):
+            try:
+                meter.reset()
+            except Exception as error:
+                if self._meter_failed(meter, error):
+                    meter.reset()
+
+    def _meter_failed(self, meter, error: Exception) -> bool:
+        """Switch a failing meter off, with a warning; RSS, always measured, falls back to
+        sampling instead. True when the meter can be read again."""
+        what = f"{type(error).__name__}: {error}"
+        if meter.key == "rss" and meter.method != "sampler":
+            meter.fall_back(f"resetting VmHWM failed mid-run ({what})")
+            self._probes["rss"] = meter.describe()
+            self._warn(f"RSS probe: {meter.reason}")
+            return True
+        self._meters.remove(meter)
+        self._close_meter(meter)
+        self._probes[_PROBE_NAMES.get(meter.key, meter.key)] = {"state": "failed", "reason": what}
+        self._warn(f"the {meter.key} probe failed and was switched off: {what}")
+        return False
+
+    def _close_meter(self, meter) -> None:
+        try:
+            meter.close()
+        except Exception as error:
+            self._warn(f"the {meter.key} probe did not close cleanly: {type(error).__name__}: {error}")
 
     def _fold(self, key: str, high: int) -> None:
         for opened in self._open:
@@ -463,8 +596,7 @@ class Audit:
             self._warn(f"census failed, switched off: {type(error).__name__}: {error}")
             self._take_census = None
             components, tensors = None, None
-        for meter in self._meters:
-            meter.reset()  # the census's own allocations belong to no stage
+        self._reset_meters()  # the census's own allocations belong to no stage
         spent = time.perf_counter() - began
         self._excluded_s += spent
         self._overhead["census_s"] += spent
@@ -483,23 +615,50 @@ class Audit:
         return stack
 
     def _emit(self, event: dict, durable: bool = False) -> None:
+        """Into the record (memory) and the log; a log that fails warns once, never raises."""
+        written = self._log.write(event, durable)
         self._events.append(event)
-        self._log.write(event, durable)
+        if written or self._log_warned:
+            return
+        self._log_warned = True
+        if "event_log" in event:  # the run_finished line itself failed
+            event["event_log"] = self._log_state()
+        self._warn(f"{self._log.failure}; the log stops at its last whole line ({self._log.lines} "
+                   f"events) and the run goes on, its events kept for {run_record.RUN_FILE}")
+
+    def _log_state(self, written: int = 0) -> dict:
+        """The record's `event_log`: complete, or where and why it stopped. `written`: lines
+        about to be written by the event that carries this state."""
+        if self._log.failure is None:
+            return {"state": "complete", "lines": self._log.lines + written}
+        return {"state": "incomplete", "lines": self._log.lines, "reason": self._log.failure}
 
     def _warn(self, message: str) -> None:
-        warnings.warn(message, AuditorWarning, stacklevel=3)
+        try:
+            warnings.warn(message, AuditorWarning, stacklevel=3)
+        except Warning:  # warnings turned into errors: the record still keeps it
+            pass
         self._emit({"event": "warning", "message": message})
 
 
 def new_run_folder(name: str, root: str = "runs") -> Path:
-    """runs/<timestamp>-<name>, numbered if that exists already (created on entry, not here)."""
+    """runs/<timestamp>-<random>-<name>: unique across processes started in the same second
+    (not created here: Audit creates it on entry, renaming it on the rare clash)."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "run"
-    folder, count = Path(root) / f"{stamp}-{safe}", 1
-    while folder.exists():
-        count += 1
-        folder = Path(root) / f"{stamp}-{safe}-{count}"
-    return folder
+    return Path(root) / f"{stamp}-{secrets.token_hex(3)}-{safe}"
+
+
+def _claim(folder: Path, name: str, attempts: int = 20) -> Path:
+    """Create a run folder the audit named itself, atomically: a folder that another process
+    created first is never shared; the audit takes a new name instead."""
+    for _ in range(attempts):
+        try:
+            folder.mkdir(parents=True, exist_ok=False)
+            return folder
+        except FileExistsError:
+            folder = new_run_folder(name, str(folder.parent))
+    raise FileExistsError(f"no free run folder name under {str(folder.parent)!r}")
 
 
 def _reference(obj):
@@ -532,6 +691,8 @@ def _exit_status(exc) -> dict:
                 "error": None if code == 0 else _describe(exc)}
     if isinstance(exc, KeyboardInterrupt):
         return {"status": "interrupted", "code": 130, "error": "KeyboardInterrupt"}
+    if isinstance(exc, Interrupted):
+        return {"status": "interrupted", "code": 128 + exc.signum, "error": str(exc)}
     return {"status": "failed", "code": 1, "error": _describe(exc)}
 
 

@@ -13,7 +13,12 @@ Events, in order:
     mark            {"mark": a point reading}
     warning         {"message": ...}
     run_finished    finished_at, duration_s, device, environment, process, probes, peak,
-                    memray, exit, files, audit_overhead_s
+                    memray, exit, files, event_log, audit_overhead_s
+    artifacts       {"files": ..., "probes": ...}: optional files (flamegraph, profiler trace)
+                    written after run.json, so a full disk costs them and not the record
+
+A log that cannot be written (disk full) stops at its last whole line; the audit keeps its
+events in memory, still writes run.json if it can, and says so in `event_log`.
 
 The record (design.md's fields keep their meaning; added ones marked +):
 
@@ -33,7 +38,9 @@ The record (design.md's fields keep their meaning; added ones marked +):
     +memray{file, flamegraph, peak_memory, total_allocations, stage, stage_id,
             sites[{location "file:line", function, code (the source line), bytes, allocations, python_stack,
                    native_stack}]} | null,
-    +exit{status ok|failed|interrupted|unfinished, code, error},
+    +exit{status ok|failed|interrupted|unfinished, code, error} (interrupted: Ctrl-C, or a
+          signal such as SIGTERM under `auditor run`, named in error; code 128 + the signal),
+    +event_log{state complete|incomplete, lines (written), reason (incomplete only)},
     +files{events, run, memray?, flamegraph?, cuda_history?, torch_profiler? (the
            torch.profiler trace, "profiler/HOST_PID.TIME.pt.trace.json": TensorBoard reads
            the profiler/ folder)}, +warnings[str],
@@ -56,7 +63,8 @@ REQUIRED = ("schema", "name", "command", "started_at", "device", "environment", 
 STAGE_REQUIRED = ("name", "path", "parent", "status", "start_s", "end_s", "rss")
 # Written by the audit itself; `Audit.annotate` adds any other field (workload, result...).
 RESERVED = set(REQUIRED) | {"marks", "warnings", "finished_at", "duration_s", "machine",
-                            "options", "probes", "memray", "exit", "files", "audit_overhead_s"}
+                            "options", "probes", "memray", "exit", "files", "event_log",
+                            "audit_overhead_s"}
 
 
 class RunRecordError(ValueError):
@@ -91,33 +99,81 @@ def check_run_folder(folder: str | os.PathLike) -> Path:
 
 
 class EventLog:
-    """events.jsonl, append-only. `durable=True` fsyncs (stage ends, run start and end)."""
+    """events.jsonl, append-only. `durable=True` fsyncs (stage ends, run start and end).
+
+    Each line goes to the kernel in one unbuffered write, so it survives the process being
+    killed. A write that fails (disk full, I/O error) never raises: the log cuts itself back
+    to its last whole line, stops, and keeps the reason in `failure`; the audit goes on with
+    its events in memory. Creating the file fails if the folder already has one (two runs
+    never share a log)."""
 
     def __init__(self, folder: Path):
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / EVENTS_FILE
-        self._file = open(self.path, "x", encoding="utf-8")
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o666)
+        self._size = 0
+        self.lines = 0
+        self.failure: str | None = None
 
-    def write(self, event: dict, durable: bool = False) -> None:
-        self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
-        self._file.flush()  # in the page cache: survives the process being killed
-        if durable:
-            os.fsync(self._file.fileno())  # on disk: survives the machine going down
+    def write(self, event: dict, durable: bool = False) -> bool:
+        """True once the line is in the log; False if the log has failed (now or before)."""
+        line = (json.dumps(event, separators=(",", ":")) + "\n").encode("utf-8")
+        if self.failure is not None or self._fd is None:
+            return False
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(self._fd, view):]
+            if durable:
+                os.fsync(self._fd)  # on disk: survives the machine going down
+        except OSError as error:
+            self._fail(error)
+            return False
+        self._size += len(line)
+        self.lines += 1
+        return True
+
+    def _fail(self, error: OSError) -> None:
+        self.failure = f"{EVENTS_FILE} could not be written: {error.strerror or error}"
+        try:
+            os.ftruncate(self._fd, self._size)  # no half line: readers see whole events only
+        except OSError:
+            pass
 
     def close(self) -> None:
-        if not self._file.closed:
-            self._file.close()
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # nothing is lost: every line was written unbuffered
 
 
 def write_json_atomically(path: Path, data: dict) -> None:
-    """Write to a temporary file and rename it over `path`: readers never see half a file."""
+    """Write to a temporary file and rename it over `path`: readers never see half a file,
+    and a write that fails (disk full) leaves neither `path` changed nor the temporary file."""
+    text = json.dumps(data, indent=1) + "\n"  # first: a value JSON cannot hold writes nothing
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise
+
+
+def record_files() -> tuple[str, ...]:
+    """The names of a run folder's own files: an output given one of them would replace, or
+    pass for, part of a run record."""
+    from auditor.probes.cuda import HISTORY_FILE
+    from auditor.probes.memray_trace import FLAMEGRAPH_FILE, TRACE_FILE
+    return RUN_FILE, EVENTS_FILE, TRACE_FILE, FLAMEGRAPH_FILE, HISTORY_FILE
 
 
 # -- assembling --------------------------------------------------------------------------
@@ -129,7 +185,7 @@ def assemble(events: list[dict]) -> dict:
     header = {k: v for k, v in events[0].items() if k != "event"}
     _check_schema(header.get("schema"), "event log")
     stages: dict[int, dict] = {}
-    marks, warnings, finish, annotations = [], [], None, {}
+    marks, warnings, finish, annotations, artifacts = [], [], None, {}, []
     for event in events[1:]:
         kind = event.get("event")
         if kind == "stage_started":
@@ -144,6 +200,8 @@ def assemble(events: list[dict]) -> dict:
             annotations[event["key"]] = event["value"]
         elif kind == "run_finished":
             finish = event
+        elif kind == "artifacts":
+            artifacts.append(event)
     record = dict(header)
     record["stages"] = list(stages.values())
     record["marks"] = marks
@@ -154,8 +212,19 @@ def assemble(events: list[dict]) -> dict:
     for key, value in finish.items():
         if key != "event":
             record[key] = value
+    for event in artifacts:
+        _add_artifacts(record, event)
     _attach_memray_sites(record)
     return record
+
+
+def _add_artifacts(record: dict, event: dict) -> None:
+    """Optional files written after the record (flamegraph, traces), and their probes' states."""
+    files = event.get("files") or {}
+    record.setdefault("files", {}).update(files)
+    record.setdefault("probes", {}).update(event.get("probes") or {})
+    if files.get("flamegraph") and record.get("memray"):
+        record["memray"]["flamegraph"] = files["flamegraph"]
 
 
 def _open_entry(started: dict) -> dict:
@@ -172,7 +241,8 @@ def _unfinished(record: dict) -> dict:
     record["peak"] = {"rss": rss, "stage": holder["path"] if holder else None,
                       "stage_id": holder["id"] if holder else None}
     record["exit"] = {"status": "unfinished", "code": None,
-                      "error": "the event log ends before the run finished (process killed?)"}
+                      "error": "the event log ends before the run finished (the process was "
+                               "killed, or the log could not be written)"}
     record.setdefault("memray", None)
     return record
 
@@ -196,13 +266,19 @@ def _attach_memray_sites(record: dict) -> None:
 
 # -- reading -----------------------------------------------------------------------------
 
-def load(path: str | os.PathLike) -> dict:
-    """A run record from run.json or a run folder; RunRecordError (one line) if unreadable."""
+def load(path: str | os.PathLike, from_events: bool = False) -> dict:
+    """A run record from run.json or a run folder; RunRecordError (one line) if unreadable.
+
+    A folder (or its run.json) with an event log but no run.json is an error, unless
+    `from_events`: then the record is assembled from the log, nothing written."""
     path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    if (path.is_dir() or path.name == RUN_FILE) and not (folder / RUN_FILE).exists() \
+            and (folder / EVENTS_FILE).exists():
+        if from_events:
+            return assembled(folder)
+        raise RunRecordError(_no_run_json(folder))
     if path.is_dir():
-        if not (path / RUN_FILE).exists() and (path / EVENTS_FILE).exists():
-            raise RunRecordError(f"{str(path)!r} has an event log but no {RUN_FILE} (the run did "
-                                 f"not finish?); rebuild it with auditor.record.rebuild")
         path = path / RUN_FILE
     try:
         text = path.read_text(encoding="utf-8")
@@ -222,7 +298,37 @@ def load(path: str | os.PathLike) -> dict:
     return record
 
 
+def _no_run_json(folder: Path) -> str:
+    """Why a folder with an event log has no run.json: the run did not finish, or only the
+    record could not be written."""
+    try:
+        events = read_events(folder)
+    except RunRecordError as error:
+        return f"{str(folder)!r} has an event log but no {RUN_FILE}, and the log cannot be read ({error})"
+    if any(event.get("event") == "run_finished" for event in events):
+        return (f"{str(folder)!r} has the event log of a finished run but no {RUN_FILE} (it could "
+                f"not be written: disk full?); `auditor rebuild {folder}` writes it")
+    return (f"{str(folder)!r} has an event log but no {RUN_FILE}: the run did not finish (killed "
+            f"or interrupted?); `auditor report {folder}` renders it, `auditor rebuild {folder}` "
+            f"writes {RUN_FILE}")
+
+
+def assembled(folder: str | os.PathLike) -> dict:
+    """The record of a run folder assembled from its event log, validated; nothing written."""
+    folder = Path(folder)
+    events = read_events(folder)
+    try:
+        record = assemble(events)
+    except (KeyError, TypeError, AttributeError) as error:  # an event missing its fields
+        raise RunRecordError(f"event log of {str(folder)!r} is malformed "
+                             f"({type(error).__name__}: {error})") from None
+    validate(record, f"event log of {str(folder)!r}")
+    return record
+
+
 def validate(record, where: str = "run record") -> None:
+    """RunRecordError (one line naming the field) unless the record has every required field
+    with the right type: renderers can then trust what they read."""
     if not isinstance(record, dict):
         raise RunRecordError(f"{where}: expected a JSON object, found {type(record).__name__}")
     _check_schema(record.get("schema"), where)
@@ -235,6 +341,86 @@ def validate(record, where: str = "run record") -> None:
         absent = [key for key in STAGE_REQUIRED if not isinstance(entry, dict) or key not in entry]
         if absent:
             raise RunRecordError(f"{where}: stage {index} lacks {', '.join(absent)}")
+    problem = _type_problem(record)
+    if problem:
+        raise RunRecordError(f"{where}: {problem}")
+
+
+# Field types: TEXT a string, BYTES a whole number (not a bool), SECONDS any number, OBJECT a
+# JSON object; a trailing "?" allows null. A finished stage needs its end readings; an open
+# one (never finished) has null there.
+_RECORD_TYPES = {"name": "TEXT", "command": "TEXT", "started_at": "TEXT", "device": "TEXT",
+                 "environment": "OBJECT", "process": "OBJECT", "peak": "OBJECT",
+                 "marks": "LIST", "warnings": "LIST", "exit": "OBJECT?", "files": "OBJECT?",
+                 "probes": "OBJECT?", "memray": "OBJECT?", "duration_s": "SECONDS?"}
+_PROCESS_TYPES = {"rss_at_start": "BYTES?", "rss_at_end": "BYTES?"}
+_PEAK_TYPES = {"rss": "BYTES?", "stage": "TEXT?"}
+_STAGE_TYPES = {"name": "TEXT", "path": "TEXT", "parent": "TEXT?", "start_s": "SECONDS",
+                "rss": "OBJECT", "py_heap": "OBJECT?", "cuda": "OBJECT?", "live_tensors": "OBJECT?",
+                "components": "OBJECT?", "tensors": "OBJECT?", "error": "TEXT?"}
+_FINISHED_STAGE_TYPES = {"end_s": "SECONDS"}
+_OPEN_STAGE_TYPES = {"end_s": "SECONDS?"}
+_FINISHED_RSS = {"start": "BYTES", "end": "BYTES", "peak": "BYTES"}
+_OPEN_RSS = {"start": "BYTES", "end": "BYTES?", "peak": "BYTES?"}
+_READINGS = {"start": "BYTES?", "end": "BYTES?", "peak": "BYTES?"}
+STAGE_STATUSES = ("ok", "failed", "open")
+
+
+def _type_problem(record: dict) -> str | None:
+    problem = (_fields(record, _RECORD_TYPES, "")
+               or _fields(record["process"], _PROCESS_TYPES, "process.")
+               or _fields(record["peak"], _PEAK_TYPES, "peak."))
+    if problem:
+        return problem
+    for index, entry in enumerate(record["stages"]):
+        where = f"stages[{index}]."
+        if entry["status"] not in STAGE_STATUSES:
+            return (f"{where}status should be one of {', '.join(STAGE_STATUSES)}, "
+                    f"found {entry['status']!r}")
+        finished = entry["status"] != "open"
+        problem = (_fields(entry, _STAGE_TYPES, where)
+                   or _fields(entry, _FINISHED_STAGE_TYPES if finished else _OPEN_STAGE_TYPES, where)
+                   or _fields(entry["rss"], _FINISHED_RSS if finished else _OPEN_RSS, f"{where}rss.")
+                   or _fields(entry.get("py_heap") or {}, _READINGS, f"{where}py_heap.")
+                   or _fields(entry.get("live_tensors") or {}, _READINGS, f"{where}live_tensors."))
+        if problem:
+            return problem
+    return None
+
+
+def _fields(values: dict, types: dict[str, str], prefix: str) -> str | None:
+    """The first field of `values` whose type is wrong (absent optional fields pass)."""
+    for key, kind in types.items():
+        if key not in values:
+            continue
+        value, nullable = values[key], kind.endswith("?")
+        if value is None and nullable:
+            continue
+        if not _is(value, kind.rstrip("?")):
+            found = "null" if value is None else f"{type(value).__name__} {_short(value)}"
+            return f"{prefix}{key} should be {_KIND_WORDS[kind.rstrip('?')]}, found {found}"
+    return None
+
+
+_KIND_WORDS = {"TEXT": "text", "BYTES": "a whole number of bytes", "SECONDS": "a number of seconds",
+               "OBJECT": "a JSON object", "LIST": "a list"}
+
+
+def _is(value, kind: str) -> bool:
+    if kind == "TEXT":
+        return isinstance(value, str)
+    if kind == "OBJECT":
+        return isinstance(value, dict)
+    if kind == "LIST":
+        return isinstance(value, list)
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) if kind == "BYTES" else isinstance(value, (int, float))
+
+
+def _short(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _check_schema(schema, where: str) -> None:
@@ -263,7 +449,8 @@ def read_events(folder: str | os.PathLike) -> list[dict]:
 
 
 def rebuild(folder: str | os.PathLike, write: bool = True) -> dict:
-    """run.json reconstructed from events.jsonl (written into the folder unless write=False)."""
+    """run.json reconstructed from events.jsonl (written into the folder unless write=False;
+    `auditor rebuild DIR` from the command line)."""
     record = assemble(read_events(folder))
     if write:
         write_json_atomically(Path(folder) / RUN_FILE, record)

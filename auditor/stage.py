@@ -13,6 +13,10 @@ While a torch profiler records (`torch.profiler.profile`, with or without an aud
 stage also opens a `torch.profiler.record_function` range of its name, so the stages show in
 the profiler's trace and in TensorBoard. This module never imports torch: until the program
 has imported it, no profiler can be recording.
+
+The auditor's own code runs inside `AUDITOR_CODE` (a per-thread depth): a staged callable
+that the auditor itself calls while measuring (`builtins:len`, `time:perf_counter`...) is then
+a plain call, never a stage, so staging it cannot recurse through the auditor.
 """
 from __future__ import annotations
 
@@ -54,6 +58,33 @@ def profiler_recording() -> bool:
     return profiler is not None and profiler._is_profiler_enabled
 
 
+class _OwnCalls(threading.local):
+    depth = 0  # > 0 while this thread runs the auditor's own code
+
+
+_own = _OwnCalls()
+
+
+class _AuditorCode:
+    """`with AUDITOR_CODE:` around the auditor's own work. Built from attribute reads and
+    integer arithmetic only: no call a user could have staged."""
+    __slots__ = ()
+
+    def __enter__(self):
+        _own.depth += 1
+
+    def __exit__(self, exc_type, exc, tb):
+        _own.depth -= 1
+
+
+AUDITOR_CODE = _AuditorCode()
+
+
+def in_auditor_code() -> bool:
+    """True while this thread runs the auditor's own code (staged calls pass straight through)."""
+    return _own.depth > 0
+
+
 def active_audit():
     """The audit in progress, or None."""
     return _active
@@ -83,26 +114,34 @@ class stage:
         # measurement.
         profiler = _profiler
         if profiler is None and _PROFILER in _modules:
-            profiler = _load_profiler()
-        if profiler is not None and profiler._is_profiler_enabled:
-            _open_range(self)
+            with AUDITOR_CODE:
+                profiler = _load_profiler()
+        recording = profiler is not None and profiler._is_profiler_enabled
         audit = _active
-        if audit is not None:
-            try:
-                audit.open_stage(self.name, self)
-            except BaseException:
-                _close_range(self)
-                raise
+        if audit is None and not recording:
+            return self
+        with AUDITOR_CODE:
+            if recording:
+                _open_range(self)
+            if audit is not None:
+                try:
+                    audit.open_stage(self.name, self)
+                except BaseException:
+                    _close_range(self)
+                    raise
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        try:
-            audit = _active
-            if audit is not None:
-                audit.close_stage(self, exc)
-        finally:
-            if _open_ranges:
-                _close_range(self)
+        audit = _active
+        if audit is None and not _open_ranges:
+            return False
+        with AUDITOR_CODE:
+            try:
+                if audit is not None:
+                    audit.close_stage(self, exc)
+            finally:
+                if _open_ranges:
+                    _close_range(self)
         return False
 
     def __call__(self, function):
@@ -155,11 +194,13 @@ def mark(name: str) -> None:
     """Record a point reading (RSS, and the opt-in probes) under the current stage."""
     audit = _active
     if audit is not None:
-        audit.mark(name)
+        with AUDITOR_CODE:
+            audit.mark(name)
 
 
 def track(name: str, obj, categories: dict[str, str] | None = None) -> None:
     """Register `obj` as a census root called `name` (held weakly where the object allows)."""
     audit = _active
     if audit is not None:
-        audit.track(name, obj, categories)
+        with AUDITOR_CODE:
+            audit.track(name, obj, categories)

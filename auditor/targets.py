@@ -9,6 +9,10 @@ an audit and restored afterwards. Code that copied the function away before the 
 the script runs. Repeated calls are numbered (`GradProbe.record_gradients#2`); a staged
 method also registers its receiver as a census root named after its class. Like any stage,
 each call also opens a torch profiler range (auditor.stage) while a profiler records.
+
+A callable the auditor itself uses (`builtins:len`, `builtins:open`, `time:perf_counter`) can
+be staged: the calls the auditor makes while measuring stay plain calls (auditor.stage's
+AUDITOR_CODE), so only the program's own calls become stages.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import sys
 import types
 from dataclasses import dataclass
 
-from auditor.stage import active_audit, profiler_recording, stage
+from auditor.stage import AUDITOR_CODE, active_audit, in_auditor_code, profiler_recording, stage
 
 _MISSING = object()
 
@@ -171,15 +175,23 @@ def _staged(raw, target: Target):
 def _stage_calls(function, name: str, receiver: bool):
     @functools.wraps(function)
     def staged_call(*args, **kwargs):
-        audit = active_audit()
-        if audit is None:
-            if not profiler_recording():
-                return function(*args, **kwargs)
-            with stage(name):  # a profiler range only: calls are numbered by the audit
-                return function(*args, **kwargs)
-        if receiver and args:
-            audit.track_receiver(args[0])
-        with stage(audit.numbered(name)):
+        if in_auditor_code():  # called by the auditor itself while measuring: never a stage
+            return function(*args, **kwargs)
+        with AUDITOR_CODE:
+            opened = _open_call(name, receiver, args)
+        if opened is None:
+            return function(*args, **kwargs)
+        with opened:
             return function(*args, **kwargs)
     staged_call.__auditor_target__ = name
     return staged_call
+
+
+def _open_call(name: str, receiver: bool, args: tuple) -> stage | None:
+    """The stage for one call, or None when neither an audit nor a profiler records."""
+    audit = active_audit()
+    if audit is None:  # a profiler range only: calls are numbered by the audit
+        return stage(name) if profiler_recording() else None
+    if receiver and args:
+        audit.track_receiver(args[0])
+    return stage(audit.numbered(name))

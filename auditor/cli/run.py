@@ -3,7 +3,11 @@ under audit, and write DIR/run.json (default DIR: a new folder under runs/).
 
 Everything the user typed is checked before anything is created: the script, the output
 folder, and each --stage target (resolved with the script's folder on sys.path, as the
-script itself would import it). The command exits with the script's own status.
+script itself would import it). The command exits with the script's own status; the audit
+never changes it (a record that cannot be written is a warning). SIGTERM while the script
+runs ends it as Ctrl-C does, through an exception (unless the script installed its own
+handler), so its stages close and the record says "interrupted"; the command then exits
+with 143 (128 + SIGTERM), the status a shell shows for a process SIGTERM ended.
 """
 from __future__ import annotations
 
@@ -12,12 +16,14 @@ import contextlib
 import os
 import runpy
 import shlex
+import signal
 import sys
 import traceback
 import warnings
 from pathlib import Path
 
 from auditor.cli import UsageError
+from auditor.record import EVENTS_FILE
 
 MAX_TABLE_ROWS = 40
 
@@ -50,7 +56,7 @@ def register(subparsers) -> None:
 
 
 def main(args) -> int:
-    from auditor.audit import Audit, new_run_folder
+    from auditor.audit import Audit
     if args.script is None:
         raise UsageError("run needs a script: auditor run [options] SCRIPT [ARGS...]")
     script = Path(args.script)
@@ -58,14 +64,13 @@ def main(args) -> int:
         what = "is not a file" if script.exists() else "does not exist"
         raise UsageError(f"script {args.script!r} {what}; give the path of a Python script")
     name = args.name or script.stem
-    out = Path(args.out) if args.out else new_run_folder(name)
     console = _console()  # rich is imported here, before the audit, not inside a stage
     saved_path, saved_argv = list(sys.path), list(sys.argv)
     sys.path[0:1] = [str(script.resolve().parent)]  # what `python SCRIPT` puts first
     sys.argv = [args.script, *args.args]
     try:
         try:
-            audit = Audit(out, name, memray=args.memray, tracemalloc=args.tracemalloc,
+            audit = Audit(args.out, name, memray=args.memray, tracemalloc=args.tracemalloc,
                           census=args.census, live_tensors=args.live_tensors,
                           cuda_history=args.cuda_history, torch_profiler=args.torch_profiler,
                           stage_targets=args.stages, command=shlex.join(args.command_line),
@@ -83,20 +88,61 @@ def main(args) -> int:
 def _run_script(audit, script: Path) -> int:
     """The script's exit status, as the interpreter would give it."""
     try:
-        with audit:
+        audit.__enter__()
+    except FileExistsError:
+        raise UsageError(f"output folder {str(audit.folder)!r} was taken by another run as this "
+                         "one started; choose a new --out") from None
+    except OSError as error:  # the folder broke between the checks and now
+        raise UsageError(f"cannot write the run record in {str(audit.folder)!r}: "
+                         f"{error.strerror or error}") from None
+    error = None
+    try:
+        with _sigterm_interrupts():
             runpy.run_path(str(script), run_name="__main__")
-    except SystemExit as exit_:
-        if exit_.code is None or isinstance(exit_.code, int):
-            return exit_.code or 0
-        print(exit_.code, file=sys.stderr)
+    except BaseException as raised:  # the script's own ending: the record says how it ended
+        error = raised
+    finally:
+        audit.__exit__(type(error) if error else None, error, error.__traceback__ if error else None)
+    return _status(error, script)
+
+
+def _status(error: BaseException | None, script: Path) -> int:
+    from auditor.audit import Interrupted
+    if error is None:
+        return 0
+    if isinstance(error, SystemExit):
+        if error.code is None or isinstance(error.code, int):
+            return error.code or 0
+        print(error.code, file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    if isinstance(error, KeyboardInterrupt):
         print("KeyboardInterrupt", file=sys.stderr)
         return 130
-    except BaseException as error:  # the script's own failure: show it as python would
-        _print_script_traceback(error, script)
-        return 1
-    return 0
+    if isinstance(error, Interrupted):
+        print(f"Terminated ({error})", file=sys.stderr)
+        return 128 + error.signum
+    _print_script_traceback(error, script)  # the script's own failure: show it as python would
+    return 1
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """While the script runs, SIGTERM raises Interrupted in it, as Ctrl-C raises
+    KeyboardInterrupt; a handler the script installs replaces ours. Restored afterwards, so
+    the audit's own finishing is never cut by it."""
+    from auditor.audit import Interrupted
+
+    def interrupt(signum, frame):
+        raise Interrupted(signum)
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: signals stay as they are
+        previous = None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _print_script_traceback(error: BaseException, script: Path) -> None:
@@ -185,15 +231,25 @@ def _summary(console, audit) -> None:
                   f"started at {mib(record['process']['rss_at_start'])}",
                   markup=False, soft_wrap=True)
     memray = record.get("memray")
-    if memray and memray["sites"]:
+    if memray and memray["sites"]:  # only files that exist are named
         top = memray["sites"][0]
-        flamegraph = audit.folder / memray["flamegraph"] if memray["flamegraph"] else "none"
+        flamegraph = audit.folder / (memray["flamegraph"] or "-")
         console.print(f"memray: top site at the high-water mark {top['location']} "
-                      f"({mib(top['bytes'])}); flamegraph {flamegraph}",
+                      f"({mib(top['bytes'])}); flamegraph "
+                      f"{flamegraph if flamegraph.is_file() else 'not written'}",
                       markup=False, soft_wrap=True)
     trace = record.get("files", {}).get("torch_profiler")
-    if trace:
+    if trace and (audit.folder / trace).is_file():
         folder = (audit.folder / trace).parent
         console.print(f"torch profiler trace: {audit.folder / trace}; view it with "
                       f"tensorboard --logdir {folder}", markup=False, soft_wrap=True)
-    console.print(f"run record: {audit.run_json}", markup=False, soft_wrap=True)
+    if audit.record_written:
+        console.print(f"run record: {audit.run_json}", markup=False, soft_wrap=True)
+        return
+    events = audit.folder / EVENTS_FILE
+    complete = (record.get("event_log") or {}).get("state") == "complete"
+    kept = (f"{events} holds {'every event' if complete else 'the events written before it failed'}; "
+            f"`auditor report {audit.folder}` renders them and `auditor rebuild {audit.folder}` "
+            "writes run.json once there is space") if events.is_file() else "no event log either"
+    console.print(f"run record: not written (see the warning above); {kept}",
+                  markup=False, soft_wrap=True)

@@ -21,6 +21,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from auditor.stage import AUDITOR_CODE
+
 
 class LiveTensorMeter(TorchDispatchMode):
     """Counts live storage bytes; `peak` is the highest count since the last `reset_peak`."""
@@ -49,9 +51,10 @@ class LiveTensorMeter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for item in tree_flatten(out)[0]:
-            if isinstance(item, torch.Tensor):
-                self._track(item)
+        with AUDITOR_CODE:  # the meter's bookkeeping inside the program's op: never a stage
+            for item in tree_flatten(out)[0]:
+                if isinstance(item, torch.Tensor):
+                    self._track(item)
         return out
 
     def _track(self, tensor: torch.Tensor) -> None:

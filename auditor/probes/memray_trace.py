@@ -1,7 +1,8 @@
 """memray: every native allocation (torch CPU tensors included) with its Python and native
 stack, for the whole run. At the end: memray's own peak, the allocations alive at its
 high-water mark grouped into sites (the first frame in user code, file:line), and an offline
-flamegraph in the run folder.
+flamegraph in the run folder (written after the run record: a full disk costs it, not the
+record).
 
 Only one memray Tracker can be active per process (not inside `pytest --memray`, not under
 `memray run`): then the probe reports itself absent instead of failing the audit.
@@ -29,7 +30,7 @@ class MemrayTrace:
     def __init__(self, folder: Path):
         self.folder = folder
         self.state = {"state": "absent"}
-        self._tracker = None
+        self._tracker = self._read = None
         try:
             import memray
         except ImportError:
@@ -58,18 +59,25 @@ class MemrayTrace:
             tracker.__exit__(None, None, None)
 
     def summarize(self) -> dict:
-        """Read the trace back: peak, sites alive at the high-water mark, flamegraph."""
+        """Read the trace back: peak and the sites alive at the high-water mark (reading only;
+        the flamegraph is written later, after the run record: write_flamegraph)."""
         from memray import FileReader
         path = self.folder / TRACE_FILE
         reader = FileReader(os.fspath(path))
         records = list(reader.get_high_watermark_allocation_records(merge_threads=True))
+        self._read = (reader, records)
         return {
             "file": TRACE_FILE,
             "peak_memory": reader.metadata.peak_memory,
             "total_allocations": reader.metadata.total_allocations,
             "sites": top_sites(records),
-            "flamegraph": write_flamegraph(reader, records, self.folder),
+            "flamegraph": None,
         }
+
+    def write_flamegraph(self) -> str | None:
+        """The flamegraph of a summarized trace, in the run folder; its file name or None."""
+        read, self._read = self._read, None
+        return write_flamegraph(*read, self.folder) if read else None
 
 
 def top_sites(records, limit: int = TOP_SITES) -> list[dict]:
@@ -171,9 +179,13 @@ def write_flamegraph(reader, records, folder: Path) -> str | None:
         reporter = FlameGraphReporter.from_snapshot(
             records, memory_records=tuple(reader.get_memory_snapshots()),
             native_traces=reader.metadata.has_native_traces)
-        with open(out, "w", encoding="utf-8") as f:
-            reporter.render(outfile=f, metadata=reader.metadata, show_memory_leaks=False,
-                            merge_threads=True, inverted=False, no_web=True)
+        try:
+            with open(out, "w", encoding="utf-8") as f:
+                reporter.render(outfile=f, metadata=reader.metadata, show_memory_leaks=False,
+                                merge_threads=True, inverted=False, no_web=True)
+        except OSError:  # disk full: no half-written flamegraph left to be linked
+            out.unlink(missing_ok=True)
+            raise
         return FLAMEGRAPH_FILE
     except (ImportError, AttributeError, TypeError):  # reporter API moved: use the CLI
         out.unlink(missing_ok=True)

@@ -3,13 +3,15 @@
 On Linux, writing "5" to /proc/self/clear_refs resets the kernel's high-water mark VmHWM,
 so VmHWM read at a stage's end is the highest RSS since its start: no sampler, no missed
 spikes. (This also resets ru_maxrss: `/usr/bin/time` under-reports on an audited process.)
-Where clear_refs is unavailable, a sampling thread keeps the maximum instead and the
-record says so.
+Where clear_refs is unavailable, or a write to it fails mid-run, a sampling thread keeps the
+maximum instead and the record says so.
 """
 from __future__ import annotations
 
 import os
 import threading
+
+from auditor.stage import AUDITOR_CODE
 
 _STATUS = "/proc/self/status"
 _CLEAR_REFS = "/proc/self/clear_refs"
@@ -49,14 +51,15 @@ class RssProbe:
             self._fd = os.open(_CLEAR_REFS, os.O_WRONLY)
             os.write(self._fd, b"5")
         except (OSError, ValueError) as error:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
-            self.method = "sampler"
-            self.reason = (f"cannot reset VmHWM through {_CLEAR_REFS} ({error}); peaks come "
-                           f"from sampling every {SAMPLE_INTERVAL_S * 1000:g} ms and may miss "
-                           "short spikes")
-            self._sampler = _Sampler(SAMPLE_INTERVAL_S)
+            self.fall_back(f"cannot reset VmHWM through {_CLEAR_REFS} ({error})")
+
+    def fall_back(self, why: str) -> None:
+        """Sample from now on (clear_refs unavailable, or failing mid-run)."""
+        self.close()
+        self.method = "sampler"
+        self.reason = (f"{why}; peaks come from sampling every {SAMPLE_INTERVAL_S * 1000:g} ms "
+                       "and may miss short spikes")
+        self._sampler = _Sampler(SAMPLE_INTERVAL_S)
 
     def read(self) -> tuple[int, int, int]:
         if self._sampler is not None:
@@ -83,10 +86,14 @@ class RssProbe:
 
     def close(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+            fd, self._fd = self._fd, None
+            try:
+                os.close(fd)
+            except OSError:  # already closed under us: nothing left to release
+                pass
         if self._sampler is not None:
-            self._sampler.stop()
+            sampler, self._sampler = self._sampler, None
+            sampler.stop()
 
 
 class _Sampler:
@@ -105,10 +112,11 @@ class _Sampler:
         return self._process.memory_info().rss
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            rss = self.rss()
-            if rss > self._max:
-                self._max = rss
+        with AUDITOR_CODE:  # the auditor's thread: what it calls is never a stage
+            while not self._stop.wait(self._interval_s):
+                rss = self.rss()
+                if rss > self._max:
+                    self._max = rss
 
     def high_water(self, rss: int) -> int:
         return max(self._max, rss)

@@ -8,8 +8,10 @@ where TensorBoard's PyTorch Profiler plugin (torch-tb-profiler) looks for one:
 The profiler's own memory counts in the stages' RSS: on GradProbe with TinyStories-33M the
 run's peak went from 2,213 to 2,331 MiB. Input shapes are left out because record_shapes alone
 took that peak to about 3.2 GiB, and Python stacks too (with_stack=False): the Memory and
-Trace views need neither. Read RSS from a run without the profiler. Only one profiler can record per
-process: with one already recording, the probe reports itself absent.
+Trace views need neither. Read RSS from a run without the profiler. The trace is written
+after the run record (stop, then write), so a full disk costs the trace, not the record.
+Only one profiler can record per process: with one already recording, the probe reports
+itself absent.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ class TorchProfilerTrace:
     def __init__(self, folder: Path):
         self.folder = folder / TRACE_FOLDER
         self.state = {"state": "absent"}
-        self._profiler = self._ready = None
+        self._profiler = self._ready = self._stopped = None
         try:
             self._ready = self._build()
         except Exception as error:  # torch missing or broken: the run goes on without it
@@ -40,8 +42,9 @@ class TorchProfilerTrace:
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
         self._activities = "+".join(activity.name for activity in activities)
+        self._export = tensorboard_trace_handler(str(self.folder))  # its file naming, called in write()
         return profile(activities=activities, profile_memory=True, record_shapes=False,
-                       with_stack=False, on_trace_ready=tensorboard_trace_handler(str(self.folder)))
+                       with_stack=False)
 
     def start(self) -> None:
         if self._ready is None:
@@ -62,11 +65,27 @@ class TorchProfilerTrace:
     def on(self) -> bool:
         return self._profiler is not None
 
-    def stop(self) -> str | None:
-        """Stop and write the trace; its path in the run folder (None if none was written)."""
-        if self._profiler is None:
+    def stop(self) -> None:
+        """Stop recording; the trace is written later (write), after the run record."""
+        if self._profiler is not None:
+            self._stopped, self._profiler = self._profiler, None
+            self._stopped.stop()
+
+    def write(self) -> str | None:
+        """Write the trace of a stopped profiler; its path in the run folder (None if none was
+        written). A write that fails (disk full) leaves no partial trace behind."""
+        stopped, self._stopped = self._stopped, None
+        if stopped is None:
             return None
-        profiler, self._profiler = self._profiler, None
-        profiler.stop()  # calls tensorboard_trace_handler, which writes the file
-        traces = sorted(self.folder.glob(f"*{TRACE_SUFFIX}*"), key=lambda p: p.stat().st_mtime)
-        return f"{TRACE_FOLDER}/{traces[-1].name}" if traces else None
+        before = set(self._traces())
+        try:
+            self._export(stopped)
+        except BaseException:
+            for partial in set(self._traces()) - before:
+                partial.unlink(missing_ok=True)
+            raise
+        written = sorted(set(self._traces()) - before, key=lambda p: p.stat().st_mtime)
+        return f"{TRACE_FOLDER}/{written[-1].name}" if written else None
+
+    def _traces(self) -> list[Path]:
+        return list(self.folder.glob(f"*{TRACE_SUFFIX}*")) if self.folder.is_dir() else []
