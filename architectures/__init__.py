@@ -8,18 +8,28 @@ checkpoint folder (anything `from_pretrained` accepts on a path) works wherever 
     config = make_config("mistral-7b", layers=2, hidden=256, vocab=1000)   # scaled-down member
     model = build_model("tinystories-33m", seed=0)
     n = count_parameters("mistral-7b")                  # meta device: allocates nothing
+    max_positions("tinystories-33m")                    # 2048, read without torch or transformers
+
+Checking a name, a folder or an override (`config_fields`, `max_positions`) imports neither torch
+nor transformers, so a command line answers a mistake in milliseconds.
 """
 from __future__ import annotations
 
+import ast
+import functools
+import importlib.util
+import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 class UnknownArchitecture(ValueError):
-    """An architecture name that is neither known nor an existing checkpoint folder."""
+    """An architecture that cannot be used: an unknown name, or a folder without a readable
+    checkpoint config.json."""
 
 
 @dataclass(frozen=True)
@@ -82,24 +92,101 @@ def is_checkpoint_folder(name_or_path: str) -> bool:
 
 def make_config(name_or_path: str, **overrides: int):
     """The `transformers` config for a named architecture or a local checkpoint folder."""
-    if is_checkpoint_folder(name_or_path):
-        from transformers import AutoConfig
-        config = AutoConfig.from_pretrained(name_or_path)
-        family = config.model_type
-    else:
-        arch = _lookup(name_or_path)
-        family = arch.family
-        config = _config_class(family)(**_apply_overrides(arch, overrides))
-        overrides = {}
-    if overrides:
-        for key, value in overrides.items():
-            setattr(config, _override_field(family, key), value)
+    fields = config_fields(name_or_path, **overrides)  # every mistake found here, without torch
+    if not is_checkpoint_folder(name_or_path):
+        family = _lookup(name_or_path).family
+        _keep_special_tokens_in_vocab(family, fields)
+        return _config_class(family)(**fields)
+    config = _load_checkpoint_config(name_or_path)
+    for key, value in overrides.items():
+        setattr(config, _override_field(config.model_type, key), value)
     return config
+
+
+def config_fields(name_or_path: str, **overrides: int) -> dict[str, Any]:
+    """The config's fields with the overrides applied, checked without torch or transformers: a
+    named architecture's published shapes, or a checkpoint folder's config.json. ValueError (one
+    line) for an unknown name, a folder without a usable config.json, or a wrong override."""
+    if not is_checkpoint_folder(name_or_path):
+        return _apply_overrides(_lookup(name_or_path), overrides)
+    fields = _read_checkpoint_config(name_or_path)
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        _check_override(key, value)
+        fields[_override_field(fields["model_type"], key)] = value
+    return fields
+
+
+def max_positions(name_or_path: str, **overrides: int) -> int | None:
+    """The longest sequence the model has positions for (None if its config does not say)."""
+    fields = config_fields(name_or_path, **overrides)
+    # GPT-2-style configs name it n_positions (or n_ctx); transformers maps both to this field.
+    limits = [fields.get(key) for key in ("max_position_embeddings", "n_positions", "n_ctx")]
+    return next((n for n in limits if isinstance(n, int) and not isinstance(n, bool)), None)
+
+
+def _read_checkpoint_config(folder: str) -> dict[str, Any]:
+    where = f"checkpoint folder {folder!r}"
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as file:
+            fields = json.load(file)
+    except json.JSONDecodeError as error:
+        raise UnknownArchitecture(f"{where}: config.json is not JSON ({error.msg} at line {error.lineno}, "
+                                  f"column {error.colno})") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UnknownArchitecture(f"{where}: cannot read config.json "
+                                  f"({getattr(error, 'strerror', None) or error})") from None
+    if not isinstance(fields, dict):
+        raise UnknownArchitecture(f"{where}: config.json holds no JSON object")
+    model_type = fields.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise UnknownArchitecture(f"{where}: config.json names no model_type (e.g. \"gpt_neo\", \"llama\")")
+    known = _transformers_model_types()
+    if known is not None and model_type not in known:
+        raise UnknownArchitecture(f"{where}: config.json's model_type {model_type!r} is not a model "
+                                  "the installed transformers knows")
+    return fields
+
+
+def _load_checkpoint_config(folder: str):
+    from transformers import AutoConfig
+    try:
+        return AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError, KeyError, TypeError) as error:  # what config_fields could not see
+        reason = " ".join(str(error).split())[:300]
+        raise UnknownArchitecture(f"checkpoint folder {folder!r}: transformers cannot load its "
+                                  f"config.json ({reason})") from None
+
+
+@functools.lru_cache(maxsize=None)
+def _transformers_model_types() -> frozenset[str] | None:
+    """The model types the installed transformers knows, read from its files without importing it
+    (its config classes import torch: seconds). None when it keeps no generated table (older
+    versions): then loading the config decides, later and slower, still before any work."""
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    models = os.path.join(spec.submodule_search_locations[0], "models")
+    try:
+        with open(os.path.join(models, "auto", "auto_mappings.py"), encoding="utf-8") as file:
+            tree = ast.parse(file.read())
+        table = next(node.value.args[0] for node in tree.body if isinstance(node, ast.Assign)
+                     and any(getattr(t, "id", None) == "CONFIG_MAPPING_NAMES" for t in node.targets))
+        names = {name for name, _ in ast.literal_eval(table)}
+    except (OSError, SyntaxError, ValueError, StopIteration, AttributeError, IndexError, TypeError):
+        return None
+    # A few types are added in code rather than in the table; each lives in its model's folder.
+    folders = {entry.name for entry in os.scandir(models) if entry.is_dir()}
+    return frozenset(names) | frozenset(folders) | frozenset(f.replace("_", "-") for f in folders)
 
 
 def _lookup(name: str) -> Architecture:
     if name in ARCHITECTURES:
         return ARCHITECTURES[name]
+    if os.path.isdir(name):
+        raise UnknownArchitecture(f"folder {name!r} has no config.json; a checkpoint folder holds one "
+                                  "(save_pretrained writes it)")
     if os.path.sep in name or name.startswith("."):
         raise UnknownArchitecture(f"checkpoint folder {name!r} does not exist or has no config.json")
     raise UnknownArchitecture(f"unknown architecture {name!r}; known: {', '.join(known_names())} "
@@ -113,13 +200,17 @@ def _override_field(family: str, key: str) -> str:
     return fields[key]
 
 
+def _check_override(key: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"override {key}={value!r} must be a positive integer")
+
+
 def _apply_overrides(arch: Architecture, overrides: dict[str, int]) -> dict[str, Any]:
     settings = dict(arch.settings)
     for key, value in overrides.items():
         if value is None:
             continue
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"override {key}={value!r} must be a positive integer")
+        _check_override(key, value)
         settings[_override_field(arch.family, key)] = value
     if arch.family == "gpt_neo":
         settings["attention_types"] = _alternating(settings["num_layers"])
@@ -132,7 +223,6 @@ def _apply_overrides(arch: Architecture, overrides: dict[str, int]) -> dict[str,
                              f"{settings['num_key_value_heads']} key/value heads")
     if settings["hidden_size"] % heads:
         raise ValueError(f"hidden size {settings['hidden_size']} is not divisible by {heads} heads")
-    _keep_special_tokens_in_vocab(arch.family, settings)
     return settings
 
 
@@ -155,15 +245,18 @@ def _config_class(family: str):
     return {"gpt_neo": GPTNeoConfig, "mistral": MistralConfig, "llama": LlamaConfig}[family]
 
 
-def build_model(name_or_path: str, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+def build_model(name_or_path: str, *, seed: int = 0, dtype: torch.dtype | None = None,
                 device: str | torch.device = "cpu", attn_implementation: str = "eager",
                 **overrides: int) -> torch.nn.Module:
     """A causal LM: random weights from `seed` for a name, real weights for a checkpoint folder.
+    `dtype` defaults to float32.
 
     Eager attention by default: its saved activations are what the memory figures describe,
     and its results are deterministic on CPU.
     """
+    import torch
     from transformers import AutoModelForCausalLM
+    dtype = torch.float32 if dtype is None else dtype
     if is_checkpoint_folder(name_or_path) and _has_weights(name_or_path) and not overrides:
         model = AutoModelForCausalLM.from_pretrained(
             name_or_path, dtype=dtype, attn_implementation=attn_implementation)
@@ -187,6 +280,7 @@ def count_parameters(name_or_path: str, **overrides: int) -> int:
 
 def parameter_sizes(name_or_path: str, **overrides: int) -> list[int]:
     """Elements of each parameter tensor (tied weights once), from the config on `meta`."""
+    import torch
     from transformers import AutoModelForCausalLM
     config = make_config(name_or_path, **overrides)
     with torch.device("meta"):

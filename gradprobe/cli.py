@@ -21,16 +21,26 @@ import os
 import sys
 import time
 
-import torch
+from architectures.options import (add_device_argument, add_seed_argument, add_sequence_arguments,
+                                   add_size_arguments, add_threads_argument, check_model_options,
+                                   finite_float, size_overrides)
 
-from .masks import mask_digest
-from .process_memory import current_rss, peak_rss
-from .pruner import check_settings
-from .strategies import STRATEGIES
-from .variants import VARIANTS, check_variant, make_pruner
+from . import settings
 
-STORAGE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 MiB = 1 << 20
+
+
+def storage_dtypes() -> dict:
+    """torch dtypes by --storage-dtype name. Made on first use: this module imports without torch,
+    so a mistake on the command line is answered before torch loads."""
+    import torch
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def __getattr__(name: str):  # gradprobe.cli.STORAGE_DTYPES, as before
+    if name == "STORAGE_DTYPES":
+        return storage_dtypes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class OneLineErrors(argparse.ArgumentParser):
@@ -41,37 +51,43 @@ class OneLineErrors(argparse.ArgumentParser):
 
 
 def add_pruning_arguments(parser) -> None:
-    """The calibration shape and decision settings every GradProbe command takes."""
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=1)
+    """The calibration shape and decision settings every GradProbe command takes (checked by
+    `check_pruning_arguments`)."""
+    add_sequence_arguments(parser)
     parser.add_argument("--batches", type=int, default=2, help="calibration batches per gradient pass")
-    parser.add_argument("--sparsity", type=float, default=0.1, help="candidate fraction s")
-    parser.add_argument("--reduction", type=float, default=0.1, help="reduction factor r")
-    parser.add_argument("--threshold", type=float, default=2.0, help="gradient threshold tau")
+    parser.add_argument("--sparsity", type=finite_float, default=0.1, help="candidate fraction s")
+    parser.add_argument("--reduction", type=finite_float, default=0.1, help="reduction factor r")
+    parser.add_argument("--threshold", type=finite_float, default=2.0, help="gradient threshold tau")
+
+
+def check_pruning_arguments(args, architecture_option: str = "arch") -> None:
+    """ValueError (one line) for a pruning setting or model option GradProbe cannot run with;
+    no torch, so it is answered at once."""
+    settings.check_numbers(args.sparsity, args.reduction, args.batches, args.threshold)
+    check_model_options(args, architecture_option)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrors(prog="gradprobe", description="Prune a causal LM with GradProbe or one of its variants.")
     parser.add_argument("--arch", default="tinystories-33m",
                         help="architecture name (random weights) or local checkpoint folder")
-    for name in ("layers", "hidden", "vocab", "heads"):
-        parser.add_argument(f"--{name}", type=int, help=f"override the architecture's {name}")
+    add_size_arguments(parser)
     add_pruning_arguments(parser)
-    parser.add_argument("--strategy", choices=sorted(STRATEGIES), default="magnitude")
+    parser.add_argument("--strategy", choices=settings.STRATEGIES, default="magnitude")
     parser.add_argument("--per-layer", action="store_true", help="one threshold per tensor")
-    parser.add_argument("--storage-dtype", choices=sorted(STORAGE_DTYPES),
+    parser.add_argument("--storage-dtype", choices=settings.STORAGE_DTYPES,
                         help="dtype of the saved state and gradient records (default: the variant's, "
                              "fp32 except low-precision's bf16)")
     parser.add_argument("--variant", default="baseline", metavar="NAME",
-                        help=f"GradProbe variant: {', '.join(VARIANTS)} (default: baseline)")
+                        help=f"GradProbe variant: {', '.join(settings.VARIANTS)} (default: baseline)")
     parser.add_argument("--masks-out", metavar="FILE",
                         help="write the final masks as safetensors: one uint8 0/1 tensor per parameter")
     parser.add_argument("--summary-json", metavar="FILE", help="write the summary as JSON (bytes, seconds)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own)")
+    add_seed_argument(parser)
+    add_threads_argument(parser)
     parser.add_argument("--text", help="calibration text file (needs --tokenizer)")
     parser.add_argument("--tokenizer", help="local tokenizer folder for --text")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    add_device_argument(parser)
     return parser
 
 
@@ -86,14 +102,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> str:
-    storage_dtype = STORAGE_DTYPES[args.storage_dtype] if args.storage_dtype else None
-    check_settings(args.sparsity, args.reduction, args.batches, args.threshold, storage_dtype or torch.float32)
-    _check_machine(args)
-    check_variant(args.variant)
-    _check_output_folders(args)
+    check_arguments(args)
+    import torch
     from transformers import AutoModelForCausalLM  # noqa: F401  (counted in "before build")
 
     from architectures import build_model
+
+    from .process_memory import current_rss
+    from .variants import make_pruner
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    storage_dtype = storage_dtypes()[args.storage_dtype] if args.storage_dtype else None
 
     rss = {"before build": current_rss()}
     start = time.perf_counter()
@@ -114,6 +134,8 @@ def run(args: argparse.Namespace) -> str:
 
 def _summary(args, model, result, built_s: float, rss: dict[str, int]) -> dict:
     """The run in numbers: counts, bytes and seconds (what --summary-json writes)."""
+    from .masks import mask_digest
+    from .process_memory import peak_rss
     return {
         "variant": args.variant, "architecture": args.arch,
         "parameters": sum(p.numel() for p in model.parameters()), "prunable": result.prunable,
@@ -142,7 +164,8 @@ def _render(args, model, storage: str, summary: dict) -> str:
           for when in ("before build", "after build", "after prune")],
         ("peak RSS", f"{summary['peak_rss'] / MiB:,.1f} MiB"),
     ]
-    if args.device == "cuda":
+    if args.device.startswith("cuda"):
+        import torch
         rows.append(("CUDA peak allocated", f"{torch.cuda.max_memory_allocated() / MiB:,.1f} MiB"))
     rows.append(("mask digest", summary["mask_digest"]))
     return "\n".join([_headline(args, model, storage)] + [f"{label:<21}{value}" for label, value in rows])
@@ -154,47 +177,60 @@ def _write_outputs(args, result, summary: dict) -> None:
             json.dump(summary, out, indent=2)
             out.write("\n")
     if args.masks_out:
+        import torch
         from safetensors.torch import save_file
         # A bool tensor viewed as uint8 is the same bytes, 0 or 1: no copy on CPU.
         save_file({name: mask.to("cpu").view(torch.uint8) for name, mask in result.masks.items()},
                   args.masks_out)
 
 
-def _check_output_folders(args: argparse.Namespace) -> None:
-    """Before the model is built: a typo in an output path should not cost a whole prune."""
-    for option in ("masks_out", "summary_json"):
-        path = getattr(args, option)
-        folder = os.path.dirname(os.path.abspath(path)) if path else None
-        if folder and not os.path.isdir(folder):
-            raise ValueError(f"--{option.replace('_', '-')}: folder {folder!r} does not exist")
-
-
-def _storage_name(pruner, asked: torch.dtype | None) -> str:
-    """The storage dtype the run used: the one asked for, else the variant's own default."""
-    dtype = asked or getattr(pruner, "storage_dtype", torch.float32)
-    return next((name for name, known in STORAGE_DTYPES.items() if known == dtype), str(dtype))
-
-
-def _check_machine(args: argparse.Namespace) -> None:
-    for option in ("seq_len", "batch_size", "threads", "layers", "hidden", "vocab", "heads"):
-        value = getattr(args, option)
-        if value is not None and value < (2 if option == "seq_len" else 1):
-            raise ValueError(f"--{option.replace('_', '-')} must be at least "
-                             f"{2 if option == 'seq_len' else 1}, got {value}")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available here; use --device cpu")
+def check_arguments(args: argparse.Namespace) -> None:
+    """Every mistake in what was typed, without torch: a typo should not cost a whole prune."""
+    check_pruning_arguments(args)
+    settings.check_variant_name(args.variant)
     if (args.text is None) != (args.tokenizer is None):
         raise ValueError("--text and --tokenizer go together: give both, or neither for synthetic tokens")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    for path, what, is_kind in ((args.text, "text file", os.path.isfile),
+                                (args.tokenizer, "tokenizer folder", os.path.isdir)):
+        if path is not None and not is_kind(path):
+            raise ValueError(f"{what} {path!r} " + ("does not exist" if not os.path.exists(path) else
+                                                     f"is not a {what.split()[-1]}"))
+    check_output_files(args, ("masks_out", "summary_json"))
+
+
+def check_output_files(args: argparse.Namespace, options: tuple[str, ...]) -> None:
+    """Each output file given can be written: its folder exists and is writable, the path is not a
+    folder, and no two options name the same file. Creates nothing."""
+    seen: dict[str, str] = {}
+    for option in options:
+        path = getattr(args, option)
+        if not path:
+            continue
+        flag = f"--{option.replace('_', '-')}"
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise ValueError(f"{flag}: folder {folder!r} does not exist")
+        if os.path.isdir(path):
+            raise ValueError(f"{flag}: {path!r} is a folder; give a file name")
+        if not os.access(folder, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+            raise ValueError(f"{flag}: cannot write {path!r} (permission denied)")
+        same = seen.setdefault(os.path.realpath(path), flag)
+        if same != flag:
+            raise ValueError(f"{same} and {flag} both name {path!r}; give each its own file")
+
+
+def _storage_name(pruner, asked) -> str:
+    """The storage dtype the run used: the one asked for, else the variant's own default."""
+    import torch
+    dtype = asked or getattr(pruner, "storage_dtype", torch.float32)
+    return next((name for name, known in storage_dtypes().items() if known == dtype), str(dtype))
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, int]:
-    names = ("layers", "hidden", "vocab", "heads")
-    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    return size_overrides(args)
 
 
-def _calibration(args: argparse.Namespace, vocab_size: int) -> list[torch.Tensor]:
+def _calibration(args: argparse.Namespace, vocab_size: int) -> list:
     from architectures.calibration import synthetic_batches, text_file_batches
     if args.text is None:
         return synthetic_batches(vocab_size, args.seq_len, args.batch_size, args.batches, args.seed)
@@ -206,7 +242,8 @@ def _calibration(args: argparse.Namespace, vocab_size: int) -> list[torch.Tensor
     return batches
 
 
-def _headline(args: argparse.Namespace, model: torch.nn.Module, storage: str) -> str:
+def _headline(args: argparse.Namespace, model, storage: str) -> str:
+    import torch
     scope = "per-layer" if args.per_layer else "global"
     return (f"gradprobe: {args.arch} ({model.config.model_type}), {args.strategy} {scope}, "
             f"s={args.sparsity} r={args.reduction} tau={args.threshold}, "

@@ -35,6 +35,7 @@ from .gradients import record_gradients
 from .loss import causal_lm_loss
 from .masks import count_true
 from .prunable import element_count, model_parameters, prunable_tensors
+from .settings import check_numbers
 from .strategies import Strategy, make_strategy
 
 
@@ -50,14 +51,7 @@ class PruneResult:
 
 def check_settings(sparsity: float, reduction_factor: float, num_batches: int,
                    gradient_threshold: float, storage_dtype: torch.dtype) -> None:
-    if not 0 < sparsity < 1:
-        raise ValueError(f"sparsity must be between 0 and 1 (exclusive), got {sparsity}")
-    if not 0 < reduction_factor <= 1:
-        raise ValueError(f"reduction factor must be in (0, 1], got {reduction_factor}")
-    if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 1:
-        raise ValueError(f"num_batches must be an integer >= 1, got {num_batches!r}")
-    if not gradient_threshold >= 0:
-        raise ValueError(f"gradient threshold must be >= 0, got {gradient_threshold}")
+    check_numbers(sparsity, reduction_factor, num_batches, gradient_threshold)
     if not (isinstance(storage_dtype, torch.dtype) and storage_dtype.is_floating_point):
         raise ValueError(f"storage dtype must be a floating-point torch dtype, got {storage_dtype!r}")
 

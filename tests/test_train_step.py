@@ -172,9 +172,9 @@ def test_the_command_knows_the_jobs_optimizers_and_precisions():
 # -- the command --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("argv, expected", [
-    (["--batch-size", "0"], "batch size must be an integer >= 1"),
-    (["--seq-len", "0"], "sequence length must be an integer >= 1"),
-    (["--accumulation", "0"], "accumulation must be an integer >= 1"),
+    (["--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--seq-len", "0"], "--seq-len must be at least 2"),
+    (["--accumulation", "0"], "--accumulation must be at least 1"),
     (["--seq-len", "4096"], "exceeds tinystories-33m's maximum of 2048 positions"),
     (["--optimizer", "lion"], "unknown optimizer 'lion'"),
     (["--precision", "fp8"], "invalid choice: 'fp8'"),

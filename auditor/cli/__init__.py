@@ -19,12 +19,24 @@ class UsageError(Exception):
     """Bad input on the command line: one line on stderr, exit status 2."""
 
 
-def check_writable_report(output) -> None:
-    """UsageError (one line) unless the report could be written at `output`; creates nothing."""
+def check_writable_report(output, create_folder: bool = False) -> None:
+    """UsageError (one line) unless the report could be written at `output`; creates nothing.
+    Its folder must exist, unless `create_folder` (a default path such as reports/, which the
+    command creates): then the nearest folder that exists must be writable."""
     from pathlib import Path
     output = Path(output)
-    if not os.access(output.parent if output.parent.exists() else Path("."), os.W_OK):
-        raise UsageError(f"cannot write the report to {str(output)!r}")
+    where = f"cannot write the report to {str(output)!r}"
+    if output.is_dir():
+        raise UsageError(f"{where}: it is a folder; give a file name such as {str(output / 'report.md')!r}")
+    folder = output.parent
+    if not folder.exists() and not create_folder:
+        raise UsageError(f"{where}: folder {str(folder)!r} does not exist")
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise UsageError(f"{where}: {str(folder)!r} is a file, not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK) or (output.exists() and not os.access(output, os.W_OK)):
+        raise UsageError(f"{where}: permission denied")
 
 
 class _Parser(argparse.ArgumentParser):

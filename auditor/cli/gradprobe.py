@@ -8,40 +8,39 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from architectures.options import (add_device_argument, add_seed_argument, add_size_arguments,
+                                   add_threads_argument, size_overrides)
 from auditor.cli import UsageError, check_writable_report
 from auditor.cli.progress import StatusLine
+from auditor.cli.report_name import default_report_path, defaults_of
 
 DEFAULT_TARGETS = ["mistral-7b"]
-SIZES = ("layers", "hidden", "vocab", "heads", "intermediate")
 
 
 def add_settings_arguments(p) -> None:
-    """The GradProbe settings every command that runs the job takes."""
-    p.add_argument("--variant", default="baseline", help="GradProbe variant (see gradprobe.variants)")
-    p.add_argument("--strategy", default="magnitude", choices=["magnitude", "wanda"])
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--batches", type=int, default=2)
-    p.add_argument("--sparsity", type=float, default=0.1)
-    p.add_argument("--reduction", type=float, default=0.1)
-    p.add_argument("--threshold", type=float, default=2.0, help="gradient threshold tau")
-    p.add_argument("--seed", type=int, default=0)
+    """The GradProbe settings every command that runs the job takes: gradprobe's own options."""
+    from gradprobe.cli import add_pruning_arguments
+    from gradprobe.settings import STRATEGIES, VARIANTS
+    p.add_argument("--variant", default="baseline", metavar="NAME",
+                   help=f"GradProbe variant: {', '.join(VARIANTS)} (default: baseline)")
+    p.add_argument("--strategy", default="magnitude", choices=STRATEGIES)
+    add_pruning_arguments(p)
+    add_seed_argument(p)
+
+
+def check_settings_arguments(args) -> None:
+    """ValueError (one line) for a GradProbe setting or model option of those arguments; without
+    torch, so a mistake is answered at once."""
+    from gradprobe.cli import check_pruning_arguments
+    from gradprobe.settings import check_variant_name
+    check_variant_name(args.variant)
+    check_pruning_arguments(args)
 
 
 def settings_from(args, overrides: dict, device: str = "cpu"):
     """The job's Settings from those arguments, checked: ValueError (one line) if wrong."""
-    import architectures
-    import torch
+    check_settings_arguments(args)
     from auditor.jobs.gradprobe import Settings
-    from gradprobe.pruner import check_settings
-    from gradprobe.variants import check_variant
-
-    architectures.make_config(args.arch, **overrides)
-    check_variant(args.variant)
-    check_settings(args.sparsity, args.reduction, args.batches, args.threshold, torch.float32)
-    for name in ("seq_len", "batch_size"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     return Settings(architecture=args.arch, overrides=overrides, variant=args.variant,
                     strategy=args.strategy, device=device, sequence_length=args.seq_len,
                     batch_size=args.batch_size, batches=args.batches, sparsity=args.sparsity,
@@ -52,10 +51,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("gradprobe", help="audit GradProbe and write the memory report",
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", default="tinystories-33m", help="architecture name or checkpoint folder")
-    for name in SIZES:
-        p.add_argument(f"--{name}", type=int, help=f"override the architecture's {name}")
+    add_size_arguments(p)
     add_settings_arguments(p)
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    add_device_argument(p)
     p.add_argument("--target", action="append", dest="targets", metavar="ARCH",
                    help=f"architecture to project to (repeatable; default {DEFAULT_TARGETS[0]})")
     p.add_argument("--no-trace", action="store_true", help="scaled projection only (no traced run)")
@@ -64,10 +62,12 @@ def register(subparsers) -> None:
                    help="trace allocations with memray (the default; kept for old command lines)")
     p.add_argument("--no-memray", dest="memray", action="store_false",
                    help="skip the memray trace (the report then lists no allocation sites)")
-    p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    add_threads_argument(p)
     p.add_argument("--run-dir", help="folder for the run record (default: a new folder under runs/)")
-    p.add_argument("-o", "--output", help="report path (default reports/gradprobe-ARCH.md)")
+    p.add_argument("-o", "--output", help="report path (default reports/gradprobe-ARCH.md, plus every "
+                                          "setting that differs from its default: -layers1-lean...)")
     p.set_defaults(handler=main)
+    p.set_defaults(setting_defaults=defaults_of(p))
 
 
 def main(args) -> int:
@@ -109,24 +109,35 @@ def main(args) -> int:
 
 
 def _checked(args):
-    """Every argument validated before anything runs: bad input is one line, exit 2."""
+    """Every argument validated before anything runs (torch only for the Settings, once all is
+    checked): bad input is one line, exit 2."""
     import architectures
 
-    overrides = {k: getattr(args, k) for k in SIZES if getattr(args, k) is not None}
     targets = args.targets or DEFAULT_TARGETS
     try:
-        import torch
-        settings = settings_from(args, overrides, args.device)
+        check_settings_arguments(args)
         for target in targets:
-            architectures.make_config(target)
-        if args.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError("--device cuda: no CUDA device is available")
+            try:
+                architectures.config_fields(target)
+            except architectures.UnknownArchitecture as error:
+                raise ValueError(f"--target: {error}") from None
     except ValueError as error:
         raise UsageError(str(error)) from None
-    output = Path(args.output or f"reports/gradprobe-{args.arch.strip('/').split('/')[-1]}.md")
-    check_writable_report(output)
+    output = Path(args.output) if args.output else _default_output(args, targets)
+    check_writable_report(output, create_folder=not args.output)
+    settings = settings_from(args, size_overrides(args), args.device)
     output.parent.mkdir(parents=True, exist_ok=True)
     return settings, targets, output
+
+
+# Where and how fast the job runs, not what it measures: they leave the report's name alone.
+_NOT_IN_THE_NAME = ("handler", "arch", "threads", "run_dir", "output")
+
+
+def _default_output(args, targets: list[str]) -> Path:
+    settings = {k: getattr(args, k) for k in args.setting_defaults if k not in _NOT_IN_THE_NAME}
+    defaults = dict(args.setting_defaults, targets=DEFAULT_TARGETS)
+    return default_report_path("gradprobe", [args.arch], dict(settings, targets=targets), defaults)
 
 
 def _print_summary(record: dict, output: Path, folder: Path) -> None:

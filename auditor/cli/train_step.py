@@ -12,12 +12,17 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from architectures.options import (add_device_argument, add_seed_argument, add_sequence_arguments,
+                                   add_size_arguments, at_least, check_model_options, finite_float,
+                                   positive_number, size_overrides)
 from auditor.analysis.activation_size import PRECISIONS
 from auditor.cli import UsageError, check_writable_report
-from auditor.cli.gradprobe import SIZES
 from auditor.cli.progress import StatusLine
+from auditor.cli.report_name import default_report_path, defaults_of
 
-OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum")  # for --help; the job checks the name
+# The job's optimizers (auditor.jobs.train_step.OPTIMIZERS, a test keeps them in step), named here
+# so a wrong one is refused before torch loads.
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum")
 
 
 def register(subparsers) -> None:
@@ -25,27 +30,26 @@ def register(subparsers) -> None:
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", nargs="+", default=["tinystories-33m"], metavar="ARCH",
                    help="architecture names or local checkpoint folders")
-    for name in SIZES:
-        p.add_argument(f"--{name}", type=int, help=f"override the architecture's {name}")
-    p.add_argument("--seq-len", nargs="+", type=int, default=[128], metavar="N",
-                   help="sequence lengths to sweep (default 128)")
+    add_size_arguments(p)
+    add_sequence_arguments(p, many=True)
     p.add_argument("--precision", nargs="+", metavar="MODE", choices=PRECISIONS,
                    help=f"precision modes to sweep: {', '.join(PRECISIONS)} (amp-*: autocast over fp32 "
                         "weights; bf16/fp16: the whole model, gradients and optimizer state in it)")
     p.add_argument("--amp", choices=("bf16", "fp16"), help="autocast: the same as --precision amp-DTYPE")
-    p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--accumulation", type=int, default=1, help="micro-batches per optimizer step")
     p.add_argument("--steps", type=int, default=6, help="optimizer steps (default 6)")
     p.add_argument("--optimizer", default="adamw", metavar="NAME",
                    help=f"one of {', '.join(OPTIMIZERS)} (default adamw)")
-    p.add_argument("--lr", type=float, default=1e-4, help="learning rate")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--lr", type=finite_float, default=1e-4, help="learning rate (> 0)")
+    add_seed_argument(p)
+    add_device_argument(p)
     p.add_argument("--no-memray", action="store_true",
                    help="skip memray's allocation trace (on by default on CPU)")
     p.add_argument("--run-dir", help="folder for the run records (default: a new folder under runs/)")
-    p.add_argument("-o", "--output", help="report path (default reports/train-step-ARCH.md)")
+    p.add_argument("-o", "--output", help="report path (default reports/train-step-ARCH.md, plus every "
+                                          "setting that differs from its default: -seq-len512-sgd...)")
     p.set_defaults(handler=main)
+    p.set_defaults(setting_defaults=defaults_of(p))
 
 
 def main(args) -> int:
@@ -71,13 +75,25 @@ def main(args) -> int:
 
 
 def _checked(args):
-    """Every configuration validated before any runs: bad input is one line, exit 2."""
-    from auditor.jobs.train_step import Settings, check_settings
-
+    """Every configuration validated before any runs, without torch until all that can be checked
+    without it is: bad input is one line, exit 2."""
     if args.amp and args.precision:
         raise UsageError("give --amp or --precision, not both (--amp bf16 is --precision amp-bf16)")
     precisions = [f"amp-{args.amp}"] if args.amp else (args.precision or ["fp32"])
-    overrides = {k: getattr(args, k) for k in SIZES if getattr(args, k) is not None}
+    try:
+        check_model_options(args)
+        at_least(args.accumulation, 1, "--accumulation")
+        at_least(args.steps, 1, "--steps")
+        if args.optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {args.optimizer!r}; known: {', '.join(OPTIMIZERS)}")
+        positive_number(args.lr, "--lr")
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    output = Path(args.output) if args.output else _default_output(args, precisions)
+    check_writable_report(output, create_folder=not args.output)
+
+    from auditor.jobs.train_step import Settings, check_settings
+    overrides = size_overrides(args)
     configurations = [
         Settings(architecture=arch, overrides=overrides, device=args.device,
                  batch_size=args.batch_size, sequence_length=seq, accumulation=args.accumulation,
@@ -86,14 +102,21 @@ def _checked(args):
         for arch in args.arch for seq in args.seq_len for precision in precisions]
     try:
         for settings in configurations:
-            check_settings(settings)
+            check_settings(settings)  # what only torch can tell: autocast on this device, CUDA
     except ValueError as error:
         raise UsageError(str(error)) from None
-    name = "-".join(Path(a.rstrip("/")).name for a in args.arch)
-    output = Path(args.output or f"reports/train-step-{name}.md")
-    check_writable_report(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     return configurations, output
+
+
+# Where the records go and the report itself: they leave the report's name alone.
+_NOT_IN_THE_NAME = ("handler", "arch", "run_dir", "output", "amp")
+
+
+def _default_output(args, precisions: list[str]) -> Path:
+    settings = {k: getattr(args, k) for k in args.setting_defaults if k not in _NOT_IN_THE_NAME}
+    defaults = dict(args.setting_defaults, precision=["fp32"])
+    return default_report_path("train-step", args.arch, dict(settings, precision=precisions), defaults)
 
 
 def _print_summary(records, output: Path) -> None:

@@ -13,28 +13,23 @@ Exit status: 0 every target met; 1 a target missed; 2 bad input, or the target w
 """
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
+from architectures.options import add_size_arguments, add_threads_argument, check_sequence_length, size_overrides
 from auditor.cli import UsageError, check_writable_report
-from auditor.cli.gradprobe import SIZES, add_settings_arguments, settings_from
-
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
-          "g": 1 << 30, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+from auditor.cli.gradprobe import add_settings_arguments, check_settings_arguments, settings_from
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("validate-projection", help="check the projections against a real held-out run",
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", default="tinystories-33m", help="architecture audited at the small scale")
-    for name in SIZES:
-        p.add_argument(f"--{name}", type=int, help=f"small scale: override the architecture's {name}")
+    add_size_arguments(p, scale="small scale: ")
     p.add_argument("--target", default="tinystories-33m", metavar="ARCH", help="held-out architecture")
-    for name in SIZES:
-        p.add_argument(f"--target-{name}", type=int, help=f"held-out scale: override the target's {name}")
+    add_size_arguments(p, prefix="target-", scale="held-out scale: ")
     add_settings_arguments(p)
-    p.add_argument("--threads", type=int, help="torch threads of both real runs (default: torch's)")
+    add_threads_argument(p)
     p.add_argument("--available", metavar="SIZE",
                    help="memory the held-out run may use, e.g. 8GiB (default: what the system has available)")
     p.add_argument("--margin", metavar="SIZE", default="1GiB",
@@ -70,20 +65,17 @@ def _checked(args):
     """Every argument validated before anything runs: bad input is one line, exit 2."""
     import architectures
 
-    overrides = {k: getattr(args, k) for k in SIZES if getattr(args, k) is not None}
-    target_overrides = {k: getattr(args, f"target_{k}") for k in SIZES
-                        if getattr(args, f"target_{k}") is not None}
+    overrides, target_overrides = size_overrides(args), size_overrides(args, "target-")
     try:
-        small = settings_from(args, overrides)
+        check_settings_arguments(args)
         try:
-            architectures.make_config(args.target, **target_overrides)
+            architectures.config_fields(args.target, **target_overrides)
         except architectures.UnknownArchitecture as error:
             raise ValueError(f"--target: {error}") from None
-        if args.threads is not None and args.threads < 1:
-            raise ValueError("--threads must be >= 1")
+        check_sequence_length(args.target, args.seq_len, target_overrides)
         _size(args.margin, "--margin")
-        if args.available:
-            _size(args.available, "--available")
+        if args.available is not None and _size(args.available, "--available") == 0:
+            raise ValueError("--available must be more than 0 bytes")
     except ValueError as error:
         raise UsageError(str(error)) from None
     output = Path(args.output) if args.output else None
@@ -95,14 +87,15 @@ def _checked(args):
             check_run_folder(args.run_dir)
         except ValueError as error:
             raise UsageError(str(error)) from None
-    return small, args.target, target_overrides, output
+    return settings_from(args, overrides), args.target, target_overrides, output
 
 
 def _size(text: str, option: str) -> int:
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text or "")
-    if not match or match.group(2).lower() not in _UNITS:
-        raise UsageError(f"{option}: {text!r} is not a size (e.g. 512MiB, 8GiB, 1000000)")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    from auditor.units import parse_size
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise UsageError(f"{option}: {error}") from None
 
 
 def _console():

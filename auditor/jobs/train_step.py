@@ -64,35 +64,29 @@ class Settings:
 
 
 def check_settings(settings: Settings):
-    """ValueError (one line) for anything that cannot run; returns the model's config."""
+    """ValueError (one line) for anything that cannot run; returns the model's config. The same
+    checks as the command line's (architectures.options), which runs them before torch loads."""
     import architectures
-    for name, value in (("batch size", settings.batch_size), ("sequence length",
-                        settings.sequence_length), ("accumulation", settings.accumulation),
+    from architectures.options import at_least, check_sequence_length, positive_number
+    for name, value in (("batch size", settings.batch_size), ("accumulation", settings.accumulation),
                         ("steps", settings.steps)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1 (got {value!r})")
+        at_least(value, 1, name)
     if settings.optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {settings.optimizer!r}; known: {', '.join(OPTIMIZERS)}")
     if settings.precision not in PRECISIONS:
         raise ValueError(f"unknown precision {settings.precision!r}; known: {', '.join(PRECISIONS)}")
+    positive_number(settings.learning_rate, "learning rate")
     config = architectures.make_config(settings.architecture, **settings.overrides)
-    limit = getattr(config, "max_position_embeddings", None)
-    if limit is not None and settings.sequence_length > limit:
-        raise ValueError(f"sequence length {settings.sequence_length} exceeds "
-                         f"{settings.architecture}'s maximum of {limit} positions")
+    check_sequence_length(settings.architecture, settings.sequence_length, settings.overrides,
+                          option="sequence length")
     check_device(settings.device, settings.precision)
     return config
 
 
 def check_device(device: str, precision: str) -> None:
-    try:
-        kind = torch.device(device).type
-    except RuntimeError:
-        kind = None
-    if kind not in ("cpu", "cuda"):
-        raise ValueError(f"unknown device {device!r}; use cpu, cuda or cuda:N")
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r}: no CUDA device is available")
+    from architectures.options import check_device as check_device_name
+    check_device_name(device)
+    kind = torch.device(device).type
     weights, amp = PRECISIONS[precision]
     if amp is None:
         return

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
-import torch
+from architectures.options import (add_seed_argument, add_size_arguments, add_threads_argument,
+                                   check_model_options, size_overrides)
 
-from ..cli import STORAGE_DTYPES as DTYPES, MiB, OneLineErrors, add_pruning_arguments
-from ..masks import mask_digest
-from ..process_memory import current_rss, peak_rss
-from .pruner import STRATEGIES, Moment, StreamingGradProbe
+from ..cli import (MiB, OneLineErrors, add_pruning_arguments, check_output_files, check_pruning_arguments,
+                   storage_dtypes)
+from ..settings import STORAGE_DTYPES, STRATEGIES
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrors(prog="python -m gradprobe.streaming",
@@ -29,11 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineErrors)
     write = commands.add_parser("write-weights", help="write a model as a streaming weights folder")
     write.add_argument("--arch", required=True, help="architecture name or local checkpoint folder")
-    for name in ("layers", "hidden", "vocab", "heads"):
-        write.add_argument(f"--{name}", type=int, help=f"override the architecture's {name}")
+    add_size_arguments(write)
     write.add_argument("--out", required=True, help="new folder for the weights")
-    write.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="stored dtype")
-    write.add_argument("--seed", type=int, default=0)
+    write.add_argument("--dtype", choices=STORAGE_DTYPES, default="fp32", help="stored dtype")
+    add_seed_argument(write)
     write.add_argument("--generate", action="store_true",
                        help="random weights tensor by tensor (never the whole model in memory)")
     prune = commands.add_parser("prune", help="prune a weights folder")
@@ -49,8 +49,8 @@ def add_prune_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scratch", help="folder for G0 between passes (default: inside OUT)")
     add_pruning_arguments(parser)
     parser.add_argument("--strategy", choices=STRATEGIES, default="magnitude")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic calibration tokens")
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own)")
+    add_seed_argument(parser, help="seed of the synthetic calibration tokens")
+    add_threads_argument(parser)
     parser.add_argument("--progress", action="store_true", help="one line on stderr per stage")
 
 
@@ -58,28 +58,65 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        check_arguments(args)
         print(write_weights(args) if args.command == "write-weights" else prune(args))
     except ValueError as error:
         parser.error(str(error))
     return 0
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """Every mistake in what was typed, found without torch and before anything is written."""
+    if args.command == "write-weights":
+        check_model_options(args)
+        _check_new_folder(args.out, "--out")
+        return
+    check_pruning_arguments(args, "weights")
+    _check_new_folder(args.out, "--out")
+    if os.path.abspath(args.out) == os.path.abspath(args.weights):
+        raise ValueError(f"--out {args.out!r} is the weights folder: give a new folder for the pruned weights")
+    check_output_files(args, ("masks_out", "summary_json"))
+    if args.scratch is not None and not os.path.isdir(args.scratch):
+        raise ValueError(f"--scratch: folder {args.scratch!r} does not exist")
+
+
+def _check_new_folder(path: str, option: str) -> None:
+    """A folder to write into: new or empty, in a folder that exists and can be written."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{option} {path!r} is a file; give a new folder")
+    if os.path.isdir(path) and os.listdir(path):
+        raise ValueError(f"{option} {path!r} is not empty: give a new or empty folder")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ValueError(f"{option}: folder {parent!r} does not exist")
+    if not os.access(path if os.path.isdir(path) else parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{option}: cannot write in {path!r} (permission denied)")
+
+
 def write_weights(args: argparse.Namespace) -> str:
     from architectures import build_model, make_config
+
+    from ..process_memory import peak_rss
     from .writing import generate_random_weights, save_model
-    overrides = {n: getattr(args, n) for n in ("layers", "hidden", "vocab", "heads") if getattr(args, n)}
+    overrides = size_overrides(args)
+    dtype = storage_dtypes()[args.dtype]
     start = time.perf_counter()
     if args.generate:
-        generate_random_weights(make_config(args.arch, **overrides), args.out, args.seed, DTYPES[args.dtype])
+        generate_random_weights(make_config(args.arch, **overrides), args.out, args.seed, dtype)
     else:
-        save_model(build_model(args.arch, seed=args.seed, dtype=DTYPES[args.dtype], **overrides), args.out)
+        save_model(build_model(args.arch, seed=args.seed, dtype=dtype, **overrides), args.out)
     return (f"wrote {args.arch} ({args.dtype}, seed {args.seed}, "
             f"{'generated tensor by tensor' if args.generate else 'built with build_model'}) to {args.out} "
             f"in {time.perf_counter() - start:.1f} s; peak RSS {peak_rss() / MiB:,.1f} MiB")
 
 
 def prune(args: argparse.Namespace) -> str:
+    import torch
     from architectures.calibration import synthetic_batches
+
+    from ..masks import mask_digest
+    from ..process_memory import current_rss, peak_rss
+    from .pruner import StreamingGradProbe
     if args.threads:
         torch.set_num_threads(args.threads)
     rss_start = current_rss()
@@ -105,7 +142,8 @@ def prune(args: argparse.Namespace) -> str:
     return _summary_text(args, pruner, summary)
 
 
-def _summary_text(args, pruner: StreamingGradProbe, s: dict) -> str:
+def _summary_text(args, pruner, s: dict) -> str:
+    import torch
     config = pruner.model.config
     rows = [
         ("parameters", f"{s['parameters']:,}"),
@@ -129,15 +167,16 @@ def _summary_text(args, pruner: StreamingGradProbe, s: dict) -> str:
     return "\n".join([head] + [f"{label:<21}{value}" for label, value in rows])
 
 
-def _stored_dtype(pruner: StreamingGradProbe) -> str:
+def _stored_dtype(pruner) -> str:
     dtypes = {str(pruner.folder.stored_tensor(n).dtype).replace("torch.", "") for n in pruner.model.shapes}
     return "/".join(sorted(dtypes))
 
 
 def _printer():
+    from ..process_memory import current_rss, peak_rss
     start = time.perf_counter()
 
-    def show(moment: Moment) -> None:
+    def show(moment) -> None:
         if moment.what != "batch":
             live = ", ".join(f"{name} {size / MiB:,.0f}" for name, size in moment.resident.items())
             print(f"[{time.perf_counter() - start:7.1f} s] {moment.what:<6} {moment.stage:<10} "
