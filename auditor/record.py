@@ -319,6 +319,8 @@ def assembled(folder: str | os.PathLike) -> dict:
     events = read_events(folder)
     try:
         record = assemble(events)
+    except RunRecordError as error:
+        raise RunRecordError(f"{str(folder / EVENTS_FILE)!r}: {error}") from None
     except (KeyError, TypeError, AttributeError) as error:  # an event missing its fields
         raise RunRecordError(f"event log of {str(folder)!r} is malformed "
                              f"({type(error).__name__}: {error})") from None

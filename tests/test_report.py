@@ -404,7 +404,7 @@ def test_environment(reports, built):
     ("not json", "not valid JSON"),
     ("empty", "is empty"),
     ("unknown schema", "unknown schema 'auditor.run/99'"),
-    ("events only", "has an event log but no run.json"),
+    ("events only", "events.jsonl': the event log does not begin with a run_started event"),
 ])
 def test_bad_records_are_one_line_and_exit_2(built, tmp_path, capsys, case, expected):
     good = (built["failed"][1] / "run.json").read_text()

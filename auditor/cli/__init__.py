@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 
-SUBCOMMANDS = ["run", "gradprobe", "train_step", "report", "compare", "validate_projection", "export"]
+SUBCOMMANDS = ["run", "gradprobe", "train_step", "report", "rebuild", "compare", "validate_projection", "export"]
 
 
 class UsageError(Exception):

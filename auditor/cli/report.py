@@ -3,9 +3,14 @@ record alone (run.json or its run folder; no live process), with the timeline PN
 Records of `auditor train-step` give the training-step report instead, one or several
 configurations in one report.
 
-Default output: report.md in the run folder. A record that is missing, truncated, not JSON
-or of an unknown schema, and an output path that cannot be written, are usage errors: one
-line, exit status 2.
+Any run folder renders, finished or not: one with an event log but no run.json (a killed
+run, or a disk that filled before run.json) is assembled from its log, nothing written into
+it, and the report says at the top that the run did not finish and which stages did.
+
+Default output: report.md in the run folder. A record that is missing, truncated, not JSON,
+of an unknown schema or with a field of the wrong type, and an output that is not a .md file,
+would land on a run record's file, or cannot be written, are usage errors: one line, exit
+status 2, nothing written.
 """
 from __future__ import annotations
 
@@ -35,10 +40,12 @@ def register(subparsers) -> None:
 
 def main(args) -> int:
     from auditor.record import RunRecordError, load
+    if args.out:
+        _check_output_name(Path(args.out), [Path(run) for run in args.runs])
     loaded = []
     for run in args.runs:
         try:
-            loaded.append((load(run), Path(run) if Path(run).is_dir() else Path(run).parent))
+            loaded.append((load(run, from_events=True), Path(run) if Path(run).is_dir() else Path(run).parent))
         except RunRecordError as error:
             raise UsageError(f"{error}; give a run.json written by `auditor run` or its run folder") from None
     training = [(record.get("workload") or {}).get("job") == "train-step" for record, _ in loaded]
@@ -60,6 +67,21 @@ def main(args) -> int:
         raise UsageError(f"run record {args.runs[0]!r} is malformed ({type(error).__name__}: {error})") from None
     print(out)
     return 0
+
+
+def _check_output_name(out: Path, runs: list[Path]) -> None:
+    """One line unless `out` is a markdown file apart from every run record's own files."""
+    from auditor.record import record_files
+    if out.name in record_files():
+        raise UsageError(f"output {str(out)!r} has the name of a run record's own file; give a "
+                         f".md file such as {str(out.with_name(DEFAULT_NAME))!r}")
+    for run in runs:
+        if out.exists() and run.exists() and out.samefile(run):
+            raise UsageError(f"output {str(out)!r} is the run record being rendered; give a .md "
+                             f"file such as {str(out.with_name(DEFAULT_NAME))!r}")
+    if out.suffix.lower() != ".md" and not out.is_dir():
+        raise UsageError(f"output {str(out)!r} is not a .md file: the report is markdown (its "
+                         f"PNG goes beside it); give a name such as {str(out.with_suffix('.md'))!r}")
 
 
 def _check_writable(out: Path) -> None:

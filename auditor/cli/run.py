@@ -63,6 +63,8 @@ def main(args) -> int:
     if not script.is_file():
         what = "is not a file" if script.exists() else "does not exist"
         raise UsageError(f"script {args.script!r} {what}; give the path of a Python script")
+    if args.out is not None and not args.out.strip():  # Path("") is the current folder
+        raise UsageError("--out is empty; give a folder for the run record, or leave --out out")
     name = args.name or script.stem
     console = _console()  # rich is imported here, before the audit, not inside a stage
     saved_path, saved_argv = list(sys.path), list(sys.argv)
@@ -225,7 +227,7 @@ def _summary(console, audit) -> None:
                       mib(rss["peak"]), f"{entry['end_s'] - entry['start_s']:.2f} s")
     console.print(table)
     if len(shown) < len(stages):
-        console.print(f"({len(stages) - len(shown)} more stages in run.json)")
+        console.print(f"({len(stages) - len(shown)} more stages in the run record)")
     peak = record["peak"]
     console.print(f"peak RSS {mib(peak['rss'])} in {peak['stage'] or 'no stage'}; "
                   f"started at {mib(record['process']['rss_at_start'])}",

@@ -17,6 +17,9 @@ class PythonHeapProbe:
 
     @staticmethod
     def read() -> tuple[int, int, int]:
+        if not tracemalloc.is_tracing():  # it would read 0 from now on: fail, not misreport
+            raise RuntimeError("tracemalloc was stopped while the audit ran "
+                               "(tracemalloc.stop() in the audited program?)")
         current, peak = tracemalloc.get_traced_memory()
         return current, current, peak
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import quote
 
 from auditor import units
 from auditor.analysis import findings as findings_module
@@ -34,10 +35,14 @@ def write_report(record: dict, out: str | os.PathLike, run_folder: str | os.Path
     from auditor.renderers.timeline_plot import write_png
     out = Path(out)
     plot = out.with_name(out.stem + "-timeline.png")
-    write_png(record, plot)
-    text = render(record, plot=plot.name, report_folder=out.parent,
-                  run_folder=Path(run_folder) if run_folder is not None else None)
-    out.write_text(text, encoding="utf-8")
+    text = render(record, plot=plot.name, report_folder=out.parent,  # first: a record the
+                  run_folder=Path(run_folder) if run_folder is not None else None)  # renderer
+    write_png(record, plot)                                          # refuses leaves no PNG
+    try:
+        out.write_text(text, encoding="utf-8")
+    except BaseException:
+        plot.unlink(missing_ok=True)
+        raise
     return out
 
 
@@ -87,13 +92,35 @@ def _table(headers: list[str], rows: list[list[str]], right: set[int] = frozense
 def _banner(record: dict) -> str:
     lines = []
     exit_ = record.get("exit") or {}
-    if exit_.get("status") not in (None, "ok"):
+    if exit_.get("status") == "unfinished":
+        lines.append(_unfinished(record, exit_))
+    elif exit_.get("status") not in (None, "ok"):
         error = f": {_text(exit_['error'])}" if exit_.get("error") else ""
         lines.append(f"> **This run did not end ok ({_text(exit_['status'])}){error}.** Readings stop where it stopped.")
+    log = record.get("event_log") or {}
+    if log.get("state") == "incomplete":
+        lines.append(f"> **The event log is incomplete** ({_text(log.get('reason', 'reason unknown'))}; "
+                     f"{log.get('lines', 0):,} events written): this record was kept in memory and "
+                     "written once there was space.")
     if is_traced(record):
         lines.append("> **A traced run on fake tensors.** Components and live tensors are the workload's; "
                      "RSS readings are the tracing process's, not the workload's.")
     return "\n>\n".join(lines)
+
+
+def _unfinished(record: dict, exit_: dict) -> str:
+    """What a reader of a killed run needs first: that it did not finish, and how far it got."""
+    stages = record["stages"]
+    finished = [s for s in stages if s.get("status") != "open"]
+    still_open = [s for s in stages if s.get("status") == "open"]
+    how = f" ({_text(exit_['error'])})" if exit_.get("error") else ""
+    got = f"{len(finished):,} of {len(stages):,} stages finished"
+    if finished:
+        got += f", the last {_code(finished[-1]['path'])}"
+    if still_open:
+        got += "; open when it stopped: " + ", ".join(_code(s["path"]) for s in still_open[-5:])
+    return (f"> **This run did not finish**{how}: it was killed or interrupted, or its record "
+            f"could not be written. {got}. Readings stop where the event log stops.")
 
 
 def _summary(record: dict, found, views: list[ProjectionView]) -> str:
@@ -275,7 +302,7 @@ def _timeline(plot: str | None) -> str:
     if not plot:
         return ""
     return ("## Timeline\n\n"
-            f"![RSS over time]({plot})\n\n"
+            f"![RSS over time]({quote(plot)})\n\n"
             "RSS at each stage boundary and mark, with each stage's peak drawn inside it (at the "
             "middle of the part of the stage no child covers: the time inside the stage is not "
             "recorded). Top-level stages are shaded.")
@@ -322,7 +349,7 @@ def _flamegraph_link(memray: dict, report_folder: Path | None, run_folder: Path 
 def _relative_link(target: Path, report_folder: Path) -> str:
     """A markdown link target to `target`, relative to the folder holding the report."""
     relative = Path(os.path.relpath(Path(target).resolve(), Path(report_folder).resolve())).as_posix()
-    return relative.replace(" ", "%20")
+    return quote(relative)
 
 
 def _stack(site: dict, root: str | None) -> str:

@@ -7,6 +7,7 @@ matplotlib Figure with an Agg canvas: no pyplot, no global backend switch.
 """
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from auditor import units
@@ -17,10 +18,18 @@ FAILED_COLOUR = "#f4c7c3"
 LABEL_CHARS = 28
 MAX_LABELS = 40          # top-level stages named on the plot, the widest first ...
 MIN_LABEL_WIDTH = 0.005  # ... when there are more, only those at least this share of the run
+TITLE_CHARS, TITLE_LINES = 110, 3  # a line of the 10 pt title, first guess for the 11 in figure
 
 
 def write_png(record: dict, path: str | Path) -> Path:
     """Draw the record's timeline into `path` (a .png); returns the path."""
+    path = Path(path)
+    draw(record).savefig(path, format="png")
+    return path
+
+
+def draw(record: dict):
+    """The timeline as a matplotlib Figure (Agg canvas), every label inside the figure."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure  # a bare Figure: no pyplot state, no backend switch
 
@@ -70,12 +79,24 @@ def write_png(record: dict, path: str | Path) -> Path:
     axes.set_ylim(0, peak / scale * 1.12)
     axes.set_xlabel("seconds since the audit began (census time excluded)")
     axes.set_ylabel(unit)
-    axes.set_title(f"{record.get('name', 'run')}: memory over time", fontsize=10)
+    _fit_title(figure, axes, f"{record.get('name', 'run')}: memory over time")
     axes.grid(axis="y", lw=0.4, alpha=0.6)
     axes.legend(loc="best", fontsize=7, framealpha=0.85)
-    path = Path(path)
-    figure.savefig(path, format="png")
-    return path
+    return figure
+
+
+def _fit_title(figure, axes, text: str) -> None:
+    """The title wrapped to the figure's width, measured (a long run name, or wide letters,
+    would run off both edges), at most TITLE_LINES lines."""
+    chars = TITLE_CHARS
+    renderer = figure.canvas.get_renderer()
+    for _ in range(4):
+        title = axes.set_title(textwrap.fill(text, width=chars, max_lines=TITLE_LINES,
+                                             placeholder=" …"), fontsize=10)
+        width = title.get_window_extent(renderer).width
+        if width <= 0.95 * figure.bbox.width:
+            return
+        chars = max(int(chars * 0.9 * figure.bbox.width / width), 10)
 
 
 def _short(text: str | None) -> str:

@@ -1,0 +1,58 @@
+"""`auditor rebuild DIR [--force]`: write DIR/run.json from DIR/events.jsonl.
+
+For a run folder whose run.json is missing: the process was killed (SIGKILL, out of memory),
+or the disk filled before run.json could be written. Every finished stage is in the event
+log; stages still open when it stops are listed with status "open", and a log that ends
+before the run finished gives exit status "unfinished". `auditor report DIR` renders such a
+folder without this step; rebuild makes the record a file others can load.
+
+An existing run.json is kept unless --force (it is then replaced atomically). A folder
+without an event log, an unreadable log and a folder that cannot be written are usage
+errors: one line, exit status 2, nothing written.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from auditor.cli import UsageError
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "rebuild", help="write a run folder's run.json from its event log (killed runs, full disks)",
+        description="Write DIR/run.json from DIR/events.jsonl: for a run that was killed, or whose "
+                    "run.json could not be written. Stages never finished are listed as open.")
+    parser.add_argument("folder", metavar="DIR", help="the run folder (holding events.jsonl)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an existing run.json (default: keep it and stop)")
+    parser.set_defaults(handler=main)
+
+
+def main(args) -> int:
+    from auditor.record import EVENTS_FILE, RUN_FILE, RunRecordError, assembled, write_json_atomically
+    folder = Path(args.folder)
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise UsageError(f"run folder {args.folder!r} {what}; give the folder holding {EVENTS_FILE}")
+    if not (folder / EVENTS_FILE).is_file():
+        raise UsageError(f"{args.folder!r} has no {EVENTS_FILE}; give a run folder written by the auditor")
+    out = folder / RUN_FILE
+    if out.exists() and not args.force:
+        raise UsageError(f"{str(out)!r} exists already; add --force to replace it with one "
+                         f"rebuilt from {EVENTS_FILE}")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write {str(out)!r}: folder {args.folder!r} is not writable")
+    try:
+        record = assembled(folder)
+    except RunRecordError as error:
+        raise UsageError(str(error)) from None
+    try:
+        write_json_atomically(out, record)
+    except OSError as error:
+        raise UsageError(f"cannot write {str(out)!r}: {error.strerror or error}") from None
+    stages = record["stages"]
+    still_open = sum(1 for s in stages if s["status"] == "open")
+    print(f"{out}: {len(stages) - still_open} finished stages, {still_open} open; "
+          f"exit {record['exit']['status']}")
+    return 0

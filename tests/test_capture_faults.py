@@ -1,0 +1,180 @@
+"""The audited program never breaks because of the audit: real faults injected into a live
+audit (a log or probe file descriptor pointed at /dev/full, tracemalloc stopped under the
+probe, a run.json that cannot be written, callables the auditor itself uses staged) degrade
+the audit with a warning and a line in the record, and never raise into the program."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import tracemalloc
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+import auditor
+from auditor.record import write_json_atomically
+
+
+@contextmanager
+def disk_full_under(fd: int):
+    """Every write to `fd` fails with ENOSPC from now on: /dev/full takes its place."""
+    full = os.open("/dev/full", os.O_WRONLY)
+    try:
+        os.dup2(full, fd)
+    finally:
+        os.close(full)
+    yield
+
+
+def paths(record: dict) -> list[tuple[str, str]]:
+    return [(s["path"], s["status"]) for s in record["stages"]]
+
+
+def test_a_full_disk_under_the_event_log_never_raises_into_the_program(tmp_path):
+    folder = tmp_path / "run"
+    with pytest.warns(auditor.AuditorWarning, match="events.jsonl could not be written: No space left"):
+        with auditor.Audit(folder) as audit:
+            with auditor.stage("before"):
+                kept = bytearray(b"x" * 1_000_000)
+            with auditor.stage("inside"):
+                with disk_full_under(audit._log._fd):
+                    pass  # the next write, this stage's end, meets a full disk
+            for step in range(3):
+                with auditor.stage(f"after {step}"):
+                    more = bytearray(b"y" * 100_000)
+    lines = (folder / "events.jsonl").read_text().splitlines()
+    assert [json.loads(line)["event"] for line in lines] == [
+        "run_started", "stage_started", "stage_finished", "stage_started"]  # whole lines only
+    record = auditor.load(folder)  # run.json, from the events kept in memory
+    assert paths(record) == [("before", "ok"), ("inside", "ok")] + [(f"after {i}", "ok") for i in range(3)]
+    assert record["event_log"] == {"state": "incomplete", "lines": 4,
+                                   "reason": "events.jsonl could not be written: No space left on device"}
+    assert record["exit"]["status"] == "ok"
+    assert any("the run goes on" in w for w in record["warnings"])
+
+
+def test_a_complete_event_log_says_so(tmp_path):
+    with auditor.Audit(tmp_path / "run") as audit:
+        with auditor.stage("one"):
+            pass
+    lines = (tmp_path / "run" / "events.jsonl").read_text().splitlines()
+    events = [json.loads(line)["event"] for line in lines]
+    assert audit.record["event_log"] == {"state": "complete", "lines": events.index("run_finished") + 1}
+
+
+def test_clear_refs_failing_mid_run_falls_back_to_sampling(tmp_path):
+    with pytest.warns(auditor.AuditorWarning, match="resetting VmHWM failed mid-run"):
+        with auditor.Audit(tmp_path / "run") as audit:
+            with auditor.stage("first"):
+                pass
+            rss = audit._meters[0]
+            with disk_full_under(rss._fd):
+                with auditor.stage("second"):  # opening it resets VmHWM: the write fails
+                    data = bytearray(b"x" * 20_000_000)
+                with auditor.stage("third"):
+                    pass
+    record = audit.record
+    assert paths(record) == [("first", "ok"), ("second", "ok"), ("third", "ok")]
+    assert record["probes"]["rss"]["method"] == "sampler"
+    assert "No space left on device" in record["probes"]["rss"]["reason"]
+    second = record["stages"][1]["rss"]
+    assert second["end"] - second["start"] > 15_000_000 and second["peak"] >= second["end"]
+
+
+def test_a_meter_failing_mid_run_is_switched_off(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # even warnings as errors never reach the program
+        with auditor.Audit(tmp_path / "run", tracemalloc=True) as audit:
+            with auditor.stage("traced"):
+                data = [0] * 100_000
+            with auditor.stage("stops it"):
+                tracemalloc.stop()  # the program's own call: the probe would read 0 from now on
+            with auditor.stage("after"):
+                more = [1] * 100_000
+    record = audit.record
+    assert paths(record) == [("traced", "ok"), ("stops it", "ok"), ("after", "ok")]
+    assert record["stages"][0]["py_heap"]["end"] > 0
+    assert record["stages"][1]["py_heap"] is None and record["stages"][2]["py_heap"] is None
+    assert record["probes"]["python_heap"]["state"] == "failed"
+    assert "tracemalloc was stopped" in record["probes"]["python_heap"]["reason"]
+    assert any("python_heap" in w or "py_heap probe failed" in w for w in record["warnings"])
+
+
+def test_a_run_json_that_cannot_be_written_is_a_warning_and_leaves_no_tmp(tmp_path):
+    folder = tmp_path / "run"
+    with pytest.warns(auditor.AuditorWarning, match="run.json could not be written"):
+        with auditor.Audit(folder) as audit:
+            with auditor.stage("work"):
+                pass
+            (folder / "run.json.tmp").symlink_to("/dev/full")  # its write meets a full disk
+    assert not audit.record_written and audit.record["stages"][0]["status"] == "ok"
+    assert sorted(p.name for p in folder.iterdir()) == ["events.jsonl"]  # no tmp, no run.json
+    assert auditor.rebuild(folder)["stages"][0]["path"] == "work"  # the log had it all
+
+
+def test_write_json_atomically_keeps_the_old_file_when_the_disk_is_full(tmp_path):
+    target = tmp_path / "run.json"
+    target.write_text('{"old": true}\n')
+    (tmp_path / "run.json.tmp").symlink_to("/dev/full")
+    with pytest.raises(OSError):
+        write_json_atomically(target, {"new": True})
+    assert target.read_text() == '{"old": true}\n'
+    assert not os.path.lexists(tmp_path / "run.json.tmp")
+
+
+def run_script(tmp_path: Path, text: str, *options: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(text).lstrip())
+    return subprocess.run([sys.executable, "-m", "auditor", "run", "--out", str(tmp_path / "run"),
+                           *options, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("target, calls", [
+    ("builtins:len", 3), ("builtins:open", 1), ("time:perf_counter", 2), ("builtins:isinstance", 2),
+    ("json:dumps", 1), ("os:write", 1)])
+def test_staging_a_callable_the_auditor_uses_stages_only_the_programs_calls(tmp_path, target, calls):
+    result = run_script(tmp_path, """
+        import json, os, time
+        import auditor
+        with auditor.stage("work"):
+            sizes = [len(word) for word in ("a", "bb", "ccc")]
+            with open(__file__) as f:
+                first = f.readline()
+            took = time.perf_counter() - time.perf_counter()
+            kinds = [isinstance(x, int) for x in (1, "x")]
+            text = json.dumps(sizes)
+            os.write(1, b"")
+        print("sizes", text, kinds)
+    """, "--stage", target)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "sizes [1, 2, 3] [True, False]" in result.stdout
+    assert "Traceback" not in result.stderr and "RecursionError" not in result.stderr
+    record = auditor.load(tmp_path / "run")
+    assert len(result.stderr.splitlines()) <= 2 * len(record["stages"]) + 20  # progress and table
+    name = target.split(":")[1]  # the program's own calls inside "work" (its imports call some too)
+    inside = [s for s in record["stages"] if s["parent"] == "work" and s["name"].split("#")[0] == name]
+    assert len(inside) >= calls and all(s["status"] == "ok" for s in inside)
+    assert record["exit"]["status"] == "ok"
+
+
+def test_several_of_the_auditors_own_callables_staged_at_once(tmp_path):
+    result = run_script(tmp_path, """
+        import time
+        import auditor
+        with auditor.stage("work"):
+            n = len([1, 2]) + len("abc")
+            t = time.perf_counter()
+        print("n", n)
+    """, "--stage", "builtins:len", "--stage", "builtins:open", "--stage", "time:perf_counter",
+        "--stage", "builtins:getattr", "--tracemalloc", "--memray")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "n 5" in result.stdout and "Traceback" not in result.stderr
+    inside = [s["name"].split("#")[0] for s in auditor.load(tmp_path / "run")["stages"]
+              if s["parent"] == "work"]
+    assert inside.count("len") == 2 and inside.count("perf_counter") == 1
