@@ -3,6 +3,7 @@ peaks, result agreement, verdicts, exit statuses, alternation, re-rendering, bad
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -84,10 +85,13 @@ def test_measures_a_200_mib_difference_and_agrees(workdir, capsys):
     assert small["peak_rss"]["median"] < 80 * MiB  # python + numpy, not the test runner's size
     variant = summary["variants"][0]
     assert variant["claims_saving"] and variant["verdict"] == "ok"
+    assert variant["noise"]["status"] == "saves" and variant["noise"]["margin"] == 16 * MiB  # the floor
+    assert variant["noise"]["measured"] < 5 * MiB  # two runs a side: their spread is measured
     assert variant["agreement"]["status"] == "identical" and variant["agreement"]["same_digest"]
     assert variant["peak_ratio"] == pytest.approx(small["peak_rss"]["median"] / big["peak_rss"]["median"])
     markdown = out.read_text()
     assert "**Verdict: pass.**" in markdown and "](big-vs-small.png)" in markdown
+    assert f"How a saving is counted: {summary['rule']}" in markdown and "| yes " in markdown
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Load average" in markdown and cmd("--digest", "d1") in markdown
     assert re.search(r"ok small: .*saves (19[4-9]|20[0-6])\.\d MiB", capsys.readouterr().err)
@@ -139,7 +143,39 @@ def test_a_variant_that_saves_nothing_may_differ(workdir, capsys):
     assert status == 0, capsys.readouterr().err
     variant = Comparison(record_of(workdir / "n.md")).summary["variants"][0]
     assert not variant["claims_saving"] and variant["agreement"]["status"] == "differs"
-    assert variant["verdict"] == "ok" and "no saving" in variant["why"]
+    assert variant["verdict"] == "ok" and "no saving: uses more" in variant["why"]
+    assert variant["noise"]["status"] == "uses more"
+
+
+def test_identical_sides_save_nothing_beyond_the_noise(workdir, capsys):
+    # The same program on both sides: whichever median is lower, no saving is counted.
+    out = workdir / "same.md"
+    status = main(["compare", "--baseline-cmd", "a", cmd("--name", "a"), "--variant-cmd", "b", cmd("--name", "b"),
+                   "--repeats", "3", "-o", str(out)])
+    assert status == 0, capsys.readouterr().err
+    summary = Comparison(record_of(out)).summary
+    variant = summary["variants"][0]
+    assert variant["noise"]["status"] == "within noise" and not variant["claims_saving"]
+    assert variant["noise"]["measured"] is not None and variant["noise"]["margin"] == 16 * MiB
+    assert "no saving beyond the noise" in variant["why"] and "saves" not in variant["why"]
+    markdown = out.read_text()
+    assert "no: within noise" in markdown and f"How a saving is counted: {summary['rule']}" in markdown
+    assert "no saving beyond the noise" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("repeats, status_words", [("1", ("cannot tell", "cannot tell whether it saves memory")),
+                                                    ("2", ("within noise", "no saving beyond the noise"))])
+def test_a_saving_within_the_noise_floor_is_not_claimed(workdir, capsys, repeats, status_words):
+    # 8 MiB less with another result: below the 16 MiB floor, so no saving is claimed and a
+    # changed result is no failure (counting any lower median made this exit 1).
+    status = main(["compare", "--baseline-cmd", "base", cmd("--extra", "8", "--digest", "one"),
+                   "--variant-cmd", "lean", cmd("--digest", "two"), "--repeats", repeats, "-o", str(workdir / "w.md")])
+    err = capsys.readouterr().err
+    assert status == 0, err
+    variant = Comparison(record_of(workdir / "w.md")).summary["variants"][0]
+    assert variant["noise"]["status"] == status_words[0] and variant["verdict"] == "ok"
+    assert status_words[1] in variant["why"] and "result differs" in variant["why"]
+    assert "ok lean: " in err and status_words[1] in err
 
 
 def test_no_result_is_unknown_and_fails_only_when_required(workdir, capsys):
@@ -222,6 +258,29 @@ def test_a_failing_run_stops_the_comparison(workdir, capsys):
     assert not (workdir / "f.md").exists()
 
 
+def snapshot(root) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in root.rglob("*")}
+
+
+@pytest.fixture
+def scene(workdir):
+    """What a careless -o could destroy: a real run record, a user's JSON file, a file where a
+    folder is expected, a folder where the chart would go."""
+    import auditor
+    with auditor.Audit(workdir / "run", name="kept"):
+        with auditor.stage("work"):
+            pass
+    (workdir / "data.json").write_text('{"mine": 1}\n')
+    (workdir / "afile").write_text("not a folder\n")
+    (workdir / "busy.png").mkdir()
+    (workdir / "kept").mkdir()
+    (workdir / "kept" / "old.txt").write_text("kept\n")
+    return workdir
+
+
+LOGGED = ["--baseline-cmd", "b", cmd("--log", "ran.log"), "--variant-cmd", "v", cmd("--log", "ran.log", "--extra", "1")]
+
+
 @pytest.mark.parametrize("args, says", [
     (["--variant", "no-such-variant"], "unknown variant 'no-such-variant'; known variants: baseline"),
     (["--variant", "lean", "--repeats", "0"], "--repeats must be at least 1, got 0"),
@@ -229,16 +288,69 @@ def test_a_failing_run_stops_the_comparison(workdir, capsys):
     (["--baseline-cmd", "b", "true", "--variant-cmd", "v", "no-such-program-x"], "not an executable"),
     (["--baseline-cmd", "b", "true", "--variant-cmd", "v", "'unclosed"], "cannot split the command"),
     (["--baseline-cmd", "b", "true"], "nothing to compare"),
-    (["--baseline-cmd", "b", "true", "--variant-cmd", "v", "true", "--tolerance", "w=1"], "one of the variants (v)"),
-    (["--baseline-cmd", "b", "true", "--variant-cmd", "v", "true", "--tolerance", "v=lots"], "is not a number"),
-    (["--baseline-cmd", "b", "true", "--variant-cmd", "v", "true", "-o", "x.txt"], "markdown file"),
-    (["--baseline-cmd", "b", "true", "--variant-cmd", "v", "true", "--", "--arch", "x"], "GradProbe sides"),
+    ([*LOGGED, "--tolerance", "w=1"], "one of the variants (v)"),
+    ([*LOGGED, "--tolerance", "v=lots"], "is not a number"),
+    ([*LOGGED, "-o", "x.txt"], "markdown file"),
+    ([*LOGGED, "--", "--arch", "x"], "GradProbe sides"),
     (["--from", "missing.json"], "cannot read comparison record"),
+    # the same side twice measures only noise
+    (["--variant", "lean", "--variant", "lean"], "variant 'lean' is given twice; give each variant once"),
+    (["--variant", "baseline"], "variant 'baseline' runs the baseline's own command"),
+    (["--baseline", "lean", "--variant", "lean"], "variant 'lean' runs the baseline's own command"),
+    (["--baseline-cmd", "b", cmd("--log", "ran.log"), "--variant-cmd", "v", cmd("--log", "ran.log")],
+     "variant 'v' runs the baseline's own command"),
+    ([*LOGGED, "--variant-cmd", "w", cmd("--log", "ran.log", "--extra", "1")],
+     "variant 'w' is given twice (the same command as 'v')"),
+    ([*LOGGED, "--variant-cmd", "v", cmd("--log", "ran.log", "--extra", "2")], "two sides are named 'v'"),
+    # outputs that would land on a record, or cannot be written, found before any run
+    ([*LOGGED, "-o", "run/run.md"], "'run' is a run folder (it holds run.json)"),
+    ([*LOGGED, "-o", "run/report.md"], "'run' is a run folder"),
+    ([*LOGGED, "-o", "fresh/run.md"], "would write its record to 'fresh/run.json', a run record's name"),
+    ([*LOGGED, "-o", "data.md"], "would replace 'data.json', which is not a comparison record"),
+    ([*LOGGED, "-o", "busy.md"], "'busy.png' is a folder"),
+    ([*LOGGED, "-o", "afile/report.md"], "'afile' is a file, not a folder"),
+    ([*LOGGED, "-o", "afile/deeper/report.md"], "'afile' is a file, not a folder"),
+    ([*LOGGED, "--keep-runs", "kept"], "--keep-runs folder 'kept' is not empty"),
+    ([*LOGGED, "--keep-runs", "afile"], "--keep-runs 'afile' is a file"),
+    (["--from", "run/run.json"], "is not a comparison record"),
 ])
-def test_bad_input_is_one_line_and_status_2(workdir, capsys, args, says):
+def test_bad_input_is_one_line_and_status_2(scene, capsys, args, says):
+    before = snapshot(scene)
     assert main(["compare", *args]) == 2
     assert says in one_error_line(capsys)
-    assert not list(workdir.glob("runs"))  # nothing ran, nothing written
+    assert snapshot(scene) == before  # nothing ran, nothing written, nothing existing changed
+
+
+@pytest.fixture
+def read_only_folder(tmp_path):
+    """A folder nobody may write: mode 0500, or for root (who writes through modes) a read-only
+    tmpfs where the machine allows mounting one."""
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o500)
+        yield folder
+        folder.chmod(0o700)
+        return
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"root writes through file modes and no read-only tmpfs: {mounted.stderr.strip()}")
+    yield folder
+    subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_an_unwritable_report_folder_is_refused_before_any_run(workdir, read_only_folder, capsys):
+    for out in (read_only_folder / "r.md", read_only_folder / "new" / "r.md"):
+        assert main(["compare", *LOGGED, "--repeats", "3", "-o", str(out)]) == 2
+        assert "is not writable" in one_error_line(capsys)
+    assert main(["compare", *LOGGED, "--keep-runs", str(read_only_folder / "runs"), "-o", "r.md"]) == 2
+    assert "is not writable" in one_error_line(capsys)
+    assert not (workdir / "ran.log").exists() and list(read_only_folder.iterdir()) == []
+    # a writable folder runs; an earlier comparison's record is the one JSON file -o may replace
+    args = ["compare", *LOGGED, "--repeats", "1", "-o", str(workdir / "again.md")]
+    assert main(args) == 0 and main(args) == 0, capsys.readouterr().err
+    assert (workdir / "ran.log").read_text().split() == ["?"] * 4
 
 
 def test_unknown_variant_from_the_command_line(workdir):
@@ -248,6 +360,24 @@ def test_unknown_variant_from_the_command_line(workdir):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "unknown variant 'fastest'; known variants: " in lines[0], done.stderr
     assert "lean" in lines[0]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--variant", "lean", "--variant", "lean"], "given twice"),
+    (["--variant", "lean", "--", "--seq-len", "100000000"], "gradprobe: error: --seq-len 100000000 exceeds"),
+    (["--variant", "lean", "--", "--threads", "-3"], "gradprobe: error: --threads must be at least 1"),
+    (["--variant", "lean", "-o", "run/run.md"], "a run record's name"),
+])
+def test_mistakes_are_answered_before_torch_loads(tmp_path, args, says):
+    # No run starts and torch stays out, so the answer comes at once.
+    script = ("import sys; from auditor.cli import main; status = main(sys.argv[1:]); "
+              "print(status, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script, "compare", *args], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path)
+    assert done.stdout.split() == ["2", "False"], done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], done.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_result_files_compare_bit_for_bit(tmp_path):

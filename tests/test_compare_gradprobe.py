@@ -23,13 +23,17 @@ pytestmark = pytest.mark.skipif(bool(_missing_flags()), reason=f"gradprobe's CLI
                                 "(auditor compare runs GradProbe sides through them)")
 
 
-def test_baseline_against_itself_gives_identical_masks(tmp_path, capsys):
+def test_lean_against_the_baseline_gives_identical_masks(tmp_path, monkeypatch, capsys):
+    # A local gradprobe/ (an upstream clone, say) must not be what the sides run.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gradprobe").mkdir()
+    (tmp_path / "gradprobe" / "__init__.py").write_text("raise ImportError('the local decoy was imported')\n")
     out = tmp_path / "gradprobe.md"
-    status = main(["compare", "--baseline", "baseline", "--variant", "baseline", "--repeats", "1",
+    status = main(["compare", "--baseline", "baseline", "--variant", "lean", "--repeats", "1",
                    "-o", str(out), "--", *TINY])
     assert status == 0, capsys.readouterr().err
     record = json.loads(out.with_suffix(".json").read_text())
-    assert [side["name"] for side in record["sides"]] == ["baseline", "baseline-2"]
+    assert [side["name"] for side in record["sides"]] == ["baseline", "lean"]
     first, second = record["runs"]
     for run in (first, second):
         reported = run["reported"]["gradprobe"]
@@ -43,11 +47,11 @@ def test_baseline_against_itself_gives_identical_masks(tmp_path, capsys):
     assert first["result_digest"] == second["result_digest"]  # gradprobe's own mask digest
     variant = Comparison(record).summary["variants"][0]
     assert variant["agreement"]["status"] == "identical"
-    assert "| baseline-2 |" in out.read_text()
+    assert "| lean " in out.read_text()
 
 
 def test_gradprobe_argument_mistakes_are_usage_errors(tmp_path, capsys):
-    status = main(["compare", "--variant", "baseline", "--repeats", "1", "-o", str(tmp_path / "x.md"),
+    status = main(["compare", "--variant", "lean", "--repeats", "1", "-o", str(tmp_path / "x.md"),
                    "--", *TINY, "--seq-len", "1"])
     assert status == 2
     lines = capsys.readouterr().err.strip().splitlines()

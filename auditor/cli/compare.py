@@ -16,12 +16,14 @@ Exit status: 0 when no variant claims a saving with a result differing beyond it
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import shutil
 from datetime import datetime
 from pathlib import Path
 
 from auditor.cli import UsageError
+from auditor.record import EVENTS_FILE, RUN_FILE
 
 MiB = 1 << 20
 GRADPROBE_USAGE_STATUS = 2  # the gradprobe CLI's status for a mistake in its arguments
@@ -71,16 +73,17 @@ def main(args) -> int:
             comparison = Comparison.load(args.from_record)
         except ComparisonRecordError as error:
             raise UsageError(str(error)) from None
-        out = _output(args.out or str(Path(args.from_record).with_suffix(".md")))
-        return _finish(comparison, out, console=_console())
+        source = Path(args.from_record)
+        out = _output(args.out or str(source.with_suffix(".md")), source=source)
+        return _finish(comparison, out, console=_console(), source=source)
     if args.common and "--" not in args.command_line:
         raise UsageError(f"unexpected argument {args.common[0]!r}; arguments for GradProbe go after --")
     if args.repeats < 1:
         raise UsageError(f"--repeats must be at least 1, got {args.repeats}")
     baseline, variants, gradprobe_names = _sides(args)
     out = _output(args.out or _default_out(baseline.name, [v.name for v in variants]))
-    if args.keep_runs and Path(args.keep_runs).exists() and any(Path(args.keep_runs).iterdir()):
-        raise UsageError(f"--keep-runs folder {args.keep_runs!r} is not empty; name a new or empty folder")
+    if args.keep_runs:
+        _keep_runs_folder(args.keep_runs)
     console = _console()
     total = (len(variants) + 1) * args.repeats
     try:
@@ -105,7 +108,7 @@ def main(args) -> int:
 
 def _sides(args):
     from auditor.comparison import Side, Tolerance
-    from auditor.comparison.gradprobe_sides import gradprobe_side, known_variants
+    from auditor.comparison.gradprobe_sides import check_arguments, gradprobe_side, known_variants
     if args.baseline and args.baseline_cmd:
         raise UsageError("give --baseline NAME or --baseline-cmd NAME COMMAND, not both")
     if not args.variant and not args.variant_cmd:
@@ -120,16 +123,7 @@ def _sides(args):
                                  f"(or give any command with --variant-cmd NAME COMMAND)")
     if args.common and not names:
         raise UsageError("arguments after -- go to GradProbe sides, and there is none here")
-    taken: list[str] = []
     gradprobe_names: set[str] = set()
-
-    def unique(name: str) -> str:
-        label, k = name, 1
-        while label in taken:
-            k += 1
-            label = f"{name}-{k}"
-        taken.append(label)
-        return label
 
     def command_side(name: str, text: str, flag: str) -> Side:
         if not name.strip():
@@ -142,10 +136,14 @@ def _sides(args):
             raise UsageError(f"{flag} {name}: the command is empty")
         if shutil.which(command[0]) is None:
             raise UsageError(f"{flag} {name}: {command[0]!r} is not an executable file or a command on PATH")
-        return Side(unique(name), command)
+        return Side(name, command)
 
     def named_side(variant: str) -> Side:
-        side = gradprobe_side(variant, list(args.common), name=unique(variant))
+        try:
+            check_arguments(variant, list(args.common))
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+        side = gradprobe_side(variant, list(args.common))
         gradprobe_names.add(side.name)
         return side
 
@@ -155,6 +153,7 @@ def _sides(args):
         baseline = named_side(args.baseline or "baseline")
     variants = [named_side(name) for name in args.variant]
     variants += [command_side(name, text, "--variant-cmd") for name, text in args.variant_cmd]
+    _refuse_duplicates(baseline, variants)
     by_name = {side.name: side for side in variants}
     for item in args.tolerance:
         name, sep, value = item.partition("=")
@@ -168,23 +167,81 @@ def _sides(args):
     return baseline, variants, gradprobe_names
 
 
+def _refuse_duplicates(baseline, variants) -> None:
+    """A side given twice, or the baseline again as a variant, would measure only noise."""
+    seen = [baseline]
+    for side in variants:
+        twin = next((other for other in seen if other.command == side.command), None)
+        if twin is baseline:
+            raise UsageError(f"variant {side.name!r} runs the baseline's own command; compare the baseline "
+                             f"with another variant")
+        if twin is not None:
+            same = "" if twin.name == side.name else f" (the same command as {twin.name!r})"
+            raise UsageError(f"variant {side.name!r} is given twice{same}; give each variant once")
+        if any(other.name == side.name for other in seen):
+            raise UsageError(f"two sides are named {side.name!r}; give each side its own name")
+        seen.append(side)
+
+
 def _default_out(baseline: str, variants: list[str]) -> str:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return f"runs/compare-{baseline}-vs-{'-'.join(variants)}-{stamp}.md"
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")  # and the pid: comparisons started together differ
+    return f"runs/compare-{baseline}-vs-{'-'.join(variants)}-{stamp}-{os.getpid()}.md"
 
 
-def _output(text: str) -> Path:
+def _output(text: str, source: Path | None = None) -> Path:
+    """The report's path, once FILE.md, FILE.png and FILE.json can all be written there without
+    landing on a record: a run folder's files, or a JSON file other than a comparison record
+    (`source`, the record re-rendered, stays as it is)."""
     path = Path(text)
     if path.suffix != ".md":
         raise UsageError(f"-o {text!r}: the report is a markdown file, FILE.md (FILE.png and FILE.json go beside it)")
-    if path.is_dir():
-        raise UsageError(f"-o {text!r} is a folder; give a file name ending in .md")
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise UsageError(f"-o {text!r}: {str(parent)!r} is a file, not a folder")
-            break
+    _writable_folder(path.parent, f"-o {text!r}")
+    held = [name for name in (RUN_FILE, EVENTS_FILE) if (path.parent / name).exists()]
+    if held:
+        raise UsageError(f"-o {text!r}: {str(path.parent)!r} is a run folder (it holds {held[0]}); "
+                         f"write the report outside it")
+    record = path.with_suffix(".json")
+    if record.name == RUN_FILE:
+        raise UsageError(f"-o {text!r} would write its record to {str(record)!r}, a run record's name; "
+                         f"name the report otherwise")
+    for file in (path, path.with_suffix(".png"), record):
+        if file.is_dir():
+            raise UsageError(f"-o {text!r}: {str(file)!r} is a folder; give a file name ending in .md")
+        if file.exists() and not os.access(file, os.W_OK):
+            raise UsageError(f"-o {text!r}: {str(file)!r} is not writable")
+    if record.exists() and not (source is not None and record.resolve() == source.resolve()):
+        _replaceable_record(record, text)
     return path
+
+
+def _replaceable_record(record: Path, text: str) -> None:
+    """Only an earlier comparison's record may be replaced by this one's."""
+    from auditor.comparison import Comparison, ComparisonRecordError
+    try:
+        Comparison.load(record)
+    except ComparisonRecordError:
+        raise UsageError(f"-o {text!r} would replace {str(record)!r}, which is not a comparison record; "
+                         f"name the report otherwise") from None
+
+
+def _keep_runs_folder(text: str) -> None:
+    folder = Path(text)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"--keep-runs {text!r} is a file; name a new or empty folder")
+    if folder.exists() and any(folder.iterdir()):
+        raise UsageError(f"--keep-runs folder {text!r} is not empty; name a new or empty folder")
+    _writable_folder(folder, f"--keep-runs {text!r}")
+
+
+def _writable_folder(folder: Path, what: str) -> None:
+    """UsageError unless `folder` exists and is writable, or can be created; creates nothing."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"{what}: {str(existing)!r} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{what}: folder {str(existing)!r} is not writable")
 
 
 # -- what the user sees --------------------------------------------------------------------------
@@ -206,10 +263,13 @@ def _progress(console, run: dict, total: int) -> None:
                   f"(load {run['load_average'][0]:.2f})", markup=False, soft_wrap=True)
 
 
-def _finish(comparison, out: Path, console) -> int:
+def _finish(comparison, out: Path, console, source: Path | None = None) -> int:
+    """The record first (the one thing that cannot be made again), then the chart and the report."""
     from auditor.renderers import comparison_chart, comparison_markdown
     summary = comparison.summary
-    json_path = comparison.save(out.with_suffix(".json"))
+    json_path = out.with_suffix(".json")
+    if source is None or json_path.resolve() != source.resolve():
+        comparison.save(json_path)
     chart = comparison_chart.render(comparison.record, summary, out.with_suffix(".png"))
     out.write_text(comparison_markdown.render(comparison.record, summary, chart=chart.name))
     _table(console, comparison.record, summary)

@@ -2,10 +2,11 @@
 
 The side `lean` is the command
 
-    python -m gradprobe --variant lean --masks-out RUN/masks.safetensors \
+    python -P -m gradprobe --variant lean --masks-out RUN/masks.safetensors \
         --summary-json RUN/summary.json [common gradprobe arguments]
 
-and after it exits its summary gives the protocol's fields: `loaded_rss` is the RSS once the
+(`-P`, from `python_command`: the installed gradprobe runs, never a `gradprobe/` folder in the
+current one), and after it exits its summary gives the protocol's fields: `loaded_rss` is the RSS once the
 model is built (`rss_after_build`), the result is the masks file (one uint8 0/1 tensor per
 parameter), `result_digest` GradProbe's own mask digest; the rest of the summary is kept as
 reported. This is the one module of the auditor that knows GradProbe's command line.
@@ -13,12 +14,12 @@ reported. This is the one module of the auditor that knows GradProbe's command l
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from auditor.comparison.side import RUN_DIR, Side, Tolerance
+from auditor.jobs.fresh_process import python_command
 
-# Asked from gradprobe itself when it can say (its CLI's --variant choices, else its registry).
+# Asked from gradprobe itself when it can say (its settings, which import without torch).
 DEFAULT_VARIANTS = ("baseline", "sparse-state", "grad-in-backward", "checkpointed", "low-precision",
                     "lean", "streaming")
 MASKS, SUMMARY = "masks.safetensors", "summary.json"
@@ -28,22 +29,38 @@ SUMMARY_KEPT = ("variant", "architecture", "parameters", "prunable", "candidates
 
 
 def known_variants() -> tuple[str, ...]:
-    """The names `gradprobe --variant` accepts."""
+    """The names `gradprobe --variant` accepts, asked without importing torch: a mistake on the
+    command line is answered at once."""
     try:
-        from gradprobe.cli import build_parser
-        for action in build_parser()._actions:
-            if "--variant" in action.option_strings and action.choices:
-                return tuple(action.choices)
-        from gradprobe.variants import VARIANTS
+        from gradprobe.settings import VARIANTS
         return tuple(VARIANTS)
     except ImportError:
         return DEFAULT_VARIANTS
 
 
+def check_arguments(variant: str, common: list[str]) -> None:
+    """ValueError, with gradprobe's own one line, for arguments its command would refuse:
+    asked in this process, without torch, before any run starts."""
+    try:
+        from gradprobe import cli
+    except ImportError:
+        return  # the first run will say
+    parser = cli.build_parser()
+
+    def refuse(message: str):
+        raise ValueError(f"{parser.prog}: error: {' '.join(message.split())}")
+    parser.error = refuse
+    args = parser.parse_args(["--variant", variant, *common])
+    try:
+        cli.check_arguments(args)
+    except ValueError as error:
+        refuse(str(error))
+
+
 def gradprobe_side(variant: str, common: list[str], tolerance: Tolerance | None = None,
                    name: str | None = None) -> Side:
-    command = [sys.executable, "-m", "gradprobe", "--variant", variant,
-               "--masks-out", f"{RUN_DIR}/{MASKS}", "--summary-json", f"{RUN_DIR}/{SUMMARY}", *common]
+    command = python_command("gradprobe", "--variant", variant, "--masks-out", f"{RUN_DIR}/{MASKS}",
+                             "--summary-json", f"{RUN_DIR}/{SUMMARY}", *common)
     return Side(name or variant, command, tolerance, collect=collect_summary)
 
 

@@ -46,9 +46,10 @@ class Comparison:
         return self.summary["failed"]
 
     def save(self, path: str | Path) -> Path:
+        from auditor.record import write_json_atomically  # a full disk never leaves half a record
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.record, indent=1) + "\n")
+        write_json_atomically(path, self.record)
         return path
 
     @classmethod

@@ -8,7 +8,6 @@ which returns the same fields the protocol would.
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -99,7 +98,8 @@ class Side:
         module, _, function = target.partition(":")
         if not module or not function:
             raise ValueError(f"side {name!r}: a callable is named module:function, got {target!r}")
-        return cls(name, [sys.executable, "-m", "auditor.comparison.call", target], tolerance, **options)
+        from auditor.jobs.fresh_process import python_command
+        return cls(name, python_command("auditor.comparison.call", target), tolerance, **options)
 
     def command_for(self, run_dir: Path) -> list[str]:
         return [argument.replace(RUN_DIR, str(run_dir)) for argument in self.command]

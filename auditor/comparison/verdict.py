@@ -2,8 +2,11 @@
 whether each variant's result agrees with the baseline's, and the verdict.
 
 A side's *overhead* is its peak RSS over its loaded RSS (what the algorithm itself adds on top
-of its inputs), run by run. A variant *claims a saving* when its median peak RSS is below the
-baseline's. It *fails* when it claims a saving and its result differs from the baseline's
+of its inputs), run by run. A variant *claims a saving* only beyond the noise (`RULE`): its
+highest peak RSS is below the baseline's lowest by more than the margin, the larger of the
+spread measured within either side and a floor. Otherwise it "saves nothing beyond the noise",
+"uses more", or, with one run a side (no noise measured) and a difference within the floor,
+"cannot tell". It *fails* when it claims a saving and its result differs from the baseline's
 beyond its tolerance (or gives no result to compare while one is required).
 
 Agreement: "identical" (no element differs, or equal digests), "within tolerance",
@@ -17,6 +20,16 @@ import statistics
 from auditor.comparison.side import EXACT, Tolerance
 
 MiB = 1 << 20
+# The floor stands for the noise a few runs may not show. Measured here: identical sides spread
+# 0.5 MiB for a 28 MiB script (8 runs each), GradProbe on TinyStories-33M 46 MiB of 2,180 MiB
+# (3 runs), and a tiny GradProbe 28 MiB of ~380 MiB (4 runs): the margin then takes that spread.
+FLOOR_BYTES, FLOOR_SHARE = 16 * MiB, 0.02
+RULE = (f"A variant saves memory only when its highest peak RSS is below the baseline's lowest by "
+        f"more than a margin: the larger of the noise measured (the widest spread, highest minus "
+        f"lowest peak, within the baseline's runs or the variant's) and a floor of "
+        f"{FLOOR_BYTES // MiB} MiB or {FLOOR_SHARE:.0%} of the baseline's median peak, whichever is "
+        f"larger. With one run a side no noise is measured: a difference within the floor cannot be "
+        f"told from noise.")
 
 
 def spread(values: list[float]) -> dict | None:
@@ -91,35 +104,70 @@ def summarise(record: dict) -> dict:
         agreed = agreement(runs_of[side["name"]], reference, tolerance)
         variants.append(_judge(side["name"], stats[baseline["name"]], stats[side["name"]], agreed,
                                tolerance_source=source, require_result=record.get("require_result", False)))
-    return {"baseline": baseline["name"], "sides": stats, "variants": variants,
+    return {"baseline": baseline["name"], "sides": stats, "variants": variants, "rule": RULE,
             "baseline_repeatable": repeatable, "failed": any(v["verdict"] == "fail" for v in variants)}
 
 
 def _judge(name: str, base: dict, stats: dict, agreed: dict, tolerance_source: str, require_result: bool) -> dict:
     base_peak, peak = _median(base["peak_rss"]), _median(stats["peak_rss"])
     base_over, over = _median(base["overhead"]), _median(stats["overhead"])
-    claims = peak is not None and base_peak is not None and peak < base_peak
+    noise = beyond_noise(base["peak_rss"], stats["peak_rss"])
+    claims = noise is not None and noise["status"] == "saves"
     judged = {"name": name, "tolerance_source": tolerance_source, "agreement": agreed,
               "peak_ratio": _ratio(peak, base_peak), "overhead_ratio": _ratio(over, base_over),
               "peak_saving": None if peak is None or base_peak is None else base_peak - peak,
               "overhead_saving": None if over is None or base_over is None else base_over - over,
-              "claims_saving": claims}
+              "claims_saving": claims, "noise": noise}
     status = agreed["status"]
+    result = {"identical": "identical", "within tolerance": agreed["reason"],
+              "unknown": f"not compared ({agreed['reason']})", "differs": f"differs ({agreed['reason']})"}[status]
     if claims and status == "differs":
         verdict, why = "fail", (f"claims a saving of {judged['peak_saving'] / MiB:,.1f} MiB of peak RSS "
-                                f"but its result differs: {agreed['reason']}")
+                                f"({_margin_words(noise)}) but its result differs: {agreed['reason']}")
     elif status == "unknown" and require_result:
         verdict, why = "fail", f"no result to compare ({agreed['reason']}) and a result is required"
-    elif claims:
-        verdict = "ok"
-        why = (f"saves {judged['peak_saving'] / MiB:,.1f} MiB of peak RSS; result " +
-               {"identical": "identical", "within tolerance": agreed["reason"],
-                "unknown": f"not compared ({agreed['reason']})"}[status])
     else:
-        verdict = "ok"
-        why = (f"no saving (median peak {-judged['peak_saving'] / MiB:+,.1f} MiB against the baseline); "
-               f"result {status}" + ("" if status == "identical" else f" ({agreed['reason']})"))
+        verdict, why = "ok", f"{_saving_words(judged)}; result {result}"
     return {**judged, "verdict": verdict, "why": why}
+
+
+def beyond_noise(base: dict | None, variant: dict | None) -> dict | None:
+    """Whether the variant's peaks differ from the baseline's beyond the noise (see RULE):
+    status "saves" | "uses more" | "within noise" | "cannot tell" (one run a side, within the
+    floor), with the noise measured (None with one run a side), the floor and the margin."""
+    if base is None or variant is None:
+        return None
+    measured = (max(base["max"] - base["min"], variant["max"] - variant["min"])
+                if base["n"] > 1 and variant["n"] > 1 else None)
+    floor = max(FLOOR_BYTES, FLOOR_SHARE * base["median"])
+    margin = max(floor, measured or 0)
+    below, above = base["min"] - variant["max"], variant["min"] - base["max"]
+    status = ("saves" if below > margin else "uses more" if above > margin else
+              "within noise" if measured is not None else "cannot tell")
+    return {"status": status, "measured": measured, "floor": floor, "margin": margin,
+            "below_baseline": below}
+
+
+def _margin_words(noise: dict) -> str:
+    measured = ("one run a side, no noise measured" if noise["measured"] is None
+                else f"runs spread up to {noise['measured'] / MiB:,.1f} MiB")
+    return f"margin {noise['margin'] / MiB:,.1f} MiB: {measured}"
+
+
+def _saving_words(judged: dict) -> str:
+    noise, saving = judged["noise"], judged["peak_saving"]
+    if noise is None:
+        return "no peak RSS to compare"
+    if noise["status"] == "saves":
+        return (f"saves {saving / MiB:,.1f} MiB of peak RSS (its highest run "
+                f"{noise['below_baseline'] / MiB:,.1f} MiB below the baseline's lowest; {_margin_words(noise)})")
+    median = f"median peak {-saving / MiB:+,.1f} MiB against the baseline"
+    if noise["status"] == "uses more":
+        return f"no saving: uses more ({median}, beyond the {_margin_words(noise)})"
+    if noise["status"] == "within noise":
+        return f"no saving beyond the noise ({median}; {_margin_words(noise)})"
+    return (f"cannot tell whether it saves memory ({median}, within the {noise['floor'] / MiB:,.1f} MiB "
+            f"floor; one run a side measures no noise: run each side 3 times or more)")
 
 
 def _median(spread_: dict | None):

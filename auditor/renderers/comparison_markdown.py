@@ -43,6 +43,8 @@ def _verdict(summary: dict) -> list[str]:
     for variant in summary["variants"]:
         mark = "FAIL" if variant["verdict"] == "fail" else "ok"
         lines.append(f"- **{variant['name']}** ({mark}): {variant['why']}.")
+    if summary.get("rule"):
+        lines += ["", f"How a saving is counted: {summary['rule']}"]
     repeatable = summary["baseline_repeatable"]
     if repeatable is not None and repeatable["status"] not in ("identical", "unknown"):
         lines.append(f"- note: the baseline's own repeats disagree ({repeatable['reason']}): its "
@@ -84,25 +86,35 @@ def _per_side(record: dict, summary: dict) -> list[str]:
 
 
 def _against(summary: dict) -> list[str]:
-    rows = [["variant", "peak ratio", "overhead ratio", "peak saving", "overhead saving", "claims a saving",
-             "same digest", "differing elements", "tolerance", "agreement", "verdict"]]
+    rows = [["variant", "peak ratio", "overhead ratio", "peak saving", "overhead saving", "noise margin",
+             "saving beyond noise", "same digest", "differing elements", "tolerance", "agreement", "verdict"]]
     for v in summary["variants"]:
         a = v["agreement"]
         differing = "-" if a["differing_elements"] is None else (
             f"{a['differing_elements']:,}" + (f" of {a['total_elements']:,}" if a["total_elements"] else ""))
         tolerance = a["tolerance"] + ("" if v["tolerance_source"] == "default" else f" ({v['tolerance_source']})")
         rows.append([v["name"], _ratio(v["peak_ratio"]), _ratio(v["overhead_ratio"]),
-                     _mib(v["peak_saving"]), _mib(v["overhead_saving"]), "yes" if v["claims_saving"] else "no",
+                     _mib(v["peak_saving"]), _mib(v["overhead_saving"]), _mib((v.get("noise") or {}).get("margin")),
+                     _beyond_noise(v),
                      {True: "yes", False: "no", None: "-"}[a["same_digest"]], differing, tolerance, a["status"],
                      "**FAIL**" if v["verdict"] == "fail" else "ok"])
-    lines = _table(rows, right=range(1, 5))
+    lines = _table(rows, right=range(1, 6))
     lines += ["", "Ratios are variant / baseline of the medians (below 1: the variant uses less). A saving "
-              "is the baseline's median minus the variant's, in MiB."]
+              "is the baseline's median minus the variant's, in MiB; it counts only beyond the noise "
+              "margin (see the rule under the verdict)."]
     repeatable = summary["baseline_repeatable"]
     if repeatable is not None:
         lines += ["", f"The baseline's own repeats against its first run: {repeatable['status']} "
                       f"({repeatable['reason']})."]
     return lines
+
+
+def _beyond_noise(variant: dict) -> str:
+    noise = variant.get("noise")
+    if noise is None:
+        return "yes" if variant["claims_saving"] else "no"
+    return {"saves": "yes", "uses more": "no: uses more", "within noise": "no: within noise",
+            "cannot tell": "cannot tell"}[noise["status"]]
 
 
 def _commands(record: dict) -> list[str]:
