@@ -22,7 +22,7 @@ import shutil
 from datetime import datetime
 from pathlib import Path
 
-from auditor.cli import UsageError
+from auditor.cli import UsageError, check_writable_report
 from auditor.record import EVENTS_FILE, RUN_FILE
 
 MiB = 1 << 20
@@ -81,7 +81,7 @@ def main(args) -> int:
     if args.repeats < 1:
         raise UsageError(f"--repeats must be at least 1, got {args.repeats}")
     baseline, variants, gradprobe_names = _sides(args)
-    out = _output(args.out or _default_out(baseline.name, [v.name for v in variants]))
+    out = _output(args.out or _default_out(baseline.name, [v.name for v in variants]), default=not args.out)
     if args.keep_runs:
         _keep_runs_folder(args.keep_runs)
     console = _console()
@@ -188,14 +188,16 @@ def _default_out(baseline: str, variants: list[str]) -> str:
     return f"runs/compare-{baseline}-vs-{'-'.join(variants)}-{stamp}-{os.getpid()}.md"
 
 
-def _output(text: str, source: Path | None = None) -> Path:
+def _output(text: str, source: Path | None = None, default: bool = False) -> Path:
     """The report's path, once FILE.md, FILE.png and FILE.json can all be written there without
     landing on a record: a run folder's files, or a JSON file other than a comparison record
-    (`source`, the record re-rendered, stays as it is)."""
+    (`source`, the record re-rendered, stays as it is). `default`: the folder may be created."""
     path = Path(text)
+    if path.is_dir():
+        raise UsageError(f"-o {text!r} is a folder; give a file name ending in .md")
     if path.suffix != ".md":
         raise UsageError(f"-o {text!r}: the report is a markdown file, FILE.md (FILE.png and FILE.json go beside it)")
-    _writable_folder(path.parent, f"-o {text!r}")
+    check_writable_report(path, create_folder=default)
     held = [name for name in (RUN_FILE, EVENTS_FILE) if (path.parent / name).exists()]
     if held:
         raise UsageError(f"-o {text!r}: {str(path.parent)!r} is a run folder (it holds {held[0]}); "
@@ -204,9 +206,9 @@ def _output(text: str, source: Path | None = None) -> Path:
     if record.name == RUN_FILE:
         raise UsageError(f"-o {text!r} would write its record to {str(record)!r}, a run record's name; "
                          f"name the report otherwise")
-    for file in (path, path.with_suffix(".png"), record):
+    for file in (path.with_suffix(".png"), record):
         if file.is_dir():
-            raise UsageError(f"-o {text!r}: {str(file)!r} is a folder; give a file name ending in .md")
+            raise UsageError(f"-o {text!r}: {str(file)!r} is a folder; name the report otherwise")
         if file.exists() and not os.access(file, os.W_OK):
             raise UsageError(f"-o {text!r}: {str(file)!r} is not writable")
     if record.exists() and not (source is not None and record.resolve() == source.resolve()):
