@@ -2,6 +2,9 @@
 7B-scale targets (scaled and traced) and writes the markdown memory report.
 
     auditor gradprobe --arch tinystories-33m --target mistral-7b -o reports/gradprobe-tinystories-33m.md
+
+Exit status: 0 done; 1 a calibration or traced run failed; 2 bad input (a --run-dir must be
+new or empty); 130 Ctrl-C. On 1 and 130 the report holds what finished.
 """
 from __future__ import annotations
 
@@ -71,19 +74,35 @@ def register(subparsers) -> None:
 
 
 def main(args) -> int:
+    from auditor.cli.run_dir import check_new_run_dir
+    check_new_run_dir(args.run_dir)  # before torch is imported: one line, at once
     settings, targets, output = _checked(args)
     import torch
 
-    from auditor.analysis.projection import project
-    from auditor.analysis.traced_projection import project_traced
     from auditor.audit import new_run_folder
-    from auditor.jobs import gradprobe as job
-    from auditor.record import write_json_atomically
-    from auditor.renderers.markdown import write_report
 
     if args.threads:
         torch.set_num_threads(args.threads)
     folder = Path(args.run_dir) if args.run_dir else new_run_folder(f"gradprobe-{args.arch}")
+    projections = []
+    try:
+        record = _audit(args, settings, targets, folder, projections)
+    except KeyboardInterrupt:
+        return _partial(folder, output, projections, "interrupted", 130)
+    except RuntimeError as error:  # a child that failed (calibration, tracing): how it ended
+        return _partial(folder, output, projections, str(error), 1)
+    record["projections"] = projections
+    _write(record, folder, output)
+    _print_summary(record, output, folder)
+    return 0
+
+
+def _audit(args, settings, targets, folder: Path, projections: list) -> dict:
+    """The real run, calibration, then each target's projections (appended as they come)."""
+    from auditor.analysis.projection import project
+    from auditor.analysis.traced_projection import project_traced
+    from auditor.jobs import gradprobe as job
+
     with StatusLine() as advance:
         advance("auditing the real run")
         record = job.audit(settings, folder, memray=args.memray,
@@ -92,7 +111,6 @@ def main(args) -> int:
             from auditor.jobs.calibration import calibrate
             advance("calibrating the scaled projection (small traced runs)")
             record["calibration"] = calibrate(settings, folder / "calibration")
-        projections = []
         for target in targets:
             advance(f"projecting to {target} (scaled)")
             projections.append(project(record, target))
@@ -101,11 +119,34 @@ def main(args) -> int:
                 traced = job.traced_audit(replace(settings, architecture=target, overrides={}),
                                           folder / f"traced-{target}")
                 projections.append(project_traced(record, traced))
-    record["projections"] = projections
+    return record
+
+
+def _write(record: dict, folder: Path, output: Path) -> None:
+    from auditor.record import write_json_atomically
+    from auditor.renderers.markdown import write_report
     write_json_atomically(folder / "run.json", record)
     write_report(record, output, run_folder=folder)
-    _print_summary(record, output, folder)
-    return 0
+
+
+def _partial(folder: Path, output: Path, projections: list, why: str, status: int) -> int:
+    """Ctrl-C or a failed child: a report of what finished (the record says how the audited
+    run ended), `why` on stderr, `status` (130 interrupted, 1 failed)."""
+    import sys
+
+    from auditor.jobs.fresh_process import recovered_record
+    record = recovered_record(folder)
+    if record is None:
+        print(f"auditor: {why} before the run began; nothing written", file=sys.stderr)
+        return status
+    record["projections"] = projections
+    if (record.get("exit") or {}).get("status") == "ok":  # the audit had finished; projections not
+        record.setdefault("warnings", []).append(
+            f"{why} after the audit: {len(projections)} projection(s) made before it")
+    _write(record, folder, output)
+    print(f"auditor: {why}; partial report: {output}\nrun record: {folder / 'run.json'}",
+          file=sys.stderr)
+    return status
 
 
 def _checked(args):

@@ -4,8 +4,10 @@ context lengths and precisions, each configuration in a fresh process.
     auditor train-step --arch tinystories-33m gpt-neo-125m --seq-len 128 512 \\
         --precision fp32 amp-bf16 --accumulation 2 -o reports/train-step-cpu.md
 
-Exit status: 0 every configuration finished; 1 one did not (its finished stages are still in
-the report); 2 bad input.
+Exit status: 0 every configuration finished; 1 one did not (the report shows its finished
+stages and how it ended: "killed by SIGKILL: out of memory?"); 2 bad input, or a --run-dir
+already holding a configuration's folder (a run folder is never reused); 130 Ctrl-C (the
+report holds what finished).
 """
 from __future__ import annotations
 
@@ -45,7 +47,9 @@ def register(subparsers) -> None:
     add_device_argument(p)
     p.add_argument("--no-memray", action="store_true",
                    help="skip memray's allocation trace (on by default on CPU)")
-    p.add_argument("--run-dir", help="folder for the run records (default: a new folder under runs/)")
+    p.add_argument("--run-dir", help="folder for the run records (default: a new folder under runs/); "
+                                     "refused if it already holds a folder of a configuration swept: "
+                                     "a run folder is never reused")
     p.add_argument("-o", "--output", help="report path (default reports/train-step-ARCH.md, plus every "
                                           "setting that differs from its default: -seq-len512-sgd...)")
     p.set_defaults(handler=main)
@@ -55,22 +59,73 @@ def register(subparsers) -> None:
 def main(args) -> int:
     configurations, output = _checked(args)
     from auditor.audit import new_run_folder
+
+    folder = Path(args.run_dir) if args.run_dir else new_run_folder("train-step")
+    runs = [(settings, folder / _folder_name(settings)) for settings in configurations]
+    _check_run_folders(args.run_dir, runs)
+    return _sweep(args, runs, output)
+
+
+def _folder_name(settings) -> str:
+    return f"{Path(settings.architecture).name}-seq{settings.sequence_length}-{settings.precision}"
+
+
+def _check_run_folders(run_dir: str | None, runs) -> None:
+    """UsageError (one line) before any work: a configuration's folder already holding a run
+    (an old record must never be rendered under a new command line), or one that cannot be
+    created. Other configurations' folders may share the --run-dir."""
+    from auditor.record import check_run_folder
+    if run_dir is None:
+        return
+    for settings, run in runs:
+        if run.is_dir() and any(run.iterdir()):
+            raise UsageError(f"--run-dir {run_dir!r} already holds {settings.label}'s folder {str(run)!r}; "
+                             "choose a new --run-dir (a run folder is never reused)")
+        try:
+            check_run_folder(run)
+        except ValueError as error:
+            raise UsageError(f"--run-dir {run_dir!r}: {error}") from None
+
+
+def _sweep(args, runs, output: Path) -> int:
+    """Each configuration in a fresh process; the report covers what finished. Ctrl-C stops
+    the sweep: the report then holds the configurations (and stages) done, exit status 130."""
+    import sys
+
     from auditor.jobs.train_step import audit_in_fresh_process
     from auditor.renderers.train_step_markdown import write_report
 
-    folder = Path(args.run_dir) if args.run_dir else new_run_folder("train-step")
     on_cpu = args.device == "cpu"
-    records, failed = [], 0
-    with StatusLine() as advance:
-        for index, settings in enumerate(configurations, 1):
-            advance(f"[{index}/{len(configurations)}] {settings.label}, {settings.steps} steps")
-            run = folder / f"{Path(settings.architecture).name}-seq{settings.sequence_length}-{settings.precision}"
-            record = audit_in_fresh_process(settings, run, memray=on_cpu and not args.no_memray,
-                                            cuda_history=not on_cpu)
-            failed += (record.get("exit") or {}).get("status") != "ok"
-            records.append((record, run))
+    records, failed, interrupted = [], 0, False
+    try:
+        with StatusLine() as advance:
+            for index, (settings, run) in enumerate(runs, 1):
+                advance(f"[{index}/{len(runs)}] {settings.label}, {settings.steps} steps")
+                try:
+                    record = audit_in_fresh_process(settings, run, memray=on_cpu and not args.no_memray,
+                                                    cuda_history=not on_cpu)
+                except RuntimeError as error:
+                    record = None
+                    print(f"auditor: {error}", file=sys.stderr)
+                except KeyboardInterrupt as stop:  # fresh_process.Interrupted: the child's stages
+                    interrupted = True
+                    record = getattr(getattr(stop, "child", None), "record", None)
+                if record is not None and "workload" in record:  # it reached the workload
+                    records.append((record, run))
+                failed += record is None or (record.get("exit") or {}).get("status") != "ok"
+                if interrupted:
+                    break
+    except KeyboardInterrupt:  # between two configurations
+        interrupted = True
+    if not records:
+        print("auditor: no configuration left a run record; no report written", file=sys.stderr)
+        return 130 if interrupted else 1
     write_report(records, output, command=shlex.join(args.command_line))
     _print_summary(records, output)
+    if interrupted:
+        print(f"auditor: interrupted; the report holds the {len(records)} configuration(s) begun",
+              file=sys.stderr)
+        return 130
     return 1 if failed else 0
 
 

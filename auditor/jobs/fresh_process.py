@@ -85,7 +85,7 @@ class ChildRun:
 
     @property
     def last_line(self) -> str:
-        return (self.output.strip().splitlines() or ["no output"])[-1]
+        return (self.output.strip().splitlines() or [""])[-1]
 
     @property
     def stages(self) -> list[dict]:
@@ -94,7 +94,7 @@ class ChildRun:
 
     def failure(self, what: str) -> str:
         """One line for an error: what failed, how it ended, its last line of output."""
-        return f"{what} failed ({self.ending}): {self.last_line}"
+        return f"{what} failed ({self.ending})" + (f": {self.last_line}" if self.last_line else "")
 
 
 class Interrupted(KeyboardInterrupt):

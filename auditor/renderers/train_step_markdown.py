@@ -20,8 +20,10 @@ def write_report(records: list[tuple[dict, Path]], out: str | os.PathLike, *, co
     """`records`: (run record, its run folder) per configuration, in sweep order."""
     from auditor.renderers.train_step_chart import write_png
     out = Path(out)
-    chart = write_png([record for record, _ in records], out.with_name(out.stem + "-components.png"))
-    out.write_text(render(records, command=command, report_folder=out.parent, chart=chart.name),
+    chart = None
+    if any(training.step_numbers(record) for record, _ in records):  # no step finished: no bars
+        chart = write_png([record for record, _ in records], out.with_name(out.stem + "-components.png")).name
+    out.write_text(render(records, command=command, report_folder=out.parent, chart=chart),
                    encoding="utf-8")
     return out
 
@@ -57,14 +59,14 @@ def _sweep(records: list[dict]) -> str:
         headers += [f"forward only: peak {label}", f"full step: peak {label}"]
     headers += ["saved activations", "full step / forward only"]
     table = []
-    for r in rows:
+    for r, record in zip(rows, records):
         cells = [_text(r["architecture"]), str(r["sequence_length"]), _text(r["precision"])]
         for key, _ in measures:
             cells += [units.size(r.get(f"forward_{key}")), units.size(r.get(f"step_{key}"))]
         cells += [units.size(r["saved_activations"]),
                   units.ratio(r.get("step_live_tensors"), r.get("forward_live_tensors"))]
         if not r["complete"]:
-            cells[2] += " (run did not finish)"
+            cells[2] += f" ({_text(_ending(record))})"
         table.append(cells)
     right = set(range(3, len(headers)))
     commentary = training.sweep_commentary(rows)
@@ -77,12 +79,31 @@ def _configuration(record: dict, folder: Path, report_folder: Path | None) -> st
     s = record["workload"]["settings"]
     result = training.study(record)
     head = f"## {_text(s['architecture'])}, sequence {s['sequence_length']}, {_text(s['precision'])}"
+    unfinished = None if result["complete"] else _unfinished(record)
     if not result.get("components"):
-        return f"{head}\n\nNo training step finished: {_text((record.get('exit') or {}).get('error'))}."
-    parts = [head, f"Run record: {_code(folder / 'run.json')}.", _components(result),
+        return f"{head}\n\n{unfinished}\n\nNo training step finished."
+    parts = [head, unfinished, f"Run record: {_code(folder / 'run.json')}.", _components(result),
              _calculator(result["calculator"]), _steps(record, result), _stability(result),
              _allocations(record, folder, report_folder)]
     return "\n\n".join(p for p in parts if p)
+
+
+def _ending(record: dict) -> str:
+    """How a configuration that did not finish ended: "killed by SIGKILL: out of memory?"."""
+    exit_ = record.get("exit") or {}
+    error = exit_.get("error") or ""
+    if exit_.get("status") == "interrupted" and not error.startswith("interrupted"):
+        return f"interrupted ({error})" if error else "interrupted"
+    return error or "the run did not finish"
+
+
+def _unfinished(record: dict) -> str:
+    """The line saying the run did not finish, how it ended and which stages finished."""
+    done = [s["path"] for s in record["stages"] if s["status"] == "ok" and s["parent"] is None]
+    cut = [s["path"] for s in record["stages"] if s["status"] != "ok"]
+    return (f"**This configuration did not finish: {_text(_ending(record))}.** Finished stages: "
+            f"{', '.join(_code(p) for p in done) or 'none'}"
+            + (f"; cut short: {', '.join(_code(p) for p in cut)}" if cut else "") + ".")
 
 
 def _components(result: dict) -> str:
