@@ -183,3 +183,18 @@ def test_a_killed_calibration_child_still_gives_the_audited_runs_report_and_says
     text = out.read_text()
     assert "GradProbe.decide" in text and "GradProbe.apply_masks" in text  # the audited run, whole
     assert "0 projection(s) made before it" in text
+
+
+# -- validate-projection ---------------------------------------------------------------------
+
+def test_a_killed_validation_run_is_one_line_saying_how_it_ended(tmp_path, capsys):
+    run = tmp_path / "run"
+    killer = threading.Thread(target=lambda: os.kill(wait_for_stage(run / "small", "build model"),
+                                                     signal.SIGKILL))
+    killer.start()
+    code = main([*COMMANDS["validate-projection"], "--threads", "1", "--run-dir", str(run)])
+    killer.join()
+    assert code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("auditor: real run of tinystories-33m (") and "Traceback" not in "".join(err)
+    assert "failed (killed by SIGKILL: out of memory?)" in err[-1] and str(run) in err[-1]

@@ -9,7 +9,8 @@ projected number: the peaks, every stage, every component of the peak stage. Bef
 target's real run, its traced projection's peak RSS must fit in the available memory less a
 margin, or nothing big runs (exit 2).
 
-Exit status: 0 every target met; 1 a target missed; 2 bad input, or the target would not fit.
+Exit status: 0 every target met; 1 a target missed, or a run failed (one line saying how it
+ended); 2 bad input, or the target would not fit; 130 Ctrl-C.
 """
 from __future__ import annotations
 
@@ -57,6 +58,12 @@ def main(args) -> int:
                           progress=lambda text: console.print(f"[dim]auditor:[/] {text}", highlight=False))
     except NotEnoughMemory as error:
         raise UsageError(str(error)) from None
+    except KeyboardInterrupt:
+        print(f"auditor: interrupted; the runs that finished are in {str(folder)!r}", file=sys.stderr)
+        return 130
+    except RuntimeError as error:  # a run that failed, saying how: "killed by SIGKILL: out of memory?"
+        print(f"auditor: {error}; the runs that finished are in {str(folder)!r}", file=sys.stderr)
+        return 1
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(render(result, args.command_line))
     _print(result, output)
