@@ -515,7 +515,7 @@ class Audit:
         sampling instead. True when the meter can be read again."""
         what = f"{type(error).__name__}: {error}"
         if meter.key == "rss" and meter.method != "sampler":
-            meter.fall_back(f"resetting VmHWM failed mid-run ({what})")
+            meter.fall_back(f"reading or resetting VmHWM failed mid-run ({what})")
             self._probes["rss"] = meter.describe()
             self._warn(f"RSS probe: {meter.reason}")
             return True

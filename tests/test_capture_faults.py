@@ -5,6 +5,7 @@ the audit with a warning and a line in the record, and never raise into the prog
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import subprocess
 import sys
@@ -75,7 +76,8 @@ def test_clear_refs_failing_mid_run_falls_back_to_sampling(tmp_path):
             rss = audit._meters[0]
             with disk_full_under(rss._fd):
                 with auditor.stage("second"):  # opening it resets VmHWM: the write fails
-                    data = bytearray(b"x" * 20_000_000)
+                    data = mmap.mmap(-1, 20_000_000)  # fresh pages, whatever malloc keeps
+                    data.write(b"x" * 20_000_000)
                 with auditor.stage("third"):
                     pass
     record = audit.record
