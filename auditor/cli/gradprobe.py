@@ -164,8 +164,8 @@ def _checked(args):
                 raise ValueError(f"--target: {error}") from None
     except ValueError as error:
         raise UsageError(str(error)) from None
-    output = Path(args.output) if args.output else _default_output(args, targets)
-    check_writable_report(output, create_folder=not args.output)
+    output = Path(args.output) if args.output is not None else _default_output(args, targets)
+    check_writable_report(output, create_folder=args.output is None)
     settings = settings_from(args, size_overrides(args), args.device)
     output.parent.mkdir(parents=True, exist_ok=True)
     return settings, targets, output

@@ -142,10 +142,13 @@ def _checked(args):
         if args.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {args.optimizer!r}; known: {', '.join(OPTIMIZERS)}")
         positive_number(args.lr, "--lr")
+        if args.run_dir is not None:  # a file, or a folder that cannot be made; before torch loads
+            from auditor.record import check_run_folder
+            check_run_folder(args.run_dir)
     except ValueError as error:
         raise UsageError(str(error)) from None
-    output = Path(args.output) if args.output else _default_output(args, precisions)
-    check_writable_report(output, create_folder=not args.output)
+    output = Path(args.output) if args.output is not None else _default_output(args, precisions)
+    check_writable_report(output, create_folder=args.output is None)
 
     from auditor.jobs.train_step import Settings, check_settings
     overrides = size_overrides(args)

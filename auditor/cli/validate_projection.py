@@ -87,7 +87,7 @@ def _checked(args):
             raise ValueError("--available must be more than 0 bytes")
     except ValueError as error:
         raise UsageError(str(error)) from None
-    output = Path(args.output) if args.output else None
+    output = Path(args.output) if args.output is not None else None
     if output is not None:
         check_writable_report(output)
     if args.run_dir:
