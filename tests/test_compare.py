@@ -244,11 +244,39 @@ def test_a_report_renders_again_from_its_record(workdir, capsys):
     out = workdir / "first.md"
     assert main(["compare", "--baseline-cmd", "base", cmd("--extra", "50", "--tensors", "reference"),
                  "--variant-cmd", "lean", cmd("--tensors", "changed"), "--repeats", "1", "-o", str(out)]) == 1
-    again = workdir / "again" / "second.md"
+    again = workdir / "again" / "second copy.md"
     again.parent.mkdir()
     assert main(["compare", "--from", str(out.with_suffix(".json")), "-o", str(again)]) == 1
-    assert again.read_text() == out.read_text().replace("](first.png)", "](second.png)")
+    assert again.read_text() == out.read_text().replace("](first.png)", "](second%20copy.png)")
     assert again.with_suffix(".png").exists()
+    record, stat = out.with_suffix(".json"), out.with_suffix(".json").stat()
+    assert main(["compare", "--from", str(record)]) == 1  # beside its record: the record stays untouched
+    assert record.stat().st_mtime_ns == stat.st_mtime_ns and out.read_text().count("](first.png)") == 1
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 16 KiB tmpfs: room for a comparison record, not for its chart."""
+    folder = tmp_path / "small"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(folder)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    yield folder
+    subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_a_full_disk_keeps_the_record_and_says_so(workdir, small_disk, capsys):
+    out = small_disk / "full.md"
+    status = main(["compare", *LOGGED, "--repeats", "1", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert status == 1 and "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("compare: cannot write ") and "No space left on device" in last, err
+    assert f"{out.with_suffix('.json')} is complete: `auditor compare --from" in last
+    assert "ok v: " in err  # the results were shown before any write
+    assert Comparison.load(out.with_suffix(".json")).record["runs"][1]["side"] == "v"
 
 
 def test_a_failing_run_stops_the_comparison(workdir, capsys):

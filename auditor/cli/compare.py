@@ -266,15 +266,25 @@ def _progress(console, run: dict, total: int) -> None:
 
 
 def _finish(comparison, out: Path, console, source: Path | None = None) -> int:
-    """The record first (the one thing that cannot be made again), then the chart and the report."""
+    """The results on the terminal, then the record (the one file that cannot be made again),
+    then the chart and the report. A write that fails (a full disk) ends with one line."""
     from auditor.renderers import comparison_chart, comparison_markdown
     summary = comparison.summary
-    json_path = out.with_suffix(".json")
-    if source is None or json_path.resolve() != source.resolve():
-        comparison.save(json_path)
-    chart = comparison_chart.render(comparison.record, summary, out.with_suffix(".png"))
-    out.write_text(comparison_markdown.render(comparison.record, summary, chart=chart.name))
     _table(console, comparison.record, summary)
+    json_path, chart = out.with_suffix(".json"), out.with_suffix(".png")
+    written = "the record" if source is not None and json_path.resolve() == source.resolve() else None
+    try:
+        if written is None:
+            comparison.save(json_path)
+            written = "the record"
+        comparison_chart.render(comparison.record, summary, chart)
+        out.write_text(comparison_markdown.render(comparison.record, summary, chart=chart.name))
+    except OSError as error:
+        kept = (f"{written} {json_path} is complete: `auditor compare --from {json_path}` renders it again"
+                if written else "no record was written")
+        console.print(f"compare: cannot write {error.filename or out}: {error.strerror or error}; {kept}",
+                      markup=False, soft_wrap=True)
+        return 1
     console.print(f"report {out}, chart {chart}, record {json_path}", markup=False, soft_wrap=True)
     return 1 if summary["failed"] else 0
 

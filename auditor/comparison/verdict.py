@@ -20,9 +20,11 @@ import statistics
 from auditor.comparison.side import EXACT, Tolerance
 
 MiB = 1 << 20
-# The floor stands for the noise a few runs may not show. Measured here: identical sides spread
-# 0.5 MiB for a 28 MiB script (8 runs each), GradProbe on TinyStories-33M 46 MiB of 2,180 MiB
-# (3 runs), and a tiny GradProbe 28 MiB of ~380 MiB (4 runs): the margin then takes that spread.
+# The floor stands for the noise a few runs may not show. Measured spreads of peak RSS: GradProbe
+# on TinyStories-33M, 46 MiB over 3 baseline runs (2,156-2,202 MiB, reports/compare-tinystories-33m.md);
+# two identical tiny-GradProbe sides (2 layers, hidden 64, seq 16), 28 MiB over 4 runs each
+# (366-394 MiB, run_comparison of gradprobe_side("baseline", ...) against itself); a numpy script,
+# 0.5 MiB of 28 MiB over 8. Where a spread like the tiny one shows, the margin takes it.
 FLOOR_BYTES, FLOOR_SHARE = 16 * MiB, 0.02
 RULE = (f"A variant saves memory only when its highest peak RSS is below the baseline's lowest by "
         f"more than a margin: the larger of the noise measured (the widest spread, highest minus "

@@ -5,6 +5,7 @@ chart, the exact commands, every run in the order it ran, and the machine with i
 from __future__ import annotations
 
 import shlex
+from urllib.parse import quote  # a name with spaces stays one link
 
 MiB, GiB = 1 << 20, 1 << 30
 DIGEST_CHARS = 12
@@ -21,7 +22,8 @@ def render(record: dict, summary: dict, chart: str | None = None) -> str:
             f"overhead.", ""]
     out += _per_side(record, summary) + [""]
     if chart:
-        out += [f"![median peak RSS split into loaded and overhead, with min-max whiskers; wall time]({chart})", ""]
+        out += [f"![median peak RSS split into loaded and overhead, with min-max whiskers; wall time]({quote(chart)})",
+                ""]
     out += ["## Against the baseline", ""] + _against(summary) + [""]
     out += _commands(record) + [""]
     out += ["## Runs, in the order they ran", ""] + _runs(record) + [""]
