@@ -10,8 +10,10 @@ GradProbe side); --baseline-cmd / --variant-cmd give any command (split like a s
 shell run), which may report its loaded RSS and result through AUDITOR_RESULT (see
 auditor/comparison/protocol.py). Writes FILE.md, FILE.png (chart) and FILE.json (the record).
 
-Exit status: 0 when no variant claims a saving with a result differing beyond its tolerance;
-1 when one does (or a run fails); 2 for mistakes in what was typed.
+A variant claims a saving only beyond the noise measured between runs (the rule is
+auditor/comparison/verdict.py's RULE, stated in every report). Exit status: 0 when no variant
+claims a saving with a result differing beyond its tolerance; 1 when one does (or a run fails,
+or the report cannot be written); 2 for mistakes in what was typed, found before any run.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ def register(subparsers) -> None:
         epilog="A bare NAME is a GradProbe variant: python -m gradprobe --variant NAME, with the arguments\n"
                "after -- (e.g. -- --arch tinystories-33m --seq-len 128). A command may report its loaded RSS\n"
                "and result through AUDITOR_RESULT (auditor/comparison/protocol.py).\n"
+               "A saving counts only beyond the noise measured between runs (the report states the rule).\n"
                "Exit status: 0 pass; 1 a variant claims a saving but its result differs beyond its\n"
                "tolerance, or a run failed; 2 bad input.")
     parser.add_argument("--baseline", metavar="NAME", help="GradProbe variant as the baseline (default: baseline)")
@@ -227,23 +230,19 @@ def _replaceable_record(record: Path, text: str) -> None:
 
 
 def _keep_runs_folder(text: str) -> None:
+    """A new or empty folder, or one that can be created; creates nothing."""
     folder = Path(text)
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"--keep-runs {text!r} is a file; name a new or empty folder")
     if folder.exists() and any(folder.iterdir()):
         raise UsageError(f"--keep-runs folder {text!r} is not empty; name a new or empty folder")
-    _writable_folder(folder, f"--keep-runs {text!r}")
-
-
-def _writable_folder(folder: Path, what: str) -> None:
-    """UsageError unless `folder` exists and is writable, or can be created; creates nothing."""
     existing = folder
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
-        raise UsageError(f"{what}: {str(existing)!r} is a file, not a folder")
+        raise UsageError(f"--keep-runs {text!r}: {str(existing)!r} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"{what}: folder {str(existing)!r} is not writable")
+        raise UsageError(f"--keep-runs {text!r}: folder {str(existing)!r} is not writable")
 
 
 # -- what the user sees --------------------------------------------------------------------------
