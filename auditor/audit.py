@@ -123,7 +123,8 @@ class Audit:
         try:
             if self._chosen_folder:
                 self.folder = _claim(self.folder, self.name)
-            self._log = run_record.EventLog(self.folder)
+            self._dir = Path(os.path.abspath(self.folder))  # where files go, whatever the
+            self._log = run_record.EventLog(self._dir)      # program does with its cwd
             self._pending_warnings: list[str] = []
             probes = self._start_probes()
             rss_at_start = self._meters[0].read()[0]
@@ -158,7 +159,7 @@ class Audit:
     def _start_probes(self) -> dict:
         if self.options["torch_profiler"]:  # built (torch imported) before the run's peak counts
             from auditor.probes.torch_profiler import TorchProfilerTrace
-            self._torch_profiler = TorchProfilerTrace(self.folder)
+            self._torch_profiler = TorchProfilerTrace(self._dir)
         rss = RssProbe()
         rss.reset()  # the run's peak counts from here, not from the process's past
         self._meters = [rss]
@@ -209,7 +210,7 @@ class Audit:
         probes["memray"] = {"state": "off"}
         if self.options["memray"]:  # last, so its trace holds as little of our setup as possible
             from auditor.probes.memray_trace import MemrayTrace
-            self._memray = MemrayTrace(self.folder)
+            self._memray = MemrayTrace(self._dir)
             probes["memray"] = self._memray.state
             if not self._memray.on:
                 self._pending_warnings.append(f"memray absent: {self._memray.state['reason']}")
@@ -281,7 +282,7 @@ class Audit:
     def _write_record(self) -> None:
         self.record = run_record.assemble(self._events)
         try:
-            run_record.write_json_atomically(self.run_json, self.record)
+            run_record.write_json_atomically(self._dir / run_record.RUN_FILE, self.record)
         except OSError as error:
             kept = ("an earlier run.json stays" if self.record_written else
                     f"`auditor rebuild {self.folder}` writes it from {run_record.EVENTS_FILE} once there is space"
@@ -316,7 +317,7 @@ class Audit:
         return files, probes
 
     def _write_cuda_history(self) -> str:
-        name = self._history.finish(self.folder)
+        name = self._history.finish(self._dir)
         if name is None:
             raise RuntimeError(self._history.state.get("reason", "no snapshot was written"))
         return name

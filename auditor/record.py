@@ -51,6 +51,7 @@ are a list of their own rather than zero-length stages, so stage analysis never 
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -111,6 +112,7 @@ class EventLog:
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / EVENTS_FILE
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o666)
+        self._identity = file_identity(self._fd)
         self._size = 0
         self.lines = 0
         self.failure: str | None = None
@@ -121,6 +123,8 @@ class EventLog:
         if self.failure is not None or self._fd is None:
             return False
         try:
+            if file_identity(self._fd) != self._identity:  # closed, its number now the program's
+                raise OSError(errno.EBADF, "the program closed its file descriptor")
             view = memoryview(line)
             while view:
                 view = view[os.write(self._fd, view):]
@@ -135,6 +139,9 @@ class EventLog:
 
     def _fail(self, error: OSError) -> None:
         self.failure = f"{EVENTS_FILE} could not be written: {error.strerror or error}"
+        if error.errno == errno.EBADF:
+            self._fd = None  # not ours any more: never written, truncated nor closed
+            return
         try:
             os.ftruncate(self._fd, self._size)  # no half line: readers see whole events only
         except OSError:
@@ -147,6 +154,13 @@ class EventLog:
                 os.close(fd)
             except OSError:
                 pass  # nothing is lost: every line was written unbuffered
+
+
+def file_identity(fd: int) -> tuple[int, int]:
+    """(device, inode) of an open file: a descriptor the program closed, whose number now
+    names another file, no longer matches (OSError if it is closed)."""
+    status = os.fstat(fd)
+    return status.st_dev, status.st_ino
 
 
 def write_json_atomically(path: Path, data: dict) -> None:

@@ -12,7 +12,8 @@ each call also opens a torch profiler range (auditor.stage) while a profiler rec
 
 A callable the auditor itself uses (`builtins:len`, `builtins:open`, `time:perf_counter`) can
 be staged: the calls the auditor makes while measuring stay plain calls (auditor.stage's
-AUDITOR_CODE), so only the program's own calls become stages.
+AUDITOR_CODE), so only the program's own calls become stages. The auditor's own callables
+are refused: staging them would make stages out of stages.
 """
 from __future__ import annotations
 
@@ -66,6 +67,9 @@ def _import(module_name: str) -> types.ModuleType:
 
 def _resolve_path(module, module_name: str, qualname: str) -> Target:
     spec = f"{module_name}:{qualname}"
+    if module_name.partition(".")[0] == __name__.partition(".")[0]:  # stages made of stages
+        raise ValueError(f"stage target {spec!r} is the auditor's own code, which measures and "
+                         "cannot be staged; stage the program's callables")
     *outer, attribute = qualname.split(".")
     owner = module
     for depth, part in enumerate(outer):

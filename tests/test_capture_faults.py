@@ -1,7 +1,8 @@
 """The audited program never breaks because of the audit: real faults injected into a live
-audit (a log or probe file descriptor pointed at /dev/full, tracemalloc stopped under the
-probe, a run.json that cannot be written, callables the auditor itself uses staged) degrade
-the audit with a warning and a line in the record, and never raise into the program."""
+audit (a log write past RLIMIT_FSIZE, descriptors the program closes and reuses, tracemalloc
+stopped under the probe, a run.json that cannot be written, callables the auditor itself uses
+staged) degrade the audit with a warning and a line in the record, and never raise into the
+program."""
 from __future__ import annotations
 
 import json
@@ -22,8 +23,8 @@ from auditor.record import write_json_atomically
 
 
 @contextmanager
-def disk_full_under(fd: int):
-    """Every write to `fd` fails with ENOSPC from now on: /dev/full takes its place."""
+def replaced_by_dev_full(fd: int):
+    """`fd` now names /dev/full, as a descriptor the program closed and reopened would."""
     full = os.open("/dev/full", os.O_WRONLY)
     try:
         os.dup2(full, fd)
@@ -36,27 +37,67 @@ def paths(record: dict) -> list[tuple[str, str]]:
     return [(s["path"], s["status"]) for s in record["stages"]]
 
 
-def test_a_full_disk_under_the_event_log_never_raises_into_the_program(tmp_path):
-    folder = tmp_path / "run"
-    with pytest.warns(auditor.AuditorWarning, match="events.jsonl could not be written: No space left"):
-        with auditor.Audit(folder) as audit:
+def run_python(tmp_path: Path, text: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "program.py"
+    script.write_text(textwrap.dedent(text).lstrip())
+    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_a_log_write_that_fails_never_raises_into_the_program(tmp_path):
+    result = run_python(tmp_path, """
+        import os, resource, signal
+        import auditor
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write fails (EFBIG)
+        _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        with auditor.Audit("run") as audit:
             with auditor.stage("before"):
                 kept = bytearray(b"x" * 1_000_000)
-            with auditor.stage("inside"):
-                with disk_full_under(audit._log._fd):
-                    pass  # the next write, this stage's end, meets a full disk
+            with auditor.stage("inside"):  # the log's next line will not fit
+                resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize("run/events.jsonl") + 10, hard))
             for step in range(3):
                 with auditor.stage(f"after {step}"):
                     more = bytearray(b"y" * 100_000)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))  # room again for run.json
+        print("program done")
+    """)
+    assert result.returncode == 0 and "program done" in result.stdout, result.stderr
+    assert "Traceback" not in result.stderr
+    folder = tmp_path / "run"
     lines = (folder / "events.jsonl").read_text().splitlines()
     assert [json.loads(line)["event"] for line in lines] == [
         "run_started", "stage_started", "stage_finished", "stage_started"]  # whole lines only
     record = auditor.load(folder)  # run.json, from the events kept in memory
     assert paths(record) == [("before", "ok"), ("inside", "ok")] + [(f"after {i}", "ok") for i in range(3)]
     assert record["event_log"] == {"state": "incomplete", "lines": 4,
-                                   "reason": "events.jsonl could not be written: No space left on device"}
+                                   "reason": "events.jsonl could not be written: File too large"}
     assert record["exit"]["status"] == "ok"
     assert any("the run goes on" in w for w in record["warnings"])
+
+
+def test_descriptors_the_program_closes_and_reuses_are_never_written(tmp_path):
+    result = run_python(tmp_path, """
+        import os
+        import auditor
+        with auditor.Audit("run") as audit:
+            with auditor.stage("before"):
+                kept = bytearray(b"x" * 1_000_000)
+            with auditor.stage("closes"):
+                os.closerange(3, 1024)  # as a daemon does; the audit's log and clear_refs go too
+                mine = [open(f"mine-{i}.txt", "w") for i in range(20)]  # the numbers, reused
+            with auditor.stage("after"):
+                for f in mine:
+                    f.write("the program's own\\n")
+                    f.close()
+        print("program done")
+    """)
+    assert result.returncode == 0 and "program done" in result.stdout, result.stderr
+    for i in range(20):
+        assert (tmp_path / f"mine-{i}.txt").read_text() == "the program's own\n"
+    record = auditor.load(tmp_path / "run")
+    assert paths(record) == [("before", "ok"), ("closes", "ok"), ("after", "ok")]
+    assert record["event_log"]["state"] == "incomplete"
+    assert record["probes"]["rss"]["method"] == "sampler"
 
 
 def test_a_complete_event_log_says_so(tmp_path):
@@ -74,8 +115,8 @@ def test_clear_refs_failing_mid_run_falls_back_to_sampling(tmp_path):
             with auditor.stage("first"):
                 pass
             rss = audit._meters[0]
-            with disk_full_under(rss._fd):
-                with auditor.stage("second"):  # opening it resets VmHWM: the write fails
+            with replaced_by_dev_full(rss._fd):
+                with auditor.stage("second"):  # opening it resets VmHWM: through another file
                     data = mmap.mmap(-1, 20_000_000)  # fresh pages, whatever malloc keeps
                     data.write(b"x" * 20_000_000)
                 with auditor.stage("third"):
@@ -83,7 +124,7 @@ def test_clear_refs_failing_mid_run_falls_back_to_sampling(tmp_path):
     record = audit.record
     assert paths(record) == [("first", "ok"), ("second", "ok"), ("third", "ok")]
     assert record["probes"]["rss"]["method"] == "sampler"
-    assert "No space left on device" in record["probes"]["rss"]["reason"]
+    assert "the program closed the clear_refs file descriptor" in record["probes"]["rss"]["reason"]
     second = record["stages"][1]["rss"]
     assert second["end"] - second["start"] > 15_000_000 and second["peak"] >= second["end"]
 
@@ -180,3 +221,14 @@ def test_several_of_the_auditors_own_callables_staged_at_once(tmp_path):
     inside = [s["name"].split("#")[0] for s in auditor.load(tmp_path / "run")["stages"]
               if s["parent"] == "work"]
     assert inside.count("len") == 2 and inside.count("perf_counter") == 1
+
+
+@pytest.mark.parametrize("target", ["auditor.stage:stage.__enter__", "auditor.audit:Audit.open_stage",
+                                    "auditor:mark"])
+def test_the_auditors_own_callables_are_refused_up_front(tmp_path, target, capsys):
+    from auditor.cli import main
+    from conftest import one_error_line
+    (tmp_path / "job.py").write_text("raise SystemExit('the script must not run')\n")
+    assert main(["run", "--out", str(tmp_path / "run"), "--stage", target, str(tmp_path / "job.py")]) == 2
+    assert "is the auditor's own code" in one_error_line(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.py"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import textwrap
 import uuid
@@ -153,3 +154,19 @@ def test_an_existing_run_folder_is_refused(workdir, capsys):
     assert main(["run", "--out", "o", "ok.py"]) == 2
     assert "already holds a run record" in one_error_line(capsys)
     assert json.loads((workdir / "o" / "run.json").read_text()) == before
+
+
+def test_a_script_that_changes_folder_keeps_its_record_where_asked(workdir, capsys):
+    (workdir / "elsewhere").mkdir()
+    write(workdir / "moves.py", """
+        import os, auditor
+        with auditor.stage("moves"):
+            os.chdir("elsewhere")
+        with auditor.stage("after"):
+            pass
+    """)
+    assert main(["run", "--out", "o", "moves.py"]) == 0
+    assert capsys.readouterr().err.strip().endswith("run record: o/run.json")
+    assert [s["path"] for s in auditor.load(workdir / "o")["stages"]] == ["moves", "after"]
+    assert list((workdir / "elsewhere").iterdir()) == []
+    assert os.getcwd() == str(workdir)  # the command gives the folder back

@@ -97,13 +97,14 @@ def _run_script(audit, script: Path) -> int:
     except OSError as error:  # the folder broke between the checks and now
         raise UsageError(f"cannot write the run record in {str(audit.folder)!r}: "
                          f"{error.strerror or error}") from None
-    error = None
+    error, cwd = None, os.getcwd()
     try:
         with _sigterm_interrupts():
             runpy.run_path(str(script), run_name="__main__")
     except BaseException as raised:  # the script's own ending: the record says how it ended
         error = raised
     finally:
+        os.chdir(cwd)  # a script that changed folder: the paths the user gave mean what they did
         audit.__exit__(type(error) if error else None, error, error.__traceback__ if error else None)
     return _status(error, script)
 

@@ -8,6 +8,7 @@ maximum instead and the record says so.
 """
 from __future__ import annotations
 
+import errno
 import os
 import threading
 
@@ -49,6 +50,7 @@ class RssProbe:
         try:
             read_status()
             self._fd = os.open(_CLEAR_REFS, os.O_WRONLY)
+            self._identity = os.fstat(self._fd).st_ino
             os.write(self._fd, b"5")
         except (OSError, ValueError) as error:
             self.fall_back(f"cannot reset VmHWM through {_CLEAR_REFS} ({error})")
@@ -72,6 +74,13 @@ class RssProbe:
         if self._sampler is not None:
             self._sampler.reset()
         else:
+            try:
+                ours = os.fstat(self._fd).st_ino == self._identity
+            except OSError:
+                ours = False
+            if not ours:  # the program closed it: its number may name the program's file now
+                self._fd = None
+                raise OSError(errno.EBADF, "the program closed the clear_refs file descriptor")
             os.write(self._fd, b"5")
 
     @staticmethod
