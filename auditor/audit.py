@@ -115,6 +115,7 @@ class Audit:
         if active_audit() is not None:
             raise RuntimeError("another audit is already active in this process")
         self._entered = True
+        self._pid = os.getpid()
         self._t0 = time.perf_counter()
         started_at = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
         self._staging.apply()  # first: the one step that can still refuse, before any file
@@ -227,6 +228,8 @@ class Audit:
         return {"state": "on"}
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        if os.getpid() != self._pid:  # a forked child leaving the block: the parent's record
+            return False              # and log are not its to write
         with AUDITOR_CODE:
             try:
                 self._finish(exc)
@@ -637,9 +640,14 @@ class Audit:
     def _warn(self, message: str) -> None:
         try:
             warnings.warn(message, AuditorWarning, stacklevel=3)
-        except Warning:  # warnings turned into errors: the record still keeps it
-            pass
+        except Exception:  # turned into errors, or shown on a stderr the program closed:
+            pass           # the record still keeps it
         self._emit({"event": "warning", "message": message})
+
+
+# A forked child (os.fork, multiprocessing's fork) is not the audited process: its stages,
+# marks and staged calls go unrecorded instead of into the parent's log.
+os.register_at_fork(after_in_child=lambda: _set_active(None))
 
 
 def new_run_folder(name: str, root: str = "runs") -> Path:

@@ -232,3 +232,46 @@ def test_the_auditors_own_callables_are_refused_up_front(tmp_path, target, capsy
     assert main(["run", "--out", str(tmp_path / "run"), "--stage", target, str(tmp_path / "job.py")]) == 2
     assert "is the auditor's own code" in one_error_line(capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.py"]
+
+
+def test_a_forked_child_never_writes_into_the_parents_record(tmp_path):
+    result = run_script(tmp_path, """
+        import os, sys
+        import auditor
+        with auditor.stage("parent work"):
+            kept = bytearray(b"x" * 1_000_000)
+        child = os.fork()
+        if child == 0:  # the child runs the rest of the script, and leaves it
+            with auditor.stage("child work"):
+                pass
+            sys.exit(0)
+        os.waitpid(child, 0)
+        with auditor.stage("after"):
+            pass
+        print("parent done")
+    """)
+    assert result.returncode == 0 and "parent done" in result.stdout, result.stderr
+    assert "child work" not in (tmp_path / "run" / "events.jsonl").read_text()
+    record = auditor.load(tmp_path / "run")
+    assert paths(record) == [("parent work", "ok"), ("after", "ok")]
+    assert result.stderr.count("run record:") == 1  # the child prints no summary either
+
+
+def test_a_script_that_closes_stderr_keeps_its_status(tmp_path):
+    text = """
+        import sys
+        import auditor
+        with auditor.stage("before"):
+            pass
+        sys.stderr.close()  # the progress line and the summary have nowhere to go
+        with auditor.stage("after"):
+            pass
+        print("done")
+    """
+    result = run_script(tmp_path, text)
+    alone = run_python(tmp_path, text)
+    assert result.returncode == alone.returncode == 0 and "done" in result.stdout, result.stderr
+    record = auditor.load(tmp_path / "run")
+    assert paths(record) == [("before", "ok"), ("after", "ok")]
+    assert record["exit"]["status"] == "ok"
+    assert any("on_stage_end failed" in w for w in record["warnings"])

@@ -83,7 +83,10 @@ def main(args) -> int:
             status = _run_script(audit, script)
     finally:
         sys.path[:], sys.argv = saved_path, saved_argv
-    _summary(console, audit)
+    try:
+        _summary(console, audit)
+    except (OSError, ValueError):  # the script closed stderr: nowhere left to print
+        pass
     return status
 
 
