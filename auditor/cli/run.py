@@ -31,7 +31,10 @@ MAX_TABLE_ROWS = 40
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "run", help="run a Python script under audit",
-        description="Run SCRIPT as `python SCRIPT ARGS` would, under audit; write DIR/run.json.")
+        description="Run SCRIPT as `python SCRIPT ARGS` would, under audit; write DIR/run.json.",
+        epilog="Exit status: the script's own (a record that cannot be written is a warning); "
+               "130 after Ctrl-C and 143 after SIGTERM (128 + the signal, as a shell shows a "
+               "process that signal ended), with a record saying 'interrupted'.")
     parser.add_argument("--out", metavar="DIR",
                         help="run folder (default: a new folder under runs/)")
     parser.add_argument("--stage", metavar="TARGET", action="append", default=[], dest="stages",
