@@ -249,6 +249,11 @@ def test_a_report_renders_again_from_its_record(workdir, capsys):
     assert main(["compare", "--from", str(out.with_suffix(".json")), "-o", str(again)]) == 1
     assert again.read_text() == out.read_text().replace("](first.png)", "](second%20copy.png)")
     assert again.with_suffix(".png").exists()
+    # the record keeps the interpreter's path; the report names it without the machine's folders
+    assert sys.executable in out.with_suffix(".json").read_text()
+    text, python = out.read_text(), os.path.basename(sys.executable)
+    assert f"\nbase  {python} child.py --extra 50" in text and f"\nlean  {python} child.py" in text
+    assert f"- Python {sys.version.split()[0]} ({python})," in text
     record, stat = out.with_suffix(".json"), out.with_suffix(".json").stat()
     assert main(["compare", "--from", str(record)]) == 1  # beside its record: the record stays untouched
     assert record.stat().st_mtime_ns == stat.st_mtime_ns and out.read_text().count("](first.png)") == 1

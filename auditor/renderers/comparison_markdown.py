@@ -4,8 +4,11 @@ chart, the exact commands, every run in the order it ran, and the machine with i
 """
 from __future__ import annotations
 
+import os
 import shlex
 from urllib.parse import quote  # a name with spaces stays one link
+
+from auditor.analysis.source_paths import shown_command
 
 MiB, GiB = 1 << 20, 1 << 30
 DIGEST_CHARS = 12
@@ -122,11 +125,11 @@ def _beyond_noise(variant: dict) -> str:
 def _commands(record: dict) -> list[str]:
     lines = ["## Commands", "", "```"]
     if record.get("command"):
-        lines.append(record["command"])
+        lines.append(shown_command(record["command"], None))
         lines.append("")
     width = max(len(side["name"]) for side in record["sides"])
     for side in record["sides"]:
-        lines.append(f"{side['name']:<{width}}  {shlex.join(side['command'])}")
+        lines.append(f"{side['name']:<{width}}  {shown_command(shlex.join(side['command']), None)}")
     lines += ["```", "", "`{run_dir}` is each run's own empty folder. Every run's result is compared "
               f"with the reference, {record['reference']}."]
     return lines
@@ -166,7 +169,7 @@ def _reported(record: dict) -> list[str]:
 
 def _environment(record: dict) -> list[str]:
     env = record["environment"]
-    lines = [f"- Python {env['python']} ({env['executable']}), {env['platform']}",
+    lines = [f"- Python {env['python']} ({os.path.basename(env['executable'])}), {env['platform']}",
              f"- CPU: {env.get('cpu')}, {env.get('cpu_count')} CPUs ({env.get('cpus_usable')} usable)"]
     if env.get("memory_total"):
         lines.append(f"- memory: {env['memory_total'] / GiB:,.1f} GiB")
