@@ -339,6 +339,27 @@ def test_allocation_sites_and_flamegraph_link(reports, built):
     assert "No memray trace: memray was off for this run" in text_of(reports, "pattern")
 
 
+def test_a_flamegraph_git_ignores_is_named_not_linked(built, tmp_path):
+    """A committed report must not link a file git keeps out of the repository."""
+    if "traced" not in built:
+        pytest.skip("memray is not installed")
+    import shutil
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("runs/**/memray-flamegraph.html\n")
+    folder = tmp_path / "runs" / "r"
+    shutil.copytree(built["traced"][1], folder)
+    out = tmp_path / "reports" / "r.md"
+    out.parent.mkdir()
+    assert main(["report", str(folder), "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "](../runs/r/memray-flamegraph.html)" not in text
+    assert ("Flamegraph: `memray-flamegraph.html` in the run folder `../runs/r`, where the command wrote it; "
+            "git ignores it") in text
+    (tmp_path / ".gitignore").write_text("")  # not ignored: linked
+    assert main(["report", str(folder), "-o", str(out)]) == 0
+    assert "[memray-flamegraph.html](../runs/r/memray-flamegraph.html)" in out.read_text()
+
+
 def test_findings_section_shows_every_finding_and_every_rule(reports, built):
     for name, (record, _) in built.items():
         text = text_of(reports, name)

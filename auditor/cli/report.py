@@ -57,7 +57,9 @@ def main(args) -> int:
     try:
         if all(training):
             from auditor.renderers.train_step_markdown import write_report
-            write_report(loaded, out, command=shlex.join(args.command_line))
+            # in the order the configurations ran, whatever order a shell glob gave them in
+            in_order = sorted(loaded, key=lambda pair: pair[0].get("started_at") or "")
+            write_report(in_order, out, command=shlex.join(args.command_line))
         else:
             from auditor.renderers.markdown import write_report
             write_report(loaded[0][0], out, run_folder=run_folder)

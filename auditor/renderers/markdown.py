@@ -11,6 +11,7 @@ the only files read are the ones it names (the flamegraph is linked, not read).
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 from urllib.parse import quote
 
@@ -341,9 +342,23 @@ def _flamegraph_link(memray: dict, report_folder: Path | None, run_folder: Path 
     if run_folder is None or report_folder is None:
         return f"Flamegraph: {_code(name)} in the run folder."
     target = Path(run_folder) / name
+    if _kept_out_of_git(target):  # a link would break for everyone reading the committed report
+        folder = os.path.relpath(Path(run_folder).resolve(), Path(report_folder).resolve())
+        return (f"Flamegraph: {_code(name)} in the run folder {_code(folder)}, where the command wrote it; "
+                "git ignores it (megabytes), so it exists only where the command ran.")
     if not target.exists():
         return f"Flamegraph: {_code(name)} was not found in the run folder {_code(run_folder)}."
     return f"Flamegraph of the allocations alive at the peak: [{_text(name)}]({_relative_link(target, report_folder)})."
+
+
+def _kept_out_of_git(path: Path) -> bool:
+    """True when `path` lies in a git work tree that ignores it (False without git)."""
+    try:
+        done = subprocess.run(["git", "check-ignore", "-q", path.name], cwd=path.parent,
+                              capture_output=True, timeout=10) if path.parent.is_dir() else None
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done is not None and done.returncode == 0
 
 
 def _relative_link(target: Path, report_folder: Path) -> str:

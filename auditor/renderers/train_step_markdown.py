@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import quote
 
 from auditor import units
 from auditor.analysis import training
@@ -34,7 +35,7 @@ def render(records: list[tuple[dict, Path]], *, command: str, report_folder: Pat
     only = [record for record, _ in records]
     architectures = ", ".join(dict.fromkeys(r["workload"]["settings"]["architecture"] for r in only))
     parts = [f"# Training-step memory: {_text(architectures)}", _intro(only, command),
-             _sweep(only), f"![components against the measured peaks]({chart})" if chart else ""]
+             _sweep(only), f"![components against the measured peaks]({quote(chart)})" if chart else ""]
     for record, folder in records:
         parts.append(_configuration(record, folder, report_folder))
     parts.append(_environment(only[0]).replace("## Environment", "## Environment (first configuration)"))
