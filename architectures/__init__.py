@@ -115,6 +115,8 @@ def config_fields(name_or_path: str, **overrides: int) -> dict[str, Any]:
             continue
         _check_override(key, value)
         fields[_override_field(fields["model_type"], key)] = value
+    if fields["model_type"] in _OVERRIDE_FIELDS:
+        _check_heads(fields)
     return fields
 
 
@@ -146,6 +148,10 @@ def _read_checkpoint_config(folder: str) -> dict[str, Any]:
     if known is not None and model_type not in known:
         raise UnknownArchitecture(f"{where}: config.json's model_type {model_type!r} is not a model "
                                   "the installed transformers knows")
+    for key in _OVERRIDE_FIELDS.get(model_type, {}).values():  # the sizes the memory follows
+        value = fields.get(key)  # null: the family's default (GPT-Neo's intermediate_size: 4 x hidden)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise UnknownArchitecture(f"{where}: config.json's {key} must be a positive integer, got {value!r}")
     return fields
 
 
@@ -153,7 +159,7 @@ def _load_checkpoint_config(folder: str):
     from transformers import AutoConfig
     try:
         return AutoConfig.from_pretrained(folder)
-    except (OSError, ValueError, KeyError, TypeError) as error:  # what config_fields could not see
+    except Exception as error:  # what config_fields could not see; transformers has its own error types
         reason = " ".join(str(error).split())[:300]
         raise UnknownArchitecture(f"checkpoint folder {folder!r}: transformers cannot load its "
                                   f"config.json ({reason})") from None
@@ -214,16 +220,22 @@ def _apply_overrides(arch: Architecture, overrides: dict[str, int]) -> dict[str,
         settings[_override_field(arch.family, key)] = value
     if arch.family == "gpt_neo":
         settings["attention_types"] = _alternating(settings["num_layers"])
-        heads = settings["num_heads"]
     else:
-        heads = settings["num_attention_heads"]
-        settings["num_key_value_heads"] = min(settings["num_key_value_heads"], heads)
-        if heads % settings["num_key_value_heads"]:
-            raise ValueError(f"{heads} attention heads are not a multiple of "
-                             f"{settings['num_key_value_heads']} key/value heads")
-    if settings["hidden_size"] % heads:
-        raise ValueError(f"hidden size {settings['hidden_size']} is not divisible by {heads} heads")
+        settings["num_key_value_heads"] = min(settings["num_key_value_heads"], settings["num_attention_heads"])
+    _check_heads(settings)
     return settings
+
+
+def _check_heads(settings: dict[str, Any]) -> None:
+    """Heads that divide the hidden size, key/value heads that divide the heads (where named)."""
+    heads = settings.get("num_heads", settings.get("num_attention_heads"))
+    kv_heads, hidden = settings.get("num_key_value_heads"), settings.get("hidden_size")
+    if not isinstance(heads, int) or heads < 1:
+        return
+    if isinstance(kv_heads, int) and kv_heads >= 1 and heads % kv_heads:
+        raise ValueError(f"{heads} attention heads are not a multiple of {kv_heads} key/value heads")
+    if isinstance(hidden, int) and hidden % heads:
+        raise ValueError(f"hidden size {hidden} is not divisible by {heads} heads")
 
 
 def _keep_special_tokens_in_vocab(family: str, settings: dict[str, Any]) -> None:

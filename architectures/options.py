@@ -73,7 +73,8 @@ def finite_float(text: str) -> float:
 
 def check_model_options(args, architecture_option: str = "arch", prefix: str = "") -> None:
     """ValueError (one line) for a model option of `args` the run could not take. Options the
-    command lacks are skipped; torch is imported only to ask whether a CUDA device exists."""
+    command lacks are skipped. torch is imported only to ask whether a CUDA device exists, and
+    transformers (with torch) only, last, to load a checkpoint folder's config as the run will."""
     for name in ("batch_size", "threads"):
         at_least(getattr(args, name, None), 1, f"--{name.replace('_', '-')}")
     seed = getattr(args, "seed", None)
@@ -92,6 +93,9 @@ def check_model_options(args, architecture_option: str = "arch", prefix: str = "
         for length in lengths:
             check_sequence_length(name, length, overrides)
     check_device(getattr(args, "device", None))
+    for name in names if isinstance(names, list) else [names]:
+        if architectures.is_checkpoint_folder(name):
+            architectures.make_config(name, **overrides)
 
 
 def check_sequence_length(architecture: str, length: int, overrides: dict | None = None,

@@ -28,6 +28,8 @@ from architectures.options import (add_device_argument, add_seed_argument, add_s
 from . import settings
 
 MiB = 1 << 20
+# A tokenizer folder holds at least one of these (what AutoTokenizer.from_pretrained reads).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model")
 
 
 def storage_dtypes() -> dict:
@@ -195,6 +197,10 @@ def check_arguments(args: argparse.Namespace) -> None:
         if path is not None and not is_kind(path):
             raise ValueError(f"{what} {path!r} " + ("does not exist" if not os.path.exists(path) else
                                                      f"is not a {what.split()[-1]}"))
+    if args.tokenizer is not None and not any(os.path.isfile(os.path.join(args.tokenizer, name))
+                                              for name in TOKENIZER_FILES):
+        raise ValueError(f"tokenizer folder {args.tokenizer!r} holds none of {', '.join(TOKENIZER_FILES)} "
+                         "(save_pretrained writes them)")
     check_output_files(args, ("masks_out", "summary_json"))
 
 

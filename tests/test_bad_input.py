@@ -8,10 +8,13 @@ before torch is imported, and before anything is built, run or written.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -22,11 +25,10 @@ TINY = ["--layers", "1", "--hidden", "64", "--heads", "4", "--vocab", "256", "--
 
 
 # -- the folder every row starts in -------------------------------------------------------------
+# Plain functions under the fixtures: benchmarks/reliability.py prepares its folders with them too.
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    """A real run folder (run.json + events.jsonl) made once by `auditor run`."""
-    folder = tmp_path_factory.mktemp("finished")
+def make_finished_run(folder: Path) -> Path:
+    """A real run folder (run.json + events.jsonl) made in `folder` by `auditor run`."""
     (folder / "script.py").write_text("print('hello')\n")
     done = subprocess.run([sys.executable, "-m", "auditor", "run", "--out", "run", "script.py"],
                           cwd=folder, capture_output=True, text=True, timeout=120)
@@ -35,11 +37,29 @@ def finished_run(tmp_path_factory) -> Path:
     return folder / "run"
 
 
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A real run folder, made once."""
+    return make_finished_run(tmp_path_factory.mktemp("finished"))
+
+
 @pytest.fixture
 def workspace(tmp_path, finished_run):
     """The row's current folder. Yields (folder, whether `readonly/` is really unwritable)."""
+    with prepared_workspace(tmp_path, finished_run) as prepared:
+        yield prepared
+
+
+@contextmanager
+def prepared_workspace(tmp_path: Path, finished_run: Path):
+    """Fills the empty folder `tmp_path`: a copy of `finished_run`, a sentinel, a committed report,
+    broken inputs, an unwritable folder. Yields (folder, whether `readonly/` is really unwritable);
+    makes `readonly/` writable again on leaving."""
     import shutil
     shutil.copytree(finished_run, tmp_path / "run")
+    record = json.loads((finished_run / "run.json").read_text())
+    (tmp_path / "typed").mkdir()  # a record whose fields have the wrong types
+    (tmp_path / "typed" / "run.json").write_text(json.dumps({**record, "peak": {"rss": "x", "stage": None}}))
     (tmp_path / "sentinel.txt").write_text("do not touch\n")
     (tmp_path / "script.py").write_text("print('hello')\n")
     (tmp_path / "notjson.json").write_text("{not json")
@@ -49,7 +69,8 @@ def workspace(tmp_path, finished_run):
     (tmp_path / "reports" / "gradprobe-tinystories-33m.md").write_text("# the committed report\n")
     for name, config in [("ckpt-notjson", "{not json"), ("ckpt-nomodeltype", '{"hidden_size": 64}'),
                          ("ckpt-unknowntype", '{"model_type": "no-such-model-type"}'),
-                         ("ckpt-list", "[1, 2]")]:
+                         ("ckpt-list", "[1, 2]"), ("ckpt-badsize", '{"model_type": "gpt_neo", "num_layers": "x"}'),
+                         ("ckpt-badheads", '{"model_type": "mistral", "num_key_value_heads": 3}')]:
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(config)
     (tmp_path / "ckpt-noconfig").mkdir()
@@ -80,15 +101,39 @@ def _snapshot(folder: Path) -> dict[str, bytes | None]:
             for p in sorted(folder.rglob("*"))}
 
 
-def check_refused(program: str, args: list[str], says: str, workspace) -> float:
-    folder, unwritable = workspace
-    if any(UNWRITABLE in arg for arg in args) and not unwritable:
-        pytest.skip("no folder can be made unwritable here (root without chattr)")
+@dataclass
+class Attempt:
+    """What one row did: its process's ending and output, and the folder's paths it added or changed."""
+    returncode: int
+    stdout: str
+    stderr: str
+    elapsed_s: float
+    written: list[str]  # paths that were not in the folder before
+    changed: list[str]  # paths whose bytes changed, or that are gone
+
+
+def attempt(program: str, args: list[str], folder: Path) -> Attempt:
+    """`python -m PROGRAM ARGS` run in `folder`, timed, with the folder compared before and after."""
     before = _snapshot(folder)
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", program, *args], cwd=folder, capture_output=True,
                           text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     elapsed = time.perf_counter() - start
+    after = _snapshot(folder)
+    return Attempt(done.returncode, done.stdout, done.stderr, elapsed,
+                   written=sorted(set(after) - set(before)),
+                   changed=[path for path in before if after.get(path, b"gone") != before[path]])
+
+
+def needs_unwritable(args: list[str]) -> bool:
+    return any(UNWRITABLE in arg for arg in args)
+
+
+def check_refused(program: str, args: list[str], says: str, workspace) -> float:
+    folder, unwritable = workspace
+    if needs_unwritable(args) and not unwritable:
+        pytest.skip("no folder can be made unwritable here (root without chattr)")
+    done = attempt(program, args, folder)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2, f"exit {done.returncode}\n{done.stderr[-3000:]}"
     assert "Traceback" not in done.stderr, done.stderr
@@ -96,12 +141,10 @@ def check_refused(program: str, args: list[str], says: str, workspace) -> float:
     assert lines[0].startswith(f"{program}: error: "), lines[0]
     assert says in lines[0], lines[0]
     assert done.stdout == "", done.stdout
-    after = _snapshot(folder)
-    assert sorted(set(after) - set(before)) == [], "written"
-    changed = [path for path in before if after.get(path, b"gone") != before[path]]
-    assert changed == [], "changed or removed"
-    assert elapsed < LIMIT_S, f"{elapsed:.2f} s for a usage error"
-    return elapsed
+    assert done.written == [], "written"
+    assert done.changed == [], "changed or removed"
+    assert done.elapsed_s < LIMIT_S, f"{done.elapsed_s:.2f} s for a usage error"
+    return done.elapsed_s
 
 
 # -- auditor run --------------------------------------------------------------------------------
@@ -135,6 +178,7 @@ REPORT = [
     (["notjson.json"], "not valid JSON"),
     (["sentinel.txt"], "not valid JSON"),
     (["otherschema.json"], "schema"),
+    (["typed"], "peak.rss"),
     (["empty"], "no run record"),
     (["run", "run"], "several runs"),
     (["run", "-o", "run/run.json"], "run record"),
@@ -168,6 +212,8 @@ GRADPROBE_JOB = [
     (["--arch", "ckpt-nomodeltype"], "names no model_type"),
     (["--arch", "ckpt-unknowntype"], "'no-such-model-type'"),
     (["--arch", "ckpt-noconfig"], "has no config.json"),
+    (["--arch", "ckpt-badsize"], "num_layers must be a positive integer"),
+    (["--arch", "ckpt-badheads"], "not a multiple of 3 key/value heads"),
     (["--arch", "gpt-5"], "unknown architecture 'gpt-5'"),
     (["--layers", "0"], "must be a positive integer"),
     (["--hidden", "65"], "not divisible by"),
@@ -180,7 +226,11 @@ GRADPROBE_JOB = [
     (["--strategy", "random"], "invalid choice"),
     (["--seed", str(2**70)], "--seed must be between"),
     (["--target", "gpt-5"], "--target: unknown architecture"),
+    (["--arch", "mistral-7b", "--seq-len", "8000", "--target", "llama-2-7b"],
+     "exceeds llama-2-7b's maximum of 4096 positions"),  # the traced projection runs the target
     (["-o", "missing/report.md"], "does not exist"),
+    (["-o", "report.png"], "ending in .md"),
+    (["-o", "run/run.json"], "ending in .md"),
     (["-o", "empty"], "folder"),
     (["-o", ""], "folder"),
     (["-o", f"{UNWRITABLE}/report.md"], "permission denied"),
@@ -191,7 +241,7 @@ GRADPROBE_JOB = [
 
 @pytest.mark.parametrize("args, says", GRADPROBE_JOB)
 def test_auditor_gradprobe(args, says, workspace):
-    check_refused("auditor", ["gradprobe", *TINY, "--no-trace", "--no-memray", *args], says, workspace)
+    check_refused("auditor", ["gradprobe", *TINY, "--no-memray", *args], says, workspace)
 
 
 # -- auditor train-step -------------------------------------------------------------------------
@@ -214,8 +264,10 @@ TRAIN_STEP = [
     (["--arch", "tinystories-33m", "gpt-5"], "unknown architecture 'gpt-5'"),
     (["--arch", "ckpt-notjson"], "config.json is not JSON"),
     (["--arch", "ckpt-unknowntype"], "'no-such-model-type'"),
+    (["--arch", "ckpt-badsize"], "num_layers must be a positive integer"),
     (["--seed", str(-2**70)], "--seed must be between"),
     (["-o", "missing/report.md"], "does not exist"),
+    (["-o", "report.png"], "ending in .md"),
     (["-o", "empty"], "folder"),
     (["-o", f"{UNWRITABLE}/report.md"], "permission denied"),
     (["--run-dir", "sentinel.txt"], "not a folder"),
@@ -278,6 +330,7 @@ VALIDATE = [
     (["--sparsity", "nan"], "not a finite number"),
     (["--variant", "nope"], "unknown variant 'nope'"),
     (["-o", "missing/validation.md"], "does not exist"),
+    (["-o", "validation.txt"], "ending in .md"),
     (["-o", "empty"], "folder"),
     (["-o", f"{UNWRITABLE}/validation.md"], "permission denied"),
     (["--run-dir", "run"], "run"),
@@ -296,10 +349,13 @@ EXPORT = [
     (["nothere"], "no run record"),
     (["notjson.json"], "not valid JSON"),
     (["sentinel.txt"], "not valid JSON"),
+    (["typed"], "peak.rss"),
     (["empty"], "no run record"),
+    (["run/events.jsonl"], "not valid JSON"),
     (["run", "-o", "run/run.json"], "run record"),
     (["run", "-o", "run/events.jsonl"], "run record"),
     (["run", "-o", "empty"], "is a folder"),
+    (["run", "-o", "run"], "is a folder"),
     (["run", "-o", "missing/trace.json"], "does not exist"),
     (["run", "-o", f"{UNWRITABLE}/trace.json"], "not writable"),
     (["run", "--format", "pprof"], "invalid choice"),
@@ -330,6 +386,8 @@ GRADPROBE = [
     (["--arch", "ckpt-unknowntype"], "'no-such-model-type'"),
     (["--text", "script.py"], "--text and --tokenizer go together"),
     (["--text", "nothere.txt", "--tokenizer", "empty"], "does not exist"),
+    (["--text", "script.py", "--tokenizer", "empty"], "holds none of tokenizer.json"),
+    (["--arch", "ckpt-badheads"], "not a multiple of 3 key/value heads"),
     (["--storage-dtype", "int8"], "invalid choice"),
     (["--hidden", "65"], "not divisible by"),
     (["--seed", str(2**70)], "--seed must be between"),

@@ -28,6 +28,9 @@ def check_writable_report(output, create_folder: bool = False) -> None:
     where = f"cannot write the report to {str(output)!r}"
     if output.is_dir():
         raise UsageError(f"{where}: it is a folder; give a file name such as {str(output / 'report.md')!r}")
+    if output.suffix.lower() != ".md":  # markdown in a .png or a run.json would pass for one
+        raise UsageError(f"{where}: the report is markdown; give a name ending in .md, such as "
+                         f"{str(output.with_suffix('.md'))!r}")
     folder = output.parent
     if not folder.exists() and not create_folder:
         raise UsageError(f"{where}: folder {str(folder)!r} does not exist")

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from architectures.options import (add_device_argument, add_seed_argument, add_size_arguments,
-                                   add_threads_argument, size_overrides)
+                                   add_threads_argument, check_sequence_length, size_overrides)
 from auditor.cli import UsageError, check_writable_report
 from auditor.cli.progress import StatusLine
 from auditor.cli.report_name import default_report_path, defaults_of
@@ -162,6 +162,8 @@ def _checked(args):
                 architectures.config_fields(target)
             except architectures.UnknownArchitecture as error:
                 raise ValueError(f"--target: {error}") from None
+            if not args.no_trace:  # the traced projection runs the target at this length
+                check_sequence_length(target, args.seq_len)
     except ValueError as error:
         raise UsageError(str(error)) from None
     output = Path(args.output) if args.output is not None else _default_output(args, targets)
