@@ -73,6 +73,9 @@ def prepared_workspace(tmp_path: Path, finished_run: Path):
                          ("ckpt-badheads", '{"model_type": "mistral", "num_key_value_heads": 3}')]:
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(config)
+    for name in ("one/model", "two/model"):  # two checkpoints, one folder name
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / "config.json").write_text('{"model_type": "gpt_neo"}')
     (tmp_path / "ckpt-noconfig").mkdir()
     (tmp_path / "ckpt-noconfig" / "model.safetensors").write_bytes(b"\0" * 8)
     (tmp_path / UNWRITABLE).mkdir()
@@ -226,6 +229,7 @@ GRADPROBE_JOB = [
     (["--strategy", "random"], "invalid choice"),
     (["--seed", str(2**70)], "--seed must be between"),
     (["--target", "gpt-5"], "--target: unknown architecture"),
+    (["--target", "mistral-7b", "--target", "mistral-7b"], "--target mistral-7b is given twice"),
     (["--arch", "mistral-7b", "--seq-len", "8000", "--target", "llama-2-7b"],
      "exceeds llama-2-7b's maximum of 4096 positions"),  # the traced projection runs the target
     (["-o", "missing/report.md"], "does not exist"),
@@ -266,6 +270,10 @@ TRAIN_STEP = [
     (["--arch", "ckpt-unknowntype"], "'no-such-model-type'"),
     (["--arch", "ckpt-badsize"], "num_layers must be a positive integer"),
     (["--seed", str(-2**70)], "--seed must be between"),
+    (["--arch", "tinystories-33m", "tinystories-33m"], "--arch tinystories-33m is given twice"),
+    (["--arch", "one/model", "two/model"], "share the name 'model'"),
+    (["--seq-len", "16", "16"], "--seq-len 16 is given twice"),
+    (["--precision", "fp32", "fp32"], "--precision fp32 is given twice"),
     (["-o", "missing/report.md"], "does not exist"),
     (["-o", "report.png"], "ending in .md"),
     (["-o", "empty"], "folder"),

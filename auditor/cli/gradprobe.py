@@ -157,7 +157,9 @@ def _checked(args):
     targets = args.targets or DEFAULT_TARGETS
     try:
         check_settings_arguments(args)
-        for target in targets:
+        for i, target in enumerate(targets):
+            if target in targets[:i]:
+                raise ValueError(f"--target {target} is given twice; each target is projected once")
             try:
                 architectures.config_fields(target)
             except architectures.UnknownArchitecture as error:

@@ -136,6 +136,7 @@ def _checked(args):
         raise UsageError("give --amp or --precision, not both (--amp bf16 is --precision amp-bf16)")
     precisions = [f"amp-{args.amp}"] if args.amp else (args.precision or ["fp32"])
     try:
+        _check_each_once(args.arch, args.seq_len, precisions)
         check_model_options(args)
         at_least(args.accumulation, 1, "--accumulation")
         at_least(args.steps, 1, "--steps")
@@ -165,6 +166,19 @@ def _checked(args):
         raise UsageError(str(error)) from None
     output.parent.mkdir(parents=True, exist_ok=True)
     return configurations, output
+
+
+def _check_each_once(architectures: list[str], lengths: list[int], precisions: list[str]) -> None:
+    """A configuration swept twice would run twice into one run folder (named by the
+    architecture's folder name, the length and the precision)."""
+    names = [Path(a.rstrip("/")).name or a for a in architectures]
+    for option, values, shown in (("--arch", names, architectures), ("--seq-len", lengths, lengths),
+                                  ("--precision", precisions, precisions)):
+        for i, value in enumerate(values):
+            if value in values[:i]:
+                first = shown[values.index(value)]
+                same = "is given twice" if shown[i] == first else f"and {first} share the name {value!r}"
+                raise ValueError(f"{option} {shown[i]} {same}: each configuration runs once, in its own folder")
 
 
 # Where the records go and the report itself: they leave the report's name alone.
