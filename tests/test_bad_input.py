@@ -298,6 +298,7 @@ COMPARE = [
     (["--variant", "lean", "-o", "empty"], ".md"),
     (["--variant", "lean", "--tolerance", "lean=abc"], "--tolerance"),
     (["--variant", "lean", "--tolerance", "nope=1"], "--tolerance"),
+    (["--variant", "lean", "--tolerance", "lean=nan"], "--tolerance"),
     (["--variant-cmd", "a", "no-such-command-here"], "not an executable"),
     (["--variant-cmd", " ", "ls"], "needs a name"),
     (["--baseline", "baseline", "--baseline-cmd", "a", "ls", "--variant", "lean"], "not both"),

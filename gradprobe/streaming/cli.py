@@ -71,6 +71,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         check_model_options(args)
         _check_new_folder(args.out, "--out")
         return
+    if not os.path.isdir(args.weights):  # a folder, never a name: say so before names are looked up
+        raise ValueError(f"--weights: folder {args.weights!r} does not exist (write one with write-weights)")
     check_pruning_arguments(args, "weights")
     _check_new_folder(args.out, "--out")
     if os.path.abspath(args.out) == os.path.abspath(args.weights):
