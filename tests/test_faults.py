@@ -19,6 +19,7 @@ import sys
 import textwrap
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -103,14 +104,48 @@ def finished_stages(folder: Path) -> list[tuple[str, str]]:
     return [s for s in stages_of(auditor.load(folder, from_events=True)) if s[1] != "open"]
 
 
+@dataclass
+class Injected:
+    """One fault injected into the same script twice: alone (plain python), then under `auditor run`.
+    The functions that inject return it; the tests assert on it, benchmarks/reliability.py counts it."""
+    alone: int  # the script's status alone, as a shell shows it
+    status: int  # its status under the auditor, as a shell shows it
+    result: subprocess.CompletedProcess  # the auditor's process: its output
+    folder: Path | None  # the run folder (None: no folder was made)
+    finished: list[tuple[str, str]]  # the stages finished before the fault: each must stay in the record
+    alone_stderr: str = ""  # the script's own stderr, alone: what it prints without the auditor
+    ran: int | None = None  # stages the script finishes in all, where later ones may find no room
+
+
 # -- signals ------------------------------------------------------------------------------
+
+HANDLES_SIGTERM = """
+    import signal, sys, time
+    import auditor
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(7))
+    with auditor.stage("load"):
+        data = bytearray(b"x" * 5_000_000)
+    with auditor.stage("wait"):
+        print("ready", flush=True)
+        time.sleep(60)
+"""
+
+
+def signalled(tmp_path: Path, signum: int, text: str = STAGED,
+              finished=tuple(FINISHED_BEFORE_THE_FAULT)) -> Injected:
+    """`text` sent `signum` inside its "wait" stage, alone and under the auditor."""
+    script = write_script(tmp_path, text)
+    alone = run_and_signal(plain(script), tmp_path, signum)
+    result = run_and_signal(audited("--out", tmp_path / "run", script), tmp_path, signum)
+    return Injected(shell_status(alone.returncode), shell_status(result.returncode), result,
+                    tmp_path / "run", list(finished), alone.stderr)
+
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_mid_stage_gives_an_interrupted_record(tmp_path, signum):
-    script = write_script(tmp_path, STAGED)
-    alone = run_and_signal(plain(script), tmp_path, signum)
-    result = run_and_signal(audited("--out", tmp_path / "run", script), tmp_path, signum)
-    assert shell_status(result.returncode) == shell_status(alone.returncode) == 128 + signum
+    fault = signalled(tmp_path, signum)
+    result = fault.result
+    assert fault.status == fault.alone == 128 + signum
     assert "Traceback" not in result.stderr, result.stderr
     record = auditor.load(tmp_path / "run")  # a finished record: run.json
     assert stages_of(record) == FINISHED_BEFORE_THE_FAULT + [("wait", "failed")]
@@ -120,31 +155,22 @@ def test_a_signal_mid_stage_gives_an_interrupted_record(tmp_path, signum):
     assert record["stages"][-1]["error"].endswith(expected)
 
 
+def handled_sigterm(tmp_path: Path) -> Injected:
+    return signalled(tmp_path, signal.SIGTERM, HANDLES_SIGTERM, finished=[("load", "ok")])
+
+
 def test_a_script_that_handles_sigterm_itself_keeps_its_own_ending(tmp_path):
-    script = write_script(tmp_path, """
-        import signal, sys, time
-        import auditor
-        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(7))
-        with auditor.stage("load"):
-            data = bytearray(b"x" * 5_000_000)
-        with auditor.stage("wait"):
-            print("ready", flush=True)
-            time.sleep(60)
-    """)
-    alone = run_and_signal(plain(script), tmp_path, signal.SIGTERM)
-    result = run_and_signal(audited("--out", tmp_path / "run", script), tmp_path, signal.SIGTERM)
-    assert result.returncode == alone.returncode == 7
+    fault = handled_sigterm(tmp_path)
+    assert fault.result.returncode == fault.status == fault.alone == 7
     record = auditor.load(tmp_path / "run")
     assert record["exit"]["status"] == "failed" and record["exit"]["code"] == 7
     assert stages_of(record) == [("load", "ok"), ("wait", "failed")]
 
 
 def test_sigkill_mid_stage_loses_no_finished_stage_and_still_reports(tmp_path):
-    script = write_script(tmp_path, STAGED)
-    folder = tmp_path / "run"
-    alone = run_and_signal(plain(script), tmp_path, signal.SIGKILL)
-    result = run_and_signal(audited("--out", folder, script), tmp_path, signal.SIGKILL)
-    assert result.returncode == alone.returncode == -signal.SIGKILL
+    fault = signalled(tmp_path, signal.SIGKILL)
+    folder = fault.folder
+    assert fault.result.returncode == -signal.SIGKILL and fault.status == fault.alone == 128 + signal.SIGKILL
     assert finished_stages(folder) == FINISHED_BEFORE_THE_FAULT
     before = sorted(p.name for p in folder.iterdir())
 
@@ -163,7 +189,8 @@ def test_sigkill_mid_stage_loses_no_finished_stage_and_still_reports(tmp_path):
 
 # -- memory --------------------------------------------------------------------------------
 
-def test_memory_error_under_an_address_space_limit(tmp_path):
+def over_an_address_space_limit(tmp_path: Path) -> Injected:
+    """A script asking for 8 GiB under a 2 GiB RLIMIT_AS: a MemoryError in its second stage."""
     script = write_script(tmp_path, """
         import auditor
         with auditor.stage("load"):
@@ -178,7 +205,14 @@ def test_memory_error_under_an_address_space_limit(tmp_path):
 
     alone = run(plain(script), tmp_path, preexec_fn=limited)
     result = run(audited("--out", tmp_path / "run", script), tmp_path, preexec_fn=limited)
-    assert result.returncode == alone.returncode == 1
+    return Injected(shell_status(alone.returncode), shell_status(result.returncode), result,
+                    tmp_path / "run", [("load", "ok")], alone.stderr)
+
+
+def test_memory_error_under_an_address_space_limit(tmp_path):
+    fault = over_an_address_space_limit(tmp_path)
+    result = fault.result
+    assert result.returncode == fault.alone == 1
     assert "MemoryError" in result.stderr  # the script's own traceback, as python shows it
     assert_no_auditor_traceback(result.stderr)
     record = auditor.load(tmp_path / "run")
@@ -229,7 +263,9 @@ def _make_cgroup(path: Path, limits: dict) -> Path:
     return path
 
 
-def test_oom_kill_under_a_memory_cgroup_loses_no_finished_stage(tmp_path):
+def oom_killed_in_a_memory_cgroup(tmp_path: Path) -> Injected:
+    """A script growing without end in a 300 MiB memory cgroup, until the kernel's OOM killer
+    ends it (skips with the reason where no memory cgroup can be made)."""
     script = write_script(tmp_path, """
         import auditor
         with auditor.stage("load"):
@@ -257,7 +293,14 @@ def test_oom_kill_under_a_memory_cgroup_loses_no_finished_stage(tmp_path):
                 break
             except OSError:
                 time.sleep(0.1)
-    assert result.returncode == alone.returncode == -signal.SIGKILL, result.stderr
+    return Injected(shell_status(alone.returncode), shell_status(result.returncode), result,
+                    tmp_path / "run", FINISHED_BEFORE_THE_FAULT, alone.stderr)
+
+
+def test_oom_kill_under_a_memory_cgroup_loses_no_finished_stage(tmp_path):
+    fault = oom_killed_in_a_memory_cgroup(tmp_path)
+    result = fault.result
+    assert result.returncode == -signal.SIGKILL and fault.alone == 128 + signal.SIGKILL, result.stderr
     assert finished_stages(tmp_path / "run") == FINISHED_BEFORE_THE_FAULT
     report = run([sys.executable, "-m", "auditor", "report", tmp_path / "run", "-o", tmp_path / "oom.md"], tmp_path)
     assert report.returncode == 0, report.stderr
@@ -318,11 +361,32 @@ def on_a_small_disk(tmp_path: Path, size: str, then: str, *command) -> tuple[int
     return int((host / "status").read_text()), result, host / "disk"
 
 
-def test_a_full_disk_never_changes_the_scripts_status_and_loses_no_finished_stage(tmp_path):
+EVERY_STAGE_OF_FILLS_THE_DISK = [("load", "ok"), ("fill", "ok")] + [(f"step {i}", "ok") for i in range(40)]
+
+
+def on_a_full_disk(tmp_path: Path, then: str, size: str = "1m", *options: str) -> Injected:
+    """FILLS_THE_DISK on a small disk of `size`, alone and under `auditor run OPTIONS`. `then`:
+    "keep" the disk full to the end, "free" it before the script ends, or "leave-1mb" free."""
     script = write_script(tmp_path, FILLS_THE_DISK)
-    alone, _, _ = on_a_small_disk(tmp_path, "1m", "keep", *plain(script))
-    status, result, disk = on_a_small_disk(tmp_path, "1m", "keep", *audited("--out", "run", script))
-    assert status == alone == 0, result.stderr
+    alone, by_itself, _ = on_a_small_disk(tmp_path, size, then, *plain(script))
+    status, result, disk = on_a_small_disk(tmp_path, size, then, *audited(*options, "--out", "run", script))
+    # Kept full: the stages that ended before the disk was full (and "fill", whose end the log
+    # still holds); with space again by the end: every stage, in run.json.
+    finished = EVERY_STAGE_OF_FILLS_THE_DISK[:2] if then == "keep" else EVERY_STAGE_OF_FILLS_THE_DISK
+    return Injected(alone, status, result, disk / "run", finished, by_itself.stderr,
+                    ran=len(EVERY_STAGE_OF_FILLS_THE_DISK))
+
+
+def record_before_flamegraph(tmp_path: Path) -> Injected:
+    """--memray with 1 MB left on an 8 MB disk: room for the record, not for the flamegraph."""
+    pytest.importorskip("memray")
+    return on_a_full_disk(tmp_path, "leave-1mb", "8m", "--memray")
+
+
+def test_a_full_disk_never_changes_the_scripts_status_and_loses_no_finished_stage(tmp_path):
+    fault = on_a_full_disk(tmp_path, "keep")
+    status, result, disk = fault.status, fault.result, fault.folder.parent
+    assert status == fault.alone == 0, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     assert "events.jsonl could not be written: No space left on device" in result.stderr
     folder = disk / "run"
@@ -338,11 +402,11 @@ def test_a_full_disk_never_changes_the_scripts_status_and_loses_no_finished_stag
 
 
 def test_a_disk_that_frees_up_gets_the_whole_record_from_memory(tmp_path):
-    script = write_script(tmp_path, FILLS_THE_DISK)
-    status, result, disk = on_a_small_disk(tmp_path, "1m", "free", *audited("--out", "run", script))
-    assert status == 0 and "Traceback" not in result.stderr, result.stderr
+    fault = on_a_full_disk(tmp_path, "free")
+    status, result, disk = fault.status, fault.result, fault.folder.parent
+    assert status == fault.alone == 0 and "Traceback" not in result.stderr, result.stderr
     record = json.loads((disk / "run" / "run.json").read_text())
-    assert stages_of(record) == [("load", "ok"), ("fill", "ok")] + [(f"step {i}", "ok") for i in range(40)]
+    assert stages_of(record) == EVERY_STAGE_OF_FILLS_THE_DISK
     log = record["event_log"]
     assert log["state"] == "incomplete" and "No space left on device" in log["reason"]
     assert log["lines"] == len((disk / "run" / "events.jsonl").read_text().splitlines())
@@ -350,11 +414,9 @@ def test_a_disk_that_frees_up_gets_the_whole_record_from_memory(tmp_path):
 
 
 def test_the_record_is_written_before_the_flamegraph(tmp_path):
-    pytest.importorskip("memray")
-    script = write_script(tmp_path, FILLS_THE_DISK)
-    status, result, disk = on_a_small_disk(tmp_path, "8m", "leave-1mb",
-                                           *audited("--memray", "--out", "run", script))
-    assert status == 0 and "Traceback" not in result.stderr, result.stderr
+    fault = record_before_flamegraph(tmp_path)
+    status, result, disk = fault.status, fault.result, fault.folder.parent
+    assert status == fault.alone == 0 and "Traceback" not in result.stderr, result.stderr
     folder = disk / "run"
     record = json.loads((folder / "run.json").read_text())
     assert len(record["stages"]) == 42 and record["memray"]["sites"]  # the record is whole
@@ -366,21 +428,54 @@ def test_the_record_is_written_before_the_flamegraph(tmp_path):
 
 # -- runs started together -------------------------------------------------------------------
 
-def test_runs_started_together_never_share_a_folder(tmp_path):
+def started_together(tmp_path: Path, count: int = 8) -> list[Injected]:
+    """`count` copies of a one-stage script started at once, alone, then under `auditor run`
+    with no --out (each claims its own folder under runs/). One Injected per audited run; the
+    folders are paired with the runs in name order, None where fewer folders than runs exist."""
     script = write_script(tmp_path, """
         import auditor
         with auditor.stage("load"):
             data = bytearray(b"x" * 1_000_000)
     """)
-    processes = [subprocess.Popen(audited(script), cwd=tmp_path, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for _ in range(8)]
-    results = [(p.wait(timeout=TIMEOUT_S), p.stderr.read()) for p in processes]
-    for p in processes:
-        p.stdout.close()
-        p.stderr.close()
-    assert [code for code, _ in results] == [0] * 8, [err for _, err in results]
+
+    def together(command) -> list[subprocess.CompletedProcess]:
+        processes = [subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True) for _ in range(count)]
+        outputs = [p.communicate(timeout=TIMEOUT_S) for p in processes]
+        return [subprocess.CompletedProcess(command, p.returncode, *output)
+                for p, output in zip(processes, outputs)]
+
+    alone = together(plain(script))
+    results = together(audited(script))
+    runs = tmp_path / "runs"
+    folders = sorted(runs.iterdir()) if runs.is_dir() else []
+    folders += [None] * (count - len(folders))
+    return [Injected(shell_status(a.returncode), shell_status(r.returncode), r, folder, [("load", "ok")], a.stderr)
+            for a, r, folder in zip(alone, results, folders)]
+
+
+def test_runs_started_together_never_share_a_folder(tmp_path):
+    runs = started_together(tmp_path, 8)
+    assert [(run.alone, run.status) for run in runs] == [(0, 0)] * 8, [run.result.stderr for run in runs]
     folders = sorted((tmp_path / "runs").iterdir())
     assert len(folders) == 8
     for folder in folders:
         assert stages_of(auditor.load(folder)) == [("load", "ok")]
         assert auditor.load(folder)["exit"]["status"] == "ok"
+
+
+# -- every fault above, as benchmarks/reliability.py injects it -----------------------------
+# name: what injects it (into a fresh empty folder), giving one Injected per audited run.
+
+FAULTS = {
+    "SIGINT mid-stage": lambda tmp_path: [signalled(tmp_path, signal.SIGINT)],
+    "SIGTERM mid-stage": lambda tmp_path: [signalled(tmp_path, signal.SIGTERM)],
+    "SIGTERM, the script's own handler exits 7": lambda tmp_path: [handled_sigterm(tmp_path)],
+    "SIGKILL mid-stage": lambda tmp_path: [signalled(tmp_path, signal.SIGKILL)],
+    "MemoryError under RLIMIT_AS 2 GiB": lambda tmp_path: [over_an_address_space_limit(tmp_path)],
+    "OOM kill in a 300 MiB memory cgroup": lambda tmp_path: [oom_killed_in_a_memory_cgroup(tmp_path)],
+    "ENOSPC: 1 MiB tmpfs filled, kept full": lambda tmp_path: [on_a_full_disk(tmp_path, "keep")],
+    "ENOSPC: 1 MiB tmpfs filled, freed before the end": lambda tmp_path: [on_a_full_disk(tmp_path, "free")],
+    "ENOSPC: --memray, 1 MB left for record and flamegraph": lambda tmp_path: [record_before_flamegraph(tmp_path)],
+    "8 runs started together, no --out": lambda tmp_path: started_together(tmp_path, 8),
+}
