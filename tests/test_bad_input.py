@@ -428,3 +428,14 @@ def test_the_names_checked_without_torch_are_the_registries_names():
     from gradprobe.variants import VARIANTS
     assert settings.VARIANTS == tuple(VARIANTS)
     assert settings.STRATEGIES == tuple(STRATEGIES) == tuple(STREAMING_STRATEGIES)
+
+
+def test_a_refused_sweep_leaves_no_reports_folder_behind(tmp_path):
+    """The default report folder is made only once every check has passed, the run folders' too."""
+    (tmp_path / "runs" / "tinystories-33m-seq16-fp32").mkdir(parents=True)
+    (tmp_path / "runs" / "tinystories-33m-seq16-fp32" / "run.json").write_text("{}")
+    before = _snapshot(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "auditor", "train-step", *TINY, "--run-dir", "runs"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "never reused" in done.stderr, done.stderr
+    assert _snapshot(tmp_path) == before

@@ -63,6 +63,7 @@ def main(args) -> int:
     folder = Path(args.run_dir) if args.run_dir else new_run_folder("train-step")
     runs = [(settings, folder / _folder_name(settings)) for settings in configurations]
     _check_run_folders(args.run_dir, runs)
+    output.parent.mkdir(parents=True, exist_ok=True)  # reports/ by default; only once all is checked
     return _sweep(args, runs, output)
 
 
@@ -164,7 +165,6 @@ def _checked(args):
             check_settings(settings)  # what only torch can tell: autocast on this device, CUDA
     except ValueError as error:
         raise UsageError(str(error)) from None
-    output.parent.mkdir(parents=True, exist_ok=True)
     return configurations, output
 
 
