@@ -15,14 +15,17 @@ from auditor.cli import UsageError
 
 
 def check_new_run_dir(run_dir: str | Path | None) -> None:
+    if run_dir is not None:
+        check_unused_folder(Path(run_dir), taken=f"--run-dir {str(run_dir)!r} is not empty (a run "
+                            "folder is never reused); choose a new --run-dir", problem="--run-dir")
+
+
+def check_unused_folder(folder: Path, *, taken: str, problem: str) -> None:
+    """UsageError `taken` if `folder` holds anything; `problem: ...` if it could not be created."""
     from auditor.record import check_run_folder
-    if run_dir is None:
-        return
-    folder = Path(run_dir)
     if folder.is_dir() and any(folder.iterdir()):
-        raise UsageError(f"--run-dir {str(run_dir)!r} is not empty (a run folder is never reused); "
-                         "choose a new --run-dir")
+        raise UsageError(taken)
     try:
         check_run_folder(folder)
     except ValueError as error:
-        raise UsageError(f"--run-dir: {error}") from None
+        raise UsageError(f"{problem}: {error}") from None

@@ -75,17 +75,13 @@ def _check_run_folders(run_dir: str | None, runs) -> None:
     """UsageError (one line) before any work: a configuration's folder already holding a run
     (an old record must never be rendered under a new command line), or one that cannot be
     created. Other configurations' folders may share the --run-dir."""
-    from auditor.record import check_run_folder
+    from auditor.cli.run_dir import check_unused_folder
     if run_dir is None:
         return
     for settings, run in runs:
-        if run.is_dir() and any(run.iterdir()):
-            raise UsageError(f"--run-dir {run_dir!r} already holds {settings.label}'s folder {str(run)!r}; "
-                             "choose a new --run-dir (a run folder is never reused)")
-        try:
-            check_run_folder(run)
-        except ValueError as error:
-            raise UsageError(f"--run-dir {run_dir!r}: {error}") from None
+        check_unused_folder(run, taken=f"--run-dir {run_dir!r} already holds {settings.label}'s folder "
+                            f"{str(run)!r}; choose a new --run-dir (a run folder is never reused)",
+                            problem=f"--run-dir {run_dir!r}")
 
 
 def _sweep(args, runs, output: Path) -> int:
