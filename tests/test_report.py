@@ -333,6 +333,7 @@ def test_allocation_sites_and_flamegraph_link(reports, built):
     assert first[0] == "1" and "test_findings.py:" in first[1] and first[2] == "`_make_spike`"
     assert first[3] == units.size(top["bytes"]) and first[4] == f"{top['allocations']:,}"
     assert first[5].startswith("_make_spike (")
+    assert top["location"] not in text  # no machine folder anywhere: table, stacks, findings' evidence
     link = re.search(r"\[memray-flamegraph\.html\]\(([^)]+)\)", text).group(1)
     assert not os.path.isabs(link)
     assert (reports["traced"].parent / link).resolve() == (folder / "memray-flamegraph.html").resolve()

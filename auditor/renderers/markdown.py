@@ -61,7 +61,7 @@ def render(record: dict, *, plot: str | None = None, report_folder: Path | None 
         _components_section(record, views),
         _timeline(plot),
         _sites(record, report_folder, run_folder),
-        _findings(found, outcomes),
+        _findings(found, outcomes, source_paths.code_root(record)),
         _minimum(record),
         _environment(record),
     ]
@@ -391,12 +391,14 @@ def _function_and_file(frame: str) -> tuple[str, str]:
     return function, where.rsplit(":", 1)[0]
 
 
-def _findings(found, outcomes) -> str:
+def _findings(found, outcomes, code_root: str | None) -> str:
     head = "## Findings"
     if found:
         lines = []
         for f in found:
-            evidence = ", ".join(f"{k.replace('_', ' ')} {_code(v)}" for k, v in f.evidence.items()
+            shown = {**f.evidence, "memray_site": source_paths.shown_path(f.evidence["memray_site"], code_root)
+                     } if f.evidence.get("memray_site") else f.evidence
+            evidence = ", ".join(f"{k.replace('_', ' ')} {_code(v)}" for k, v in shown.items()
                                  if k in ("stage", "component", "from_stage", "to_stage", "memray_site") and v)
             lines.append(f"- **{f.severity}** ({f.rule}): {f.statement}" + (f" Evidence: {evidence}." if evidence else ""))
         body = "\n".join(lines)
