@@ -198,3 +198,15 @@ def test_a_killed_validation_run_is_one_line_saying_how_it_ended(tmp_path, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("auditor: real run of tinystories-33m (") and "Traceback" not in "".join(err)
     assert "failed (killed by SIGKILL: out of memory?)" in err[-1] and str(run) in err[-1]
+
+
+def test_ctrl_c_before_a_command_handles_it_is_one_line_and_exit_130(monkeypatch, capsys):
+    """Ctrl-C during the argument checks or the torch import: no traceback, the usual status."""
+    import auditor.cli
+    import auditor.cli.export
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(auditor.cli.export, "main", interrupted)
+    assert auditor.cli.main(["export", "anything"]) == 130
+    assert capsys.readouterr().err == "auditor: interrupted\n"

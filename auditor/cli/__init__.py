@@ -64,3 +64,6 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         print(f"auditor: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before a command's own handling began (checks, imports)
+        print("auditor: interrupted", file=sys.stderr)
+        return 130
