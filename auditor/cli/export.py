@@ -57,22 +57,13 @@ def main(args) -> int:
 
 
 def read_record(run: Path) -> dict:
-    """The record of a run folder or run.json; a killed run's is rebuilt, not written."""
-    from auditor.record import EVENTS_FILE, RUN_FILE, RunRecordError, load, rebuild, validate
-    folder = run if run.is_dir() else run.parent
-    means_the_folder = run.is_dir() or run.name == RUN_FILE
-    killed = means_the_folder and not (folder / RUN_FILE).exists() and (folder / EVENTS_FILE).exists()
+    """The record of a run folder or run.json; a killed run's is assembled from its event
+    log, nothing written."""
+    from auditor.record import RunRecordError, load
     try:
-        if not killed:
-            return load(run)
-        record = rebuild(folder, write=False)
-        validate(record, f"event log of {str(folder)!r}")
-        return record
+        return load(run, from_events=True)
     except RunRecordError as error:
         raise UsageError(f"{error}; give a run folder or its run.json") from None
-    except (KeyError, TypeError, AttributeError) as error:  # an event missing its fields
-        raise UsageError(f"event log of {str(folder)!r} is malformed "
-                         f"({type(error).__name__}: {error})") from None
 
 
 def check_output(out: Path, run: Path) -> None:
