@@ -264,10 +264,15 @@ def small_disk(tmp_path):
     """A 16 KiB tmpfs: room for a comparison record, not for its chart."""
     folder = tmp_path / "small"
     folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(folder)],
+    yield from mounted_tmpfs(folder, "size=16k", "cannot mount a small tmpfs here")
+
+
+def mounted_tmpfs(folder, options: str, unable: str):
+    """A tmpfs mounted on `folder` for the fixture's life; the test is skipped where not allowed."""
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)],
                              capture_output=True, text=True)
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+        pytest.skip(f"{unable}: {mounted.stderr.strip()}")
     yield folder
     subprocess.run(["umount", str(folder)], check=True)
 
@@ -369,12 +374,7 @@ def read_only_folder(tmp_path):
         yield folder
         folder.chmod(0o700)
         return
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"root writes through file modes and no read-only tmpfs: {mounted.stderr.strip()}")
-    yield folder
-    subprocess.run(["umount", str(folder)], check=True)
+    yield from mounted_tmpfs(folder, "ro,size=1m", "root writes through file modes and no read-only tmpfs")
 
 
 def test_an_unwritable_report_folder_is_refused_before_any_run(workdir, read_only_folder, capsys):
