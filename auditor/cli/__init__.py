@@ -42,6 +42,20 @@ def check_writable_report(output, create_folder: bool = False) -> None:
         raise UsageError(f"{where}: permission denied")
 
 
+def check_file_writable(output, where: str) -> None:
+    """UsageError `where: ...` unless `output`'s folder exists and `output` could be written
+    there; creates nothing."""
+    from pathlib import Path
+    output = Path(output)
+    folder = output.parent
+    if not folder.is_dir():
+        raise UsageError(f"{where}: folder {str(folder)!r} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"{where}: folder {str(folder)!r} is not writable")
+    if output.exists() and not os.access(output, os.W_OK):
+        raise UsageError(f"{where}: the file is not writable")
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         raise UsageError(f"{message}; see '{self.prog} --help'")

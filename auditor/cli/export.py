@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from auditor.cli import UsageError
+from auditor.cli import UsageError, check_file_writable
 
 DEFAULT_NAMES = {"chrome-trace": "trace.json"}  # format -> file name in the run folder
 
@@ -80,12 +80,7 @@ def check_output(out: Path, run: Path) -> None:
     if out.name in (RUN_FILE, EVENTS_FILE):
         raise UsageError(f"output {str(out)!r} has a run record's name ({RUN_FILE}, {EVENTS_FILE}); "
                          f"give another, such as {instead!r}")
-    if not out.parent.is_dir():
-        raise UsageError(f"cannot write {str(out)!r}: folder {str(out.parent)!r} does not exist")
-    if not os.access(out.parent, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write {str(out)!r}: folder {str(out.parent)!r} is not writable")
-    if out.exists() and not os.access(out, os.W_OK):
-        raise UsageError(f"cannot write {str(out)!r}: the file is not writable")
+    check_file_writable(out, f"cannot write {str(out)!r}")
 
 
 def write(out: Path, text: str) -> None:

@@ -14,11 +14,10 @@ status 2, nothing written.
 """
 from __future__ import annotations
 
-import os
 import shlex
 from pathlib import Path
 
-from auditor.cli import UsageError
+from auditor.cli import UsageError, check_file_writable
 
 DEFAULT_NAME = "report.md"
 
@@ -90,10 +89,4 @@ def _check_writable(out: Path) -> None:
     """One line unless `out` and the PNG beside it can be written; creates nothing."""
     if out.is_dir():
         raise UsageError(f"output {str(out)!r} is a folder; give a file name such as {str(out / DEFAULT_NAME)!r}")
-    folder = out.parent
-    if not folder.is_dir():
-        raise UsageError(f"cannot write the report to {str(out)!r}: folder {str(folder)!r} does not exist")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write the report to {str(out)!r}: folder {str(folder)!r} is not writable")
-    if out.exists() and not os.access(out, os.W_OK):
-        raise UsageError(f"cannot write the report to {str(out)!r}: the file is not writable")
+    check_file_writable(out, f"cannot write the report to {str(out)!r}")
