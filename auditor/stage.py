@@ -104,6 +104,7 @@ class stage:
     """
 
     __slots__ = ("name",)
+    call = None  # what a staged callable's stage adds to its entry (CallStage)
 
     def __init__(self, name: str):
         self.name = name
@@ -125,7 +126,7 @@ class stage:
                 _open_range(self)
             if audit is not None:
                 try:
-                    audit.open_stage(self.name, self)
+                    audit.open_stage(self.name, self, self.call)
                 except BaseException:
                     _close_range(self)
                     raise
@@ -161,6 +162,16 @@ class stage:
 
     def __repr__(self) -> str:
         return f"auditor.stage({self.name!r})"
+
+
+class CallStage(stage):
+    """The stage of one call of a staged callable (auditor.targets): its entry's `call` is
+    {"target": "SparseGPT.add_batch", "index": 113, "label": "model.layers.3.mlp.down_proj"}."""
+
+    __slots__ = ("call",)
+
+    def __init__(self, name: str, call: dict):
+        self.name, self.call = name, call
 
 
 def _open_range(opener: stage) -> None:

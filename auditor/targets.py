@@ -6,9 +6,12 @@
 A target is patched where it lives (the attribute on its module or class) for the length of
 an audit and restored afterwards. Code that copied the function away before the patch
 (`from m import f` run earlier) keeps calling the original: the CLI therefore patches before
-the script runs. Repeated calls are numbered (`GradProbe.record_gradients#2`); a staged
-method also registers its receiver as a census root named after its class. Like any stage,
-each call also opens a torch profiler range (auditor.stage) while a profiler records.
+the script runs. Repeated calls are numbered (`GradProbe.record_gradients#2`), and each
+call's stage says which call it is, `"call": {"target", "index", "label"}`, the label naming
+what the call worked on (auditor.call_labels: `model.layers.3.mlp.down_proj`). A staged
+method also registers its receiver as a census root named after its class and the label
+(`SparseGPT[model.layers.3.mlp.down_proj]`). Like any stage, each call also opens a torch
+profiler range (auditor.stage) while a profiler records.
 
 A callable the auditor itself uses (`builtins:len`, `builtins:open`, `time:perf_counter`) can
 be staged: the calls the auditor makes while measuring stay plain calls (auditor.stage's
@@ -21,10 +24,14 @@ import functools
 import importlib
 import inspect
 import sys
+import threading
 import types
+import weakref
 from dataclasses import dataclass
 
-from auditor.stage import AUDITOR_CODE, active_audit, in_auditor_code, profiler_recording, stage
+from auditor.call_labels import CallLabels
+from auditor.stage import (AUDITOR_CODE, CallStage, active_audit, in_auditor_code,
+                           profiler_recording, stage)
 
 _MISSING = object()
 
@@ -49,19 +56,20 @@ def resolve(target) -> Target:
         if not module_name or not qualname:
             raise ValueError(f"stage target {target!r} should look like module:function "
                              "or module:Class.method")
-        return _resolve_path(_import(module_name), module_name, qualname)
+        return _resolve_path(import_named(module_name), module_name, qualname)
     return _resolve_object(target)
 
 
-def _import(module_name: str) -> types.ModuleType:
+def import_named(module_name: str, what: str = "stage target") -> types.ModuleType:
+    """The module, or ValueError with a one-line message starting with `what`."""
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as error:
         if error.name and module_name.startswith(error.name):
-            raise ValueError(f"stage target: no module named {module_name!r}") from None
-        raise ValueError(f"stage target: importing {module_name!r} failed: {error}") from None
+            raise ValueError(f"{what}: no module named {module_name!r}") from None
+        raise ValueError(f"{what}: importing {module_name!r} failed: {error}") from None
     except Exception as error:  # the module's own code failed while importing
-        raise ValueError(f"stage target: importing {module_name!r} failed: "
+        raise ValueError(f"{what}: importing {module_name!r} failed: "
                          f"{type(error).__name__}: {error}") from None
 
 
@@ -182,7 +190,7 @@ def _stage_calls(function, name: str, receiver: bool):
         if in_auditor_code():  # called by the auditor itself while measuring: never a stage
             return function(*args, **kwargs)
         with AUDITOR_CODE:
-            opened = _open_call(name, receiver, args)
+            opened = _open_call(name, receiver, args, kwargs)
         if opened is None:
             return function(*args, **kwargs)
         with opened:
@@ -191,11 +199,29 @@ def _stage_calls(function, name: str, receiver: bool):
     return staged_call
 
 
-def _open_call(name: str, receiver: bool, args: tuple) -> stage | None:
+def _open_call(name: str, receiver: bool, args: tuple, kwargs: dict) -> stage | None:
     """The stage for one call, or None when neither an audit nor a profiler records."""
     audit = active_audit()
     if audit is None:  # a profiler range only: calls are numbered by the audit
         return stage(name) if profiler_recording() else None
+    numbered = audit.numbered(name)
+    index = 1 if numbered == name else int(numbered[len(name) + 1:])
+    label = _labels(audit).label(audit, name, args, kwargs, receiver)
     if receiver and args:
-        audit.track_receiver(args[0])
-    return stage(audit.numbered(name))
+        audit.track_receiver(args[0], label)
+    return CallStage(numbered, {"target": name, "index": index, "label": label})
+
+
+_call_labels: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # Audit -> CallLabels
+_call_labels_lock = threading.Lock()
+
+
+def _labels(audit) -> CallLabels:
+    """The audit's call labels (module index, hook state), made on its first staged call."""
+    labels = _call_labels.get(audit)
+    if labels is None:
+        with _call_labels_lock:
+            labels = _call_labels.get(audit)
+            if labels is None:
+                labels = _call_labels[audit] = CallLabels(getattr(audit, "stage_label", None))
+    return labels

@@ -164,6 +164,10 @@ RUN = [
     (["--stage", "no_such_module_here:f", "script.py"], "no module named"),
     (["--stage", "json:no_such_function", "script.py"], "has no attribute"),
     (["--stage", "not-a-target", "script.py"], "should look like module:function"),
+    (["--label", "no_such_module_here:f", "script.py"], "--label: no module named"),
+    (["--label", "json:no_such_function", "script.py"], "has no attribute"),
+    (["--label", "json", "script.py"], "should look like module:function"),
+    (["--label", "json:decoder", "script.py"], "is not a function"),
     (["--bogus", "script.py"], "unrecognized arguments"),
 ]
 

@@ -2,8 +2,8 @@
 under audit, and write DIR/run.json (default DIR: a new folder under runs/).
 
 Everything the user typed is checked before anything is created: the script, the output
-folder, and each --stage target (resolved with the script's folder on sys.path, as the
-script itself would import it). The command exits with the script's own status; the audit
+folder, each --stage target and the --label function (resolved with the script's folder on
+sys.path, as the script itself would import it). The command exits with the script's own status; the audit
 never changes it (a record that cannot be written is a warning). SIGTERM while the script
 runs ends it as Ctrl-C does, through an exception (unless the script installed its own
 handler), so its stages close and the record says "interrupted"; the command then exits
@@ -25,8 +25,6 @@ from pathlib import Path
 from auditor.cli import UsageError
 from auditor.record import EVENTS_FILE
 
-MAX_TABLE_ROWS = 40
-
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -40,6 +38,9 @@ def register(subparsers) -> None:
     parser.add_argument("--stage", metavar="TARGET", action="append", default=[], dest="stages",
                         help="stage every call of module:function or module:Class.method "
                              "(repeatable)")
+    parser.add_argument("--label", metavar="MODULE:FUNCTION",
+                        help="name each staged call with FUNCTION(target_name, args, kwargs) -> "
+                             "str | None (None: the default label, the module the call worked on)")
     parser.add_argument("--memray", action="store_true",
                         help="trace native allocations with memray: top sites and a flamegraph")
     parser.add_argument("--tracemalloc", action="store_true", help="Python heap per stage")
@@ -60,6 +61,7 @@ def register(subparsers) -> None:
 
 def main(args) -> int:
     from auditor.audit import Audit
+    from auditor.call_labels import resolve_hook
     if args.script is None:
         raise UsageError("run needs a script: auditor run [options] SCRIPT [ARGS...]")
     script = Path(args.script)
@@ -75,11 +77,13 @@ def main(args) -> int:
     sys.argv = [args.script, *args.args]
     try:
         try:
+            stage_label = resolve_hook(args.label) if args.label is not None else None
             audit = Audit(args.out, name, memray=args.memray, tracemalloc=args.tracemalloc,
                           census=args.census, live_tensors=args.live_tensors,
                           cuda_history=args.cuda_history, torch_profiler=args.torch_profiler,
                           stage_targets=args.stages, command=shlex.join(args.command_line),
-                          on_stage_end=lambda entry: _progress(console, entry))
+                          on_stage_end=lambda entry: _progress(console, entry),
+                          stage_label=stage_label)
         except ValueError as error:
             raise UsageError(str(error)) from None
         with _one_line_warnings(console):
@@ -189,6 +193,44 @@ def _one_line_warnings(console):
         warnings.showwarning = original
 
 
+def folded_rows(stages: list[dict]) -> list[dict]:
+    """The summary's rows, in tree order: the calls of one staged callable (or one stage path
+    repeated) under one folded parent make one row, {"name", "depth", "stages"}; every stage
+    is in exactly one row."""
+    rows: dict[str, dict] = {}
+    children: dict[str | None, list[str]] = {}
+    folded: dict[str, str] = {}  # a stage's path -> its row's key
+    for entry in stages:  # start order: a parent comes before its children
+        call = entry.get("call")
+        name = call["target"] if call else entry["name"]
+        parent = folded.get(entry["parent"])
+        key = name if parent is None else f"{parent}/{name}"
+        folded[entry["path"]] = key
+        if key not in rows:
+            depth = 0 if parent is None else rows[parent]["depth"] + 1
+            rows[key] = {"name": name, "depth": depth, "stages": []}
+            children.setdefault(parent, []).append(key)
+        rows[key]["stages"].append(entry)
+    ordered: list[dict] = []
+
+    def add(parent):  # each row right after its parent's, siblings in the order they began
+        for key in children.get(parent, ()):
+            ordered.append(rows[key])
+            add(key)
+    add(None)
+    return ordered
+
+
+def _which_call(highest: dict, calls: list[dict]) -> str:
+    """Where a folded row's highest peak was: `#113 model.layers.3.mlp.down_proj`."""
+    if len(calls) == 1:
+        return ""
+    call = highest.get("call")
+    if call is None:
+        return f"{next(i for i, e in enumerate(calls, 1) if e is highest)} of {len(calls)}"
+    return f"#{call['index']}" + (f" {call['label']}" if call.get("label") else "")
+
+
 def mib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**20:,.1f} MiB"
 
@@ -213,28 +255,29 @@ def _summary(console, audit) -> None:
     if record is None:
         return
     stages = record["stages"]
-    shown = stages
-    if len(stages) > MAX_TABLE_ROWS:  # keep it short: the highest peaks, in run order
-        highest = sorted(stages, key=lambda s: s["rss"]["peak"] or 0)[-MAX_TABLE_ROWS:]
-        keep = {id(s) for s in highest}
-        shown = [s for s in stages if id(s) in keep]
     table = Table(title=f"auditor: {record['name']}", title_justify="left")
     table.add_column("stage", overflow="fold")
-    for column in ("RSS end", "delta", "peak inside", "time"):
+    for column in ("calls", "RSS end", "delta", "peak inside", "time"):
         table.add_column(column, justify="right", no_wrap=True)
-    depth: dict[str, int] = {}
-    for entry in stages:  # start order: a parent comes before its children
-        depth[entry["path"]] = 0 if entry["parent"] is None else depth.get(entry["parent"], 0) + 1
-    for entry in shown:  # a stage is its name indented under its parent, as in a profiler
-        rss = entry["rss"]
-        label = "  " * depth[entry["path"]] + entry["name"]
-        if entry["status"] != "ok":
-            label += f" [{entry['status']}]"
-        table.add_row(escape(label), mib(rss["end"]), signed_mib(rss["end"] - rss["start"]),
-                      mib(rss["peak"]), f"{entry['end_s'] - entry['start_s']:.2f} s")
+    table.add_column("highest peak in", overflow="fold")
+    rows = folded_rows(stages)
+    for row in rows:  # a stage is its name indented under its parent, as in a profiler
+        calls = row["stages"]
+        label = "  " * row["depth"] + row["name"]
+        failed = sum(entry["status"] != "ok" for entry in calls)
+        if failed:
+            status = calls[-1]["status"] if len(calls) == 1 else f"{failed} not ok"
+            label += f" [{status}]"
+        highest = max(calls, key=lambda entry: entry["rss"]["peak"] or 0)
+        table.add_row(escape(label), str(len(calls)), mib(calls[-1]["rss"]["end"]),
+                      signed_mib(sum(e["rss"]["end"] - e["rss"]["start"] for e in calls)),
+                      mib(highest["rss"]["peak"]),
+                      f"{sum(e['end_s'] - e['start_s'] for e in calls):.2f} s",
+                      escape(_which_call(highest, calls)))
     console.print(table)
-    if len(shown) < len(stages):
-        console.print(f"({len(stages) - len(shown)} more stages in the run record)")
+    if len(rows) < len(stages):
+        console.print(f"({len(stages)} stages in {len(rows)} rows: repeated calls folded, delta "
+                      "and time summed over the calls; each call is in the run record)")
     peak = record["peak"]
     console.print(f"peak RSS {mib(peak['rss'])} in {peak['stage'] or 'no stage'}; "
                   f"started at {mib(record['process']['rss_at_start'])}",
