@@ -4,9 +4,9 @@
     resolve(GradProbe.record_gradients)                      # or the object itself
 
 A target is patched where it lives (the attribute on its module or class) for the length of
-an audit and restored afterwards. Code that copied the function away before the patch
-(`from m import f` run earlier) keeps calling the original: the CLI therefore patches before
-the script runs. Repeated calls are numbered (`GradProbe.record_gradients#2`), and each
+an audit and restored afterwards. A function's copies bound by name in other loaded modules
+(`from m import f` in the code that calls it) are staged too (auditor.name_bindings); copies
+kept elsewhere (a local variable, a default argument) keep calling the original. Repeated calls are numbered (`GradProbe.record_gradients#2`), and each
 call's stage says which call it is, `"call": {"target", "index", "label"}`, the label naming
 what the call worked on (auditor.call_labels: `model.layers.3.mlp.down_proj`). A staged
 method also registers its receiver as a census root named after its class and the label
@@ -29,6 +29,7 @@ import types
 import weakref
 from dataclasses import dataclass
 
+from auditor import name_bindings
 from auditor.call_labels import CallLabels
 from auditor.stage import (AUDITOR_CODE, CallStage, active_audit, in_auditor_code,
                            profiler_recording, stage)
@@ -151,21 +152,28 @@ class Staging:
                 seen.add(key)
                 self.targets.append(target)
         self._saved: list[tuple[Target, object]] = []
+        self._copies: list = []  # module-level copies rebound (auditor.name_bindings)
 
     def apply(self) -> None:
         for target in self.targets:
             owner_dict = vars(target.owner)
             original = owner_dict.get(target.attribute, _MISSING)
             raw = _raw_attribute(target.owner, target.attribute)
+            replacement = _staged(raw, target)
             try:
-                setattr(target.owner, target.attribute, _staged(raw, target))
+                setattr(target.owner, target.attribute, replacement)
             except (AttributeError, TypeError) as error:
                 self.restore()
                 raise ValueError(f"stage target {target.spec!r} cannot be patched: "
                                  f"{error}") from None
             self._saved.append((target, original))
+            if isinstance(target.owner, types.ModuleType) and inspect.isfunction(raw):
+                # `from lib import prune` ran before the patch: stage those copies too
+                self._copies += name_bindings.rebind(raw, replacement, skip=owner_dict)
 
     def restore(self) -> None:
+        name_bindings.restore(self._copies)
+        self._copies = []
         while self._saved:
             target, original = self._saved.pop()
             if original is _MISSING:  # was inherited: remove our override
