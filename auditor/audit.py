@@ -20,7 +20,9 @@ Each degradation is an AuditorWarning and a line in the record's warnings.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import inspect
 import os
 import platform
 import secrets
@@ -60,10 +62,27 @@ _PROBE_NAMES = {"py_heap": "python_heap"}  # a meter's key -> its entry in the r
 
 
 class _OpenStage:
-    __slots__ = ("entry", "opener", "starts", "peaks")
+    """A stage in progress. `peaks` and `at_peak` (what was alive at its live-tensor peak)
+    take in every interval inside it, children included."""
+    __slots__ = ("entry", "opener", "starts", "peaks", "thread_id", "parent", "at_peak")
 
-    def __init__(self, entry: dict, opener, starts: dict, peaks: dict):
+    def __init__(self, entry: dict, opener, starts: dict, peaks: dict, parent: "_OpenStage | None"):
         self.entry, self.opener, self.starts, self.peaks = entry, opener, starts, peaks
+        self.thread_id, self.parent, self.at_peak = threading.get_ident(), parent, None
+
+
+class _Interval:
+    """The time on one thread since its last stage boundary. When it ends at the close of the
+    stage that opened it, it was that stage's own time; otherwise no stage covered it at its
+    depth, and it becomes an `unstaged` item of the record."""
+    __slots__ = ("parent", "after", "opened", "thread", "start_s", "starts", "peaks", "at_peak")
+
+    def __init__(self, parent: _OpenStage | None, after: str | None, opened: _OpenStage | None,
+                 thread: str, start_s: float, readings: dict):
+        self.parent, self.after, self.opened = parent, after, opened
+        self.thread, self.start_s, self.at_peak = thread, start_s, None
+        self.starts = {key: values for key, (values, _) in readings.items()}
+        self.peaks = {key: level for key, (_, level) in readings.items()}
 
 
 class Audit:
@@ -71,8 +90,15 @@ class Audit:
                  memray: bool = False, tracemalloc: bool = False, census: bool = False,
                  cuda_history: bool = False, live_tensors: bool = False, traced: bool = False,
                  torch_profiler: bool = False, stage_targets=(), command: str | None = None,
-                 on_stage_end=None):
-        """Validates everything (ValueError, one line) and creates nothing until entered."""
+                 on_stage_end=None, stage_label=None):
+        """Validates everything (ValueError, one line) and creates nothing until entered.
+
+        `stage_label(target_name, args, kwargs) -> str | None` names what each call of a staged
+        callable worked on (auditor.call_labels); None keeps the default label."""
+        if stage_label is not None and not callable(stage_label):
+            raise ValueError(f"stage_label should be a function (target_name, args, kwargs) -> "
+                             f"str | None, not a {type(stage_label).__name__}")
+        self.stage_label = stage_label
         self.name = name or "audit"
         self._chosen_folder = out is None  # ours to name: claimed on entry, renamed on a clash
         self.folder = Path(out) if out is not None else new_run_folder(self.name)
@@ -89,13 +115,16 @@ class Audit:
         self._lock = threading.RLock()
         self._local = threading.local()
         self._open: list[_OpenStage] = []
+        self._intervals: dict[int, _Interval] = {}  # thread id -> its interval in progress
+        self._unstaged_id = 0
+        self._awaiting_owners: list[tuple] = []  # unstaged at_peak sets until the next census
         self._events: list[dict] = []
         self._run_peaks: dict[str, int] = {}
         self._calls: dict[str, int] = {}
         self._roots: dict[str, tuple] = {}
         self._next_id = 0
         self._excluded_s = 0.0
-        self._overhead = {"boundaries_s": 0.0, "census_s": 0.0, "finish_s": 0.0}
+        self._overhead = {"boundaries_s": 0.0, "census_s": 0.0, "labels_s": 0.0, "finish_s": 0.0}
         self._entered = False
         self.record_written = False  # run.json on disk (a full disk can cost it, not the run)
 
@@ -128,8 +157,13 @@ class Audit:
             self._log = run_record.EventLog(self._dir)      # program does with its cwd
             self._pending_warnings: list[str] = []
             probes = self._start_probes()
-            rss_at_start = self._meters[0].read()[0]
+            self._reset_meters()  # the probes' own start (the meter's scan of objects) is no peak
+            readings = self._read_meters()
+            rss_at_start = readings["rss"][0]
             self._run_peaks["rss"] = rss_at_start
+            self._audit_thread = threading.get_ident()  # the live-tensor meter counts its operators
+            self._intervals[self._audit_thread] = _Interval(
+                None, None, None, threading.current_thread().name, round(self._clock(), 6), readings)
             self._emit({
                 "event": "run_started", "schema": run_record.SCHEMA, "name": self.name,
                 "command": self.command, "started_at": started_at, "device": self._device(),
@@ -183,9 +217,10 @@ class Audit:
             self._value_free = self._tracing.__enter__()
             probes["traced"] = {"state": "on", "method": "FakeTensorMode, values read as 0"}
         probes["live_tensors"] = {"state": "off"}
+        self._live = None  # the live-tensor meter, while it runs: its at_peak sets
         if self.options["live_tensors"]:
             from auditor.probes.live_tensors import LiveTensorProbe
-            live = LiveTensorProbe()
+            self._live = live = LiveTensorProbe()
             self._meters.append(live)
             probes["live_tensors"] = live.describe()
         self._take_census = None
@@ -221,6 +256,8 @@ class Audit:
         try:
             census = importlib.import_module("auditor.census")
             self._take_census, self._census_root = census.take_census, census.Root
+            # owners of storages, matched to the live-tensor meter's (an older census has none)
+            self._census_owners = "with_owners" in inspect.signature(census.take_census).parameters
         except (ImportError, AttributeError) as error:
             reason = f"auditor.census is unavailable ({error})"
             self._pending_warnings.append(f"census absent: {reason}")
@@ -256,6 +293,7 @@ class Audit:
                 self._warn(f"stage target {target.spec} was never called (code that imported it "
                            "by name before the audit keeps calling the original)")
         ends = self._final_readings()
+        self._end_run_intervals(end_s, ends)
         for meter in reversed(self._meters):  # dispatch modes leave in the reverse order
             self._close_meter(meter)  # before reading the memray trace: tracemalloc would slow it
         self._stop_tracing()
@@ -345,8 +383,10 @@ class Audit:
     def _finish_event(self, end_s, ends, memray, exc) -> dict:
         finished = [e["stage"] for e in self._events if e["event"] == "stage_finished"]
         holder = run_record.peak_stage(finished, self._run_peaks["rss"])
+        where = run_record.locate_peak(finished, run_record.unstaged_items(self._events),
+                                       self._run_peaks["rss"])
         peak = {"rss": self._run_peaks["rss"], "stage": holder["path"] if holder else None,
-                "stage_id": holder["id"] if holder else None,
+                "stage_id": holder["id"] if holder else None, "where": where,
                 "py_heap": self._run_peaks.get("py_heap"),
                 "cuda_allocated": self._run_peaks.get("cuda")}
         if memray is not None:
@@ -366,9 +406,10 @@ class Audit:
 
     # -- stages --------------------------------------------------------------------------
 
-    def open_stage(self, name: str, opener) -> None:
+    def open_stage(self, name: str, opener, call: dict | None = None) -> None:
+        """`call`: the staged call this stage is ({"target", "index", "label"}), or None."""
         try:
-            self._open_stage(name, opener)
+            self._open_stage(name, opener, call)
         except Exception as error:  # the audit's own failure never reaches the program
             self._fault(f"opening stage {name!r}", error)
 
@@ -382,7 +423,7 @@ class Audit:
         self._warn(f"the audit failed {doing} ({type(error).__name__}: {error}); the program "
                    "goes on, the record may lack this stage")
 
-    def _open_stage(self, name: str, opener) -> None:
+    def _open_stage(self, name: str, opener, call: dict | None = None) -> None:
         began = time.perf_counter()
         with self._lock:
             self._poll_cuda()
@@ -395,10 +436,14 @@ class Audit:
             entry = {"id": self._next_id, "name": name,
                      "path": name if parent is None else f"{parent}/{name}", "parent": parent,
                      "thread": threading.current_thread().name, "start_s": round(self._clock(), 6),
-                     "rss": {"start": starts["rss"]}}
-            opened = _OpenStage(entry, opener, starts, peaks)
+                     "rss": {"start": starts["rss"]}, "call": call}
+            opened = _OpenStage(entry, opener, starts, peaks, stack[-1] if stack else None)
             self._open.append(opened)
             stack.append(opened)
+            self._end_interval(opened.thread_id, entry["start_s"], starts, before=entry["path"])
+            self._intervals[opened.thread_id] = _Interval(opened, None, opened, entry["thread"],
+                                                          entry["start_s"], readings)
+            self._follow(opened.thread_id, entry["path"])
             self._emit({"event": "stage_started", "stage": entry})
             if self._history is not None:
                 self._history.label(entry["path"])
@@ -426,28 +471,111 @@ class Audit:
                 self._warn(f"on_stage_end failed, switched off: {type(error).__name__}: {error}")
 
     def _finish_stage(self, closing: _OpenStage, end_s: float, exc) -> dict:
-        ends = {key: values for key, (values, _) in self._read_meters().items()}
+        readings = self._read_meters(reset=True)  # the interval after the close has its own peak
+        ends = {key: values for key, (values, _) in readings.items()}
         self._open.remove(closing)
-        started = closing.entry
-        meters = {meter.key: meter for meter in self._meters}
-
-        def field(key):
-            if key not in meters or key not in closing.starts or key not in ends:
-                return None
-            return meters[key].entry(closing.starts[key], ends[key], closing.peaks[key])
-
+        started, end_s = closing.entry, round(end_s, 6)
+        self._end_interval(closing.thread_id, end_s, ends, closing=closing)
+        alive = self._alive(closing.at_peak)
+        fields = self._meter_fields(closing.starts, ends, closing.peaks)
         failed = _is_failure(exc)
         entry = {"id": started["id"], "name": started["name"], "path": started["path"],
                  "parent": started["parent"], "status": "failed" if failed else "ok",
-                 "start_s": started["start_s"], "end_s": round(end_s, 6),
-                 "rss": field("rss"), "py_heap": field("py_heap"), "cuda": field("cuda"),
-                 "live_tensors": field("live_tensors"),
+                 "call": started.get("call"),
+                 "start_s": started["start_s"], "end_s": end_s, **fields,
                  "components": None, "tensors": None, "thread": started["thread"],
                  "error": _describe(exc) if failed else None}
+        census = None
         if self._take_census is not None:
-            entry["components"], entry["tensors"] = self._census()
+            entry["components"], entry["tensors"], census = self._census()
+        if entry["live_tensors"] is not None:
+            entry["live_tensors"]["at_peak"] = self._at_peak(closing.at_peak, alive, census)
         self._emit({"event": "stage_finished", "stage": entry}, durable=True)
+        parent = closing.parent
+        self._intervals[closing.thread_id] = _Interval(parent, started["path"], None,
+                                                       started["thread"], end_s, readings)
+        self._follow(closing.thread_id, parent.entry["path"] if parent else None)
         return entry
+
+    # -- unstaged intervals ----------------------------------------------------------------
+
+    def _end_interval(self, thread_id: int, end_s: float, ends: dict,
+                      closing: _OpenStage | None = None, before: str | None = None) -> None:
+        """End a thread's interval at a stage boundary (`closing`'s close, or the open of the
+        stage `before`); emit it as `unstaged` unless it was the closing stage's own time."""
+        interval = self._intervals.pop(thread_id, None)
+        if interval is None or (closing is not None and interval.opened is closing):
+            return  # the thread's first stage, or a stage without children: no gap
+        if not end_s > interval.start_s:
+            return
+        parent = interval.parent
+        self._unstaged_id += 1
+        item = {"id": self._unstaged_id, "parent": parent.entry["path"] if parent else None,
+                "parent_id": parent.entry["id"] if parent else None,
+                "after": interval.after, "before": before, "thread": interval.thread,
+                "start_s": interval.start_s, "end_s": end_s,
+                **self._meter_fields(interval.starts, ends, interval.peaks)}
+        if item["live_tensors"] is not None:
+            alive = self._alive(interval.at_peak)
+            at_peak = item["live_tensors"]["at_peak"] = self._at_peak(interval.at_peak, alive, None)
+            if at_peak is not None and self._take_census is not None:  # owners: at the next census
+                self._awaiting_owners.append((item["id"], interval.at_peak, alive))
+        self._emit({"event": "unstaged", "unstaged": item})
+
+    def _end_run_intervals(self, end_s: float, ends: dict) -> None:
+        """The audit thread's time after its last top-level stage. Other threads' last
+        intervals are dropped: when those threads stopped working is unknown."""
+        try:
+            with self._lock:
+                intervals, self._intervals = self._intervals, {}
+                if self._audit_thread in intervals:
+                    self._intervals[self._audit_thread] = intervals[self._audit_thread]
+                    self._end_interval(self._audit_thread, round(end_s, 6), ends)
+                if self._awaiting_owners and self._take_census is not None:
+                    self._census()  # the owners of what the last intervals held
+        except Exception as error:
+            self._fault("recording the time after the last stage", error)
+
+    def _meter_fields(self, starts: dict, ends: dict, peaks: dict) -> dict:
+        """A stage's or an interval's reading of each meter: start, end and peak."""
+        meters = {meter.key: meter for meter in self._meters}
+        return {key: meters[key].entry(starts[key], ends[key], peaks[key])
+                if key in meters and key in starts and key in ends else None
+                for key in ("rss", "py_heap", "cuda", "live_tensors")}
+
+    def _follow(self, thread_id: int, path: str | None) -> None:
+        """Tell the live-tensor meter the innermost stage open on the thread it counts."""
+        if self._live is not None and thread_id == self._audit_thread:
+            self._live.set_stage(path)
+
+    def _alive(self, peak_set) -> set:
+        if peak_set is None or self._live is None:
+            return set()
+        try:
+            return self._live.alive(peak_set)
+        except Exception as error:
+            self._meter_failed(self._live, error)
+            return set()
+
+    def _at_peak(self, peak_set, alive: set, census: dict | None) -> dict | None:
+        """What was alive at a live-tensor peak, grouped; None if the meter is off."""
+        if peak_set is None or self._live is None:
+            return None
+        try:
+            return self._live.at_peak(peak_set, alive, census)
+        except Exception as error:
+            self._meter_failed(self._live, error)
+            return None
+
+    def _resolve_owners(self, census: dict | None) -> None:
+        """Unstaged intervals' at_peak again, with the owners this census found."""
+        awaiting, self._awaiting_owners = self._awaiting_owners, []
+        if census is None:
+            return
+        for unstaged_id, peak_set, alive in awaiting:
+            at_peak = self._at_peak(peak_set, alive, census)
+            if at_peak is not None:
+                self._emit({"event": "unstaged_at_peak", "id": unstaged_id, "at_peak": at_peak})
 
     def mark(self, name: str) -> None:
         try:
@@ -496,13 +624,14 @@ class Audit:
         for meter in list(self._meters):
             try:
                 values, level, high = meter.read()
+                self._fold(meter.key, high, meter.peak_set if meter is self._live else None)
                 if reset:
                     meter.reset()
             except Exception as error:
                 if not self._meter_failed(meter, error):
                     continue
                 values, level, high = meter.read()
-            self._fold(meter.key, high)
+                self._fold(meter.key, high)
             readings[meter.key] = (values, level)
         return readings
 
@@ -524,6 +653,8 @@ class Audit:
             self._warn(f"RSS probe: {meter.reason}")
             return True
         self._meters.remove(meter)
+        if meter is self._live:
+            self._live = None
         self._close_meter(meter)
         self._probes[_PROBE_NAMES.get(meter.key, meter.key)] = {"state": "failed", "reason": what}
         self._warn(f"the {meter.key} probe failed and was switched off: {what}")
@@ -535,10 +666,20 @@ class Audit:
         except Exception as error:
             self._warn(f"the {meter.key} probe did not close cleanly: {type(error).__name__}: {error}")
 
-    def _fold(self, key: str, high: int) -> None:
-        for opened in self._open:
-            if high > opened.peaks.get(key, high):
-                opened.peaks[key] = high
+    def _fold(self, key: str, high: int, peak_set=None) -> None:
+        """A meter's high-water mark into every open stage and interval (all threads: the
+        meters are process-wide) and the run. `peak_set()`: what was alive at that high (the
+        live-tensor meter), taken where it is a new peak, built at most once."""
+        targets = [*self._open, *self._intervals.values()]
+        if peak_set is not None:
+            taken = None
+            for target in targets:
+                if key in target.peaks and (target.at_peak is None or high > target.peaks[key]):
+                    taken = peak_set() if taken is None else taken
+                    target.at_peak = taken
+        for target in targets:
+            if high > target.peaks.get(key, high):
+                target.peaks[key] = high
         if high > self._run_peaks.get(key, -1):
             self._run_peaks[key] = high
 
@@ -552,7 +693,7 @@ class Audit:
         self._cuda = cuda_probe.CudaProbe(cuda)
         values, level, high = self._cuda.read()
         self._cuda.reset()
-        for opened in self._open:  # no GPU memory existed before CUDA was initialized
+        for opened in [*self._open, *self._intervals.values()]:  # no GPU memory before CUDA
             opened.starts["cuda"], opened.peaks["cuda"] = dict(cuda_probe.CudaProbe.ZERO), high
         # Initialized during the run: all of its peak is the run's; before it: count from now.
         self._run_peaks["cuda"] = high if "rss" in self._run_peaks else level
@@ -570,41 +711,71 @@ class Audit:
         with self._lock:
             self._roots[name] = (_reference(obj), categories)
 
-    def track_receiver(self, obj) -> None:
-        """Register a staged method's `self` under its class name, once per object."""
+    def track_receiver(self, obj, label: str | None = None) -> None:
+        """Register a staged method's `self` under its class name and its call's label
+        (`SparseGPT[model.layers.3.mlp.down_proj]`), else `SparseGPT`, `SparseGPT#2`; once per object."""
         if self._take_census is None:
             return
         with self._lock:
             for ref, _ in self._roots.values():
                 if ref() is obj:
                     return
-            base = type(obj).__name__
+            base = type(obj).__name__ if label is None else f"{type(obj).__name__}[{label}]"
             name, count = base, 1
             while name in self._roots and self._roots[name][0]() is not None:
                 count += 1
                 name = f"{base}#{count}"
             self._roots[name] = (_reference(obj), None)
 
-    def _census(self) -> tuple[dict | None, dict | None]:
-        """Tensor census at a stage end; its time and transient memory are kept out of stages."""
+    @contextlib.contextmanager
+    def own_work(self, kind: str, transient_memory: bool = False):
+        """The auditor's own work inside the run (labelling a staged call): its time is kept
+        out of the stages, like the census's, and counted in the overhead under `kind`. With
+        `transient_memory` (a scan of every object), the peaks reached so far are folded in
+        first and the meters reset after, so its memory counts in no peak."""
+        if transient_memory:
+            with self._lock:
+                self._read_meters()
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            with self._lock:
+                if transient_memory:
+                    self._reset_meters()
+                spent = time.perf_counter() - began
+                self._excluded_s += spent
+                self._overhead[kind] = self._overhead.get(kind, 0.0) + spent
+
+    def _census(self) -> tuple[dict | None, dict | None, dict | None]:
+        """Tensor census at a stage end; its time and transient memory are kept out of stages.
+        Returns components, tensors, and {"owners", "components"} when the live-tensor meter
+        needs owners and the census gives them (also resolving unstaged intervals' owners)."""
         began = time.perf_counter()
         roots = {}
         for name, (ref, categories) in list(self._roots.items()):
             obj = ref()
             if obj is not None:
                 roots[name] = self._census_root(obj=obj, categories=categories)
+        owners = self._live is not None and self._census_owners
+        census = None
         try:
-            result = self._take_census(roots, count_fake=self.options["traced"])
+            if owners:
+                result = self._take_census(roots, count_fake=self.options["traced"], with_owners=True)
+                census = {"owners": result["owners"], "components": result["components"]}
+            else:
+                result = self._take_census(roots, count_fake=self.options["traced"])
             components, tensors = result["components"], {"live_bytes": result["live_tensor_bytes"]}
         except Exception as error:
             self._warn(f"census failed, switched off: {type(error).__name__}: {error}")
             self._take_census = None
             components, tensors = None, None
+        self._resolve_owners(census)
         self._reset_meters()  # the census's own allocations belong to no stage
         spent = time.perf_counter() - began
         self._excluded_s += spent
         self._overhead["census_s"] += spent
-        return components, tensors
+        return components, tensors, census
 
     # -- plumbing ------------------------------------------------------------------------
 

@@ -10,6 +10,9 @@ Events, in order:
                     environment, process, probes
     stage_started   {"stage": the entry's fields known at its start}
     stage_finished  {"stage": the full entry}
+    unstaged        {"unstaged": an interval no stage covered at its depth}, at its end
+    unstaged_at_peak {"id", "at_peak"}: an unstaged interval's at_peak again, with the owners
+                    of the census taken at the next stage end (the first one has none)
     mark            {"mark": a point reading}
     warning         {"message": ...}
     run_finished    finished_at, duration_s, device, environment, process, probes, peak,
@@ -32,9 +35,18 @@ The record (design.md's fields keep their meaning; added ones marked +):
             start_s, end_s, rss{start, end, peak}, py_heap{+start, end, peak} | null,
             cuda{+allocated_start, allocated_end, reserved_end, peak_allocated} | null,
             components{NAME: {category, bytes, +tensors}} | null, +tensors{live_bytes} | null,
-            +thread, +error ("Type: message") | null, +memray_sites (the peak stage only)}],
+            +thread, +error ("Type: message") | null, +memray_sites (the peak stage only),
+            +live_tensors{start, end, peak, +at_peak} | null}],
+    +unstaged[{id, parent (path | null), parent_id, after (the sibling stage that just closed |
+            null), before (the stage that opens next | null), thread, start_s, end_s, rss, py_heap,
+            cuda, live_tensors: as a stage's}] in time order: the time on a thread between
+            stage boundaries that no stage covers at that depth (before the first stage,
+            between siblings, a parent's open to its first child, between children, the last
+            child to the parent's close, the last top-level stage to the audit's end; on other
+            threads than the audit's, from their first stage to their last),
     +marks[{name, stage (enclosing path | null), t_s, thread, rss, py_heap, cuda}],
-    peak{rss, stage, +stage_id, +py_heap, +cuda_allocated},
+    peak{rss, stage, +stage_id, +py_heap, +cuda_allocated,
+         +where{kind "stage", stage} | {kind "unstaged", parent, after, before}},
     +memray{file, flamegraph, peak_memory, total_allocations, stage, stage_id,
             sites[{location "file:line", function, code (the source line), bytes, allocations, python_stack,
                    native_stack}]} | null,
@@ -46,8 +58,20 @@ The record (design.md's fields keep their meaning; added ones marked +):
            the profiler/ folder)}, +warnings[str],
     +audit_overhead_s{boundaries_s, census_s, finish_s}
 
+`at_peak` (live-tensor meter on): what was alive at the live-tensor high-water moment of a
+stage (the interval inside it that held its peak) or of an unstaged interval:
+    {bytes, rows[{owner (census component | null), category, created_in (stage path | null:
+     before the audit or outside every stage), op ("aten::zeros" | null: alive before the
+     audit), bytes, tensors, alive_at_end}] (largest first, at most 25), rows_left_out,
+     bytes_left_out}
+A storage freed before the end has no owner ("activations and temporaries"); one alive at the
+end is matched to the census taken then ("masks" or "other" where the census could not see it,
+"unknown (no census)" with the census off).
+
 Times are seconds since the audit began with census time left out; sizes are bytes. Marks
 are a list of their own rather than zero-length stages, so stage analysis never filters.
+Meters are process-wide: with stages on several threads, a stage's or an interval's peak is
+the process's highest reading while it lasted, whichever thread caused it.
 """
 from __future__ import annotations
 
@@ -63,7 +87,7 @@ REQUIRED = ("schema", "name", "command", "started_at", "device", "environment", 
             "stages", "peak")
 STAGE_REQUIRED = ("name", "path", "parent", "status", "start_s", "end_s", "rss")
 # Written by the audit itself; `Audit.annotate` adds any other field (workload, result...).
-RESERVED = set(REQUIRED) | {"marks", "warnings", "finished_at", "duration_s", "machine",
+RESERVED = set(REQUIRED) | {"marks", "unstaged", "warnings", "finished_at", "duration_s", "machine",
                             "options", "probes", "memray", "exit", "files", "event_log",
                             "audit_overhead_s"}
 
@@ -218,6 +242,7 @@ def assemble(events: list[dict]) -> dict:
             artifacts.append(event)
     record = dict(header)
     record["stages"] = list(stages.values())
+    record["unstaged"] = unstaged_items(events)
     record["marks"] = marks
     record["warnings"] = warnings
     record.update(annotations)
@@ -253,12 +278,52 @@ def _unfinished(record: dict) -> dict:
     rss = max((s["rss"]["peak"] for s in finished), default=None)
     holder = peak_stage(finished, rss)
     record["peak"] = {"rss": rss, "stage": holder["path"] if holder else None,
-                      "stage_id": holder["id"] if holder else None}
+                      "stage_id": holder["id"] if holder else None,
+                      "where": locate_peak(finished, record["unstaged"], rss)}
     record["exit"] = {"status": "unfinished", "code": None,
                       "error": "the event log ends before the run finished (the process was "
                                "killed, or the log could not be written)"}
     record.setdefault("memray", None)
     return record
+
+
+def unstaged_items(events: list[dict]) -> list[dict]:
+    """The record's `unstaged` list from the events: in time order, each with its latest at_peak."""
+    items: dict[int, dict] = {}
+    for event in events:
+        kind = event.get("event")
+        if kind == "unstaged":
+            items[event["unstaged"]["id"]] = dict(event["unstaged"])
+        elif kind == "unstaged_at_peak" and event["id"] in items:
+            item = items[event["id"]]
+            item["live_tensors"] = {**item["live_tensors"], "at_peak": event["at_peak"]}
+    return sorted(items.values(), key=lambda item: (item["start_s"], item["id"]))
+
+
+def locate_peak(stages: list[dict], unstaged: list[dict], rss_peak: int | None) -> dict | None:
+    """`peak.where`: the first stretch of time to reach the run's RSS peak, a stage's own time
+    or an unstaged interval; null for older records, which have no unstaged intervals.
+
+    Of the finished stages and unstaged intervals whose peak equals it, the one that ended
+    first, the deeper on a tie (a stage ends with or after everything inside it), so a stage
+    found has no children before the peak. RSS rarely falls, so later stretches often equal
+    the peak: `peak.stage` (`peak_stage`, the deepest and latest stage equal to it) can then
+    name a later stage than `where`, which says where the peak was first reached."""
+    holders = [(s["end_s"], -_depth(s["path"]), s) for s in stages
+               if s["status"] != "open" and s["rss"]["peak"] == rss_peak]
+    holders += [(u["end_s"], -_depth(u["parent"]) - 0.5, u) for u in unstaged
+                if u["rss"]["peak"] == rss_peak]
+    if not unstaged or not holders:
+        return None
+    *_, first = min(holders, key=lambda holder: holder[:2])
+    if "after" not in first:
+        return {"kind": "stage", "stage": first["path"]}
+    return {"kind": "unstaged", "parent": first["parent"], "after": first["after"],
+            "before": first["before"]}
+
+
+def _depth(path: str | None) -> int:
+    return 0 if path is None else path.count("/") + 1
 
 
 def peak_stage(stages: list[dict], rss_peak: int | None) -> dict | None:
@@ -367,10 +432,10 @@ def validate(record, where: str = "run record") -> None:
 # one (never finished) has null there.
 _RECORD_TYPES = {"name": "TEXT", "command": "TEXT", "started_at": "TEXT", "device": "TEXT",
                  "environment": "OBJECT", "process": "OBJECT", "peak": "OBJECT",
-                 "marks": "LIST", "warnings": "LIST", "exit": "OBJECT?", "files": "OBJECT?",
+                 "marks": "LIST", "unstaged": "LIST?", "warnings": "LIST", "exit": "OBJECT?", "files": "OBJECT?",
                  "probes": "OBJECT?", "memray": "OBJECT?", "duration_s": "SECONDS?"}
 _PROCESS_TYPES = {"rss_at_start": "BYTES?", "rss_at_end": "BYTES?"}
-_PEAK_TYPES = {"rss": "BYTES?", "stage": "TEXT?"}
+_PEAK_TYPES = {"rss": "BYTES?", "stage": "TEXT?", "where": "OBJECT?"}
 _STAGE_TYPES = {"name": "TEXT", "path": "TEXT", "parent": "TEXT?", "start_s": "SECONDS",
                 "rss": "OBJECT", "py_heap": "OBJECT?", "cuda": "OBJECT?", "live_tensors": "OBJECT?",
                 "components": "OBJECT?", "tensors": "OBJECT?", "error": "TEXT?"}

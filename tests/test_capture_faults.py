@@ -65,11 +65,11 @@ def test_a_log_write_that_fails_never_raises_into_the_program(tmp_path):
     assert "Traceback" not in result.stderr
     folder = tmp_path / "run"
     lines = (folder / "events.jsonl").read_text().splitlines()
-    assert [json.loads(line)["event"] for line in lines] == [
-        "run_started", "stage_started", "stage_finished", "stage_started"]  # whole lines only
+    assert [json.loads(line)["event"] for line in lines] == [  # whole lines only
+        "run_started", "unstaged", "stage_started", "stage_finished", "unstaged", "stage_started"]
     record = auditor.load(folder)  # run.json, from the events kept in memory
     assert paths(record) == [("before", "ok"), ("inside", "ok")] + [(f"after {i}", "ok") for i in range(3)]
-    assert record["event_log"] == {"state": "incomplete", "lines": 4,
+    assert record["event_log"] == {"state": "incomplete", "lines": 6,
                                    "reason": "events.jsonl could not be written: File too large"}
     assert record["exit"]["status"] == "ok"
     assert any("the run goes on" in w for w in record["warnings"])

@@ -20,8 +20,8 @@ def test_events_are_on_disk_before_the_run_ends(tmp_path):
         with auditor.stage("first"):
             pass
         lines = (folder / "events.jsonl").read_text().splitlines()
-        assert [json.loads(line)["event"] for line in lines] == [
-            "run_started", "stage_started", "stage_finished"]
+        assert [json.loads(line)["event"] for line in lines] == [  # unstaged: the time before it
+            "run_started", "unstaged", "stage_started", "stage_finished"]
         assert not (folder / "run.json").exists()
     assert (folder / "run.json").exists()
     assert run_record.rebuild(folder, write=False) == auditor.load(folder)

@@ -9,83 +9,158 @@ it dies. It works the same on real and fake tensors, which is what lets a traced
 model on this machine be compared byte for byte with a real run of a small one.
 
 Tensors created before the meter starts are seeded from a scan of live objects.
+
+What was alive at the peak (`at_peak`): each live storage has a row in a table (its size, the
+stage it was created in, the operator that created it, its census key), under an integer
+serial in creation order; no tensor is referenced. The set alive at the interval's high-water
+moment is exact and never copied while the program runs: it is every storage created up to
+the one that made the high (serial <= `_peak_serial`) and not freed since, plus those freed
+since the high, which a release moves to a side list (cleared at each new high, so it never
+holds more rows than were alive at the high). Cost: O(1) per storage created or freed, and
+one pass over the live table when an interval's composition is read (at stage boundaries).
 """
 from __future__ import annotations
 
 import gc
 import threading
 import weakref
+from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from auditor.ownership import ACTIVATIONS, MASKS, OTHER
 from auditor.stage import AUDITOR_CODE
+
+NO_CENSUS = "unknown (no census)"
+MAX_ROWS = 25
+# A row of the live table: (serial, bytes, created_in, op, census key, is bool).
+SERIAL, SIZE, CREATED_IN, OP, KEY, IS_BOOL = range(6)
+
+
+@dataclass
+class PeakSet:
+    """The storages alive at one interval's high-water moment (rows of the live table)."""
+    bytes: int
+    rows: list[tuple]
 
 
 class LiveTensorMeter(TorchDispatchMode):
-    """Counts live storage bytes; `peak` is the highest count since the last `reset_peak`."""
+    """Counts live storage bytes; `peak` is the highest count since the last `reset_peak`.
 
-    def __init__(self) -> None:
+    With `at_peak`, also keeps the live table that `peak_set()` reads. `stage_path` is set by
+    the audit: the innermost stage open on the thread the meter counts (a dispatch mode sees
+    that thread's operators only), recorded as each storage's `created_in`."""
+
+    def __init__(self, at_peak: bool = True) -> None:
         super().__init__()
         self.live = 0
         self.peak = 0
-        self._sizes: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        self._lock = threading.Lock()
+        self.at_peak = at_peak
+        self.stage_path: str | None = None
+        self._serials: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storage -> serial
+        self._serial = 0
+        self._table: dict[int, tuple] = {}   # serial -> row, creation order
+        self._peak_serial = 0                # the newest storage alive at the high
+        self._freed_since_peak: list[tuple] = []
+        self._lock = threading.RLock()  # a finalizer can run inside our own section (GC)
+        self._storage_key, self._fake_type = _census_key(), _fake_tensor_type()
 
     def seed_existing(self) -> None:
         """Count the tensors already alive (model weights built before the audit began)."""
         gc.collect()  # unreachable cycles still holding tensors are not alive: don't count them
         for obj in gc.get_objects():
             if issubclass(type(obj), torch.Tensor):  # type(): some modules warn on isinstance
-                self._track(obj)
+                self._track(obj, None, None)
                 if obj.is_leaf and obj.grad is not None:
-                    self._track(obj.grad)
+                    self._track(obj.grad, None, None)
 
     def reset_peak(self) -> int:
         """Start a new peak interval; returns the peak of the interval that ends."""
         with self._lock:
             ended, self.peak = self.peak, self.live
+            self._peak_serial = self._serial
+            self._freed_since_peak = []
         return ended
+
+    def peak_set(self) -> PeakSet:
+        """What was alive at the current interval's high-water moment."""
+        with self._lock:
+            table, freed = list(self._table.values()), list(self._freed_since_peak)
+            cutoff, peak = self._peak_serial, self.peak
+        rows = [row for row in table if row[SERIAL] <= cutoff]
+        rows.extend(freed)
+        return PeakSet(peak, rows)
+
+    def alive(self, rows: list[tuple]) -> set[int]:
+        """The serials of `rows` whose storage is still alive."""
+        with self._lock:
+            table = self._table
+            return {row[SERIAL] for row in rows if row[SERIAL] in table}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         with AUDITOR_CODE:  # the meter's bookkeeping inside the program's op: never a stage
             for item in tree_flatten(out)[0]:
                 if isinstance(item, torch.Tensor):
-                    self._track(item)
+                    self._track(item, func, self.stage_path)
         return out
 
-    def _track(self, tensor: torch.Tensor) -> None:
+    def _track(self, tensor: torch.Tensor, func, created_in: str | None) -> None:
         try:
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
             return
+        if storage in self._serials:
+            return
         with self._lock:
-            if storage in self._sizes:
+            if storage in self._serials:
                 return
             size = storage.nbytes()
-            self._sizes[storage] = size
+            self._serial += 1
+            serial = self._serial
+            self._serials[storage] = serial
             self.live += size
-            self.peak = max(self.peak, self.live)
-        weakref.finalize(storage, self._release, size)
+            if self.at_peak:
+                self._table[serial] = (serial, size, created_in, _op_name(func),
+                                       self._key(storage, tensor), tensor.dtype is torch.bool)
+            if self.live > self.peak:
+                self.peak = self.live
+                self._peak_serial = serial
+                if self._freed_since_peak:
+                    self._freed_since_peak = []
+        weakref.finalize(storage, self._release, serial, size)
 
-    def _release(self, size: int) -> None:
+    def _key(self, storage, tensor):
+        if self._storage_key is None:
+            return None
+        fake = tensor.is_meta or (self._fake_type is not None and isinstance(tensor, self._fake_type))
+        try:
+            return self._storage_key(storage, fake)
+        except Exception:  # a storage whose address cannot be read: no owner for it
+            return None
+
+    def _release(self, serial: int, size: int) -> None:
         with self._lock:
             self.live -= size
+            row = self._table.pop(serial, None)
+            if row is not None and serial <= self._peak_serial:
+                self._freed_since_peak.append(row)
 
 
 class LiveTensorProbe:
-    """The meter as an audit probe: start, end and true peak of live tensor bytes per stage.
+    """The meter as an audit probe: start, end and true peak of live tensor bytes per stage,
+    and what was alive at that peak (`peak_set`, grouped into rows by `at_peak`).
 
     A dispatch mode is thread-local: it counts tensors made on the thread that started the
     audit (on CPU, autograd's backward runs there too).
     """
     key = "live_tensors"
 
-    def __init__(self) -> None:
-        self._meter = LiveTensorMeter()
+    def __init__(self, at_peak: bool = True) -> None:
+        self._meter = LiveTensorMeter(at_peak)
         self._meter.seed_existing()
         self._meter.__enter__()
 
@@ -96,15 +171,87 @@ class LiveTensorProbe:
     def reset(self) -> None:
         self._meter.reset_peak()
 
+    def set_stage(self, path: str | None) -> None:
+        self._meter.stage_path = path
+
+    def peak_set(self) -> PeakSet:
+        return self._meter.peak_set()
+
+    def alive(self, peak: PeakSet) -> set[int]:
+        return self._meter.alive(peak.rows)
+
+    def at_peak(self, peak: PeakSet, alive_at_end: set[int], census: dict | None) -> dict:
+        """`peak` grouped by (owner, category, created_in, op), largest first. `alive_at_end`:
+        the serials alive when the stage (or interval) ended; `census`: {"owners": {key:
+        component}, "components": {...}} from a census taken since, or None (census off)."""
+        alive_now = self._meter.alive(peak.rows) if census is not None else set()
+        groups: dict[tuple, list] = {}
+        for row in peak.rows:
+            kept = row[SERIAL] in alive_at_end
+            owner, category = _owner(row, kept, row[SERIAL] in alive_now, census)
+            group = groups.setdefault((owner, category, row[CREATED_IN], row[OP], kept), [0, 0])
+            group[0] += row[SIZE]
+            group[1] += 1
+        ordered = sorted(groups.items(), key=lambda item: -item[1][0])
+        rows = [{"owner": owner, "category": category, "created_in": created_in, "op": op,
+                 "bytes": size, "tensors": count, "alive_at_end": kept}
+                for (owner, category, created_in, op, kept), (size, count) in ordered[:MAX_ROWS]]
+        left = ordered[MAX_ROWS:]
+        return {"bytes": peak.bytes, "rows": rows, "rows_left_out": len(left),
+                "bytes_left_out": sum(size for _, (size, _) in left)}
+
     @staticmethod
     def entry(start: int, end: int, peak: int) -> dict:
         return {"start": start, "end": end, "peak": peak}
 
-    @staticmethod
-    def describe() -> dict:
-        return {"state": "on", "method": "torch dispatch mode, storages counted once"}
+    def describe(self) -> dict:
+        method = "torch dispatch mode, storages counted once"
+        if self._meter.at_peak:
+            method += ("; at_peak: the exact set alive at each interval's high (live table and "
+                       "the rows freed since the high, no copy while the program runs)")
+            if self._meter._storage_key is None:
+                method += "; owners unknown (this census gives no storage keys)"
+        return {"state": "on", "method": method}
 
     def close(self) -> None:
         if self._meter is not None:
             self._meter.__exit__(None, None, None)
             self._meter = None
+
+
+def _owner(row: tuple, kept: bool, alive_now: bool, census: dict | None) -> tuple:
+    """(owner, category) of one storage alive at the peak."""
+    if not kept:
+        return None, ACTIVATIONS  # created and freed before the end: a temporary
+    if census is None:
+        return None, MASKS if row[IS_BOOL] else NO_CENSUS
+    owner = census["owners"].get(row[KEY]) if alive_now and row[KEY] is not None else None
+    if owner is None:  # the census could not see it (held only by C++, e.g. saved for backward)
+        return None, MASKS if row[IS_BOOL] else OTHER
+    return owner, (census["components"].get(owner) or {}).get("category") or OTHER
+
+
+def _op_name(func) -> str | None:
+    if func is None:
+        return None
+    try:
+        return func.name()
+    except Exception:  # not an OpOverload (a higher-order operator)
+        return getattr(func, "__name__", None) or str(func)
+
+
+def _census_key():
+    """auditor.census.storage_key, the key its owners are listed under, or None (an older census)."""
+    try:
+        from auditor.census import storage_key
+    except ImportError:
+        return None
+    return storage_key
+
+
+def _fake_tensor_type():
+    try:
+        from torch._subclasses.fake_tensor import FakeTensor
+    except ImportError:  # private API: absent in some torch versions
+        return None
+    return FakeTensor
