@@ -288,3 +288,58 @@ def _traced_run_view(item: dict) -> ProjectionView:
                           target=str(item.get("target") or workload.get("architecture") or run.get("name", "?")),
                           target_dtype=item.get("target_dtype") or workload.get("dtype"),
                           peak_rss=None, peak_stage=best[1], live_tensor_peak=best[0], stages=stages)
+
+
+# -- what grew inside a stage ------------------------------------------------------------
+
+@dataclass
+class Grower:
+    """State that grew inside a stage: a component (by owner), or temporaries by creating op."""
+    name: str             # a component name, or "temporaries from `op` in `stage`"
+    category: str
+    bytes: int
+    kept: bool            # still alive at the stage's end
+    basis: str            # "at_peak" (alive at the live-tensor high) or "census" (end minus before)
+
+
+def within(path: str | None, stage_path: str) -> bool:
+    """Whether a stage path is the stage itself or a stage inside it."""
+    return path is not None and (path == stage_path or path.startswith(stage_path + "/"))
+
+
+def growers(record: dict, stage: dict) -> list[Grower] | None:
+    """What the stage added, largest first: from its `live_tensors.at_peak` (storages created
+    inside it and alive at its live-tensor high) when the record has it, else from the census
+    at its end minus the census just before it began; None when neither can tell."""
+    at_peak = (stage.get("live_tensors") or {}).get("at_peak")
+    if at_peak and at_peak.get("rows") is not None:
+        groups: dict[tuple, list] = {}
+        for row in at_peak["rows"]:
+            if not within(row.get("created_in"), stage["path"]):
+                continue  # alive before the stage began: it did not grow here
+            if row.get("owner"):
+                key = (row["owner"], row.get("category") or "other")
+            else:
+                op = f"`{row['op']}`" if row.get("op") else "an unknown op"
+                key = (f"temporaries from {op} in `{row['created_in']}`", row.get("category") or "other")
+            group = groups.setdefault(key, [0, False])
+            group[0] += row["bytes"]
+            group[1] = group[1] or bool(row.get("alive_at_end"))
+        return sorted((Grower(name, category, b, kept, "at_peak") for (name, category), (b, kept) in groups.items()),
+                      key=lambda g: (-g.bytes, g.name))
+    before = census_before(record, stage)
+    if stage.get("components") is None or before is None:
+        return None
+    earlier = before.get("components") or {}
+    grown = [Grower(name, c.get("category") or "other", c["bytes"] - (earlier.get(name) or {}).get("bytes", 0),
+                    True, "census") for name, c in stage["components"].items()]
+    return sorted((g for g in grown if g.bytes > 0), key=lambda g: (-g.bytes, g.name))
+
+
+def at_peak_categories(at_peak: dict) -> list[tuple[str, int]]:
+    """An `at_peak` composition's bytes by category, largest first (rows left out apart)."""
+    totals: dict[str, int] = {}
+    for row in at_peak.get("rows") or []:
+        category = row.get("category") or "other"
+        totals[category] = totals.get(category, 0) + row["bytes"]
+    return sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))

@@ -9,6 +9,14 @@ what it found, or why it could not be checked (a probe absent).
 
 "Weights" are the parameters at each stage's census (see `auditor.analysis.components`);
 "peak" is the run's peak RSS.
+
+Each rule also says how to remove what it found (`Rule.remedy`, in plain words; a finding may
+word it for its evidence) and what that would save (`Finding.saving`): the bytes of the
+evidence at the audited scale and, where the record has projections, the same components'
+projected bytes at each target. A saving is an upper bound ("up to"): the remedy removes what
+the evidence names, and whatever the algorithm still needs of it comes back. Where the job
+that ran the algorithm put measured variants in the record (`validated_remedies`), the
+findings they answer cite them (`Finding.validated`).
 """
 from __future__ import annotations
 
@@ -16,21 +24,27 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from auditor import units
-from auditor.analysis import source_paths
-from auditor.analysis.components import (BEYOND_CENSUS, attribute, census_order, finished, is_traced,
-                                         live_tensor_peak, peak_stage, weights_bytes)
+from auditor.analysis import source_paths, unstaged
+from auditor.analysis.components import (BEYOND_CENSUS, attribute, census_order, finished, growers,
+                                         is_traced, live_tensor_peak, peak_stage, projection_views,
+                                         weights_bytes)
 
 FULL_COPY_RATIO = 0.95        # (a) a component at least this fraction of the weights ...
 FULL_COPY_MIN_STAGES = 2      #     ... alive at this many consecutive stage ends
 DENSE_GRADIENT_RATIO = 0.90   # (b) gradients / gradient records at least this fraction of the weights
 TRANSIENT_SHARE = 0.10        # (c) peak inside - max(start, end) above this fraction of the peak
 RETAINED_RATIO = 0.10         # (d) tensors beyond the weights at the last stage end, vs the weights
+                              #     (vs the peak RSS when the record knows no weights); also (h)
+CYCLE_SHARE = 0.01            # (h) tensors alive only through a reference cycle, vs the peak RSS
 UNTRACKED_SHARE = 0.25        # (e) RSS beyond the census at the peak stage's end, vs the peak
 TENSOR_GAP_SHARE = 0.25       # (f) peak RSS minus live-tensor peak, vs the peak
 
 SEVERITIES = ("high", "medium", "low")
 PER_PARAMETER = frozenset({"weights", "gradients", "gradient records"})  # rules (a) and (b) own these
 GRADIENT_CATEGORIES = ("gradients", "gradient records")
+CYCLES = "unreachable.cycles"            # the census's component for tensors only a cycle keeps
+CYCLE_CATEGORY = "retained by a reference cycle"
+GROWERS_NAMED = 3
 
 
 @dataclass(frozen=True)
@@ -39,6 +53,9 @@ class Finding:
     severity: str            # "high" | "medium" | "low"
     statement: str           # one sentence, with its numbers
     evidence: dict = field(default_factory=dict)  # stage, component, bytes, ... (JSON-able)
+    remedy: str = ""         # the change that removes it, in plain words ("" : the rule's)
+    saving: dict | None = None  # {bytes, projected: [{target, bytes}], basis}; None: nothing to save
+    validated: tuple = ()    # the record's validated_remedies that answer this finding
 
 
 @dataclass(frozen=True)
@@ -48,6 +65,7 @@ class Rule:
     threshold: str
     needs: tuple[str, ...]   # inputs: "census", "peak census", "live_tensors", "real rss"
     check: Callable[[dict], list[Finding]]
+    remedy: str = ""         # the change that removes what the rule finds, in plain words
 
 
 @dataclass(frozen=True)
@@ -62,7 +80,8 @@ def evaluate(record: dict) -> list[Outcome]:
     outcomes = []
     for rule in RULES:
         why = missing_input(record, rule)
-        outcomes.append(Outcome(rule, () if why else tuple(rule.check(record)), why))
+        found = () if why else tuple(_with_remedy(f, rule, record) for f in rule.check(record))
+        outcomes.append(Outcome(rule, found, why))
     return outcomes
 
 
@@ -173,12 +192,14 @@ def _transients(record: dict) -> list[Finding]:
         if rss["peak"] in child_peaks.get(stage["path"], ()):
             continue  # the child holding the same peak reports it, more precisely
         holds_peak = rss["peak"] == run_peak
-        statement = (f"Transient spike of {units.size(transient)} in stage `{stage['path']}` "
+        statement = (f"Transient spike of {units.size(transient)} in stage `{stage['path']}`"
+                     f"{_own_time(record, stage)} "
                      f"({transient / run_peak:.0%} of peak): RSS rose to {units.size(rss['peak'])} "
                      f"inside it, against {units.size(rss['start'])} at its start and "
                      f"{units.size(rss['end'])} at its end")
         evidence = {"stage": stage["path"], "transient": transient, "rss_peak": rss["peak"],
                     "share_of_peak": round(transient / run_peak, 4), "holds_run_peak": holds_peak}
+        statement += _what_grew(record, stage, evidence)
         sites = memray.get("sites") or []
         if sites and memray.get("stage") == stage["path"]:
             site = sites[0]
@@ -192,33 +213,125 @@ def _transients(record: dict) -> list[Finding]:
     return found
 
 
+def _own_time(record: dict, stage: dict) -> str:
+    """Where in the stage's own time (no child covering it) its peak was, when the record says."""
+    for item in unstaged.intervals(record):
+        if item.get("parent") == stage["path"] and item["rss"].get("peak") == stage["rss"]["peak"]:
+            return f", in its own time {unstaged.describe(item, inside_parent=True)}"
+    return ""
+
+
+def _what_grew(record: dict, stage: dict, evidence: dict) -> str:
+    """The clause naming what grew inside the stage (never the weights unless they grew);
+    fills evidence["growers"] {name: bytes}."""
+    grown = growers(record, stage)
+    if grown is None:
+        return ("; the record cannot name what grew (no live-tensor composition at its high and "
+                "no census before it)")
+    if not grown:
+        how = ("nothing created inside it was alive at its live-tensor high" if
+               (stage.get("live_tensors") or {}).get("at_peak") else
+               "no component grew between the census before it and the one at its end: "
+               "temporaries made and freed inside it")
+        return f"; {how}"
+    named = grown[:GROWERS_NAMED]
+    evidence["growers"] = {g.name: g.bytes for g in named}
+    parts = ", ".join(f"{_quoted(g.name)} {units.size(g.bytes)} ({g.category}"
+                      + ("" if g.kept else ", freed before its end") + ")" for g in named)
+    more = f" and {len(grown) - len(named)} more" if len(grown) > len(named) else ""
+    if named[0].basis == "at_peak":
+        return f"; made inside it and alive at its live-tensor high: {parts}{more}"
+    return (f"; what it added by its end (census before it to the one at its end; what was "
+            f"freed before the end is not in a census): {parts}{more}")
+
+
+def _quoted(name: str) -> str:
+    return name if "`" in name else f"`{name}`"
+
+
 # -- (d) memory retained after the algorithm returns ---------------------------------------
 
+def reference_weights(record: dict) -> int | None:
+    """The weights rules compare with: the most parameters any census saw (a stage whose census
+    holds no weights, say a helper's, does not make the weights zero)."""
+    seen = [weights_bytes(s) for s in census_order(record)]
+    return max((w for w in seen if w), default=None)
+
+
 def _retained(record: dict) -> list[Finding]:
-    last = census_order(record)[-1]
-    weights = weights_bytes(last)
-    if not weights:
+    ends = census_order(record)
+    last = ends[-1]
+    weights = reference_weights(record)
+    peak = (record.get("peak") or {}).get("rss")
+    base, base_words = (weights, "the weights") if weights else (peak, "the peak RSS")
+    if not base:
         return []
-    kept = sorted(((n, c) for n, c in last["components"].items() if c.get("category") != "weights"),
+    kept = sorted(((n, c) for n, c in last["components"].items()
+                   if c.get("category") != "weights" and n != CYCLES and c.get("category") != CYCLE_CATEGORY),
                   key=lambda kv: -kv[1]["bytes"])
     total = sum(c["bytes"] for _, c in kept)
-    if total < RETAINED_RATIO * weights:
+    if total < RETAINED_RATIO * base:
         return []
     listed = [(n, c) for n, c in kept if c["bytes"] >= 0.01 * total]
-    parts = ", ".join(f"`{n}` {units.size(c['bytes'])} ({c['category']})" for n, c in listed[:6])
+    left_by = {n: _left_by(record, ends, n) for n, _ in listed}
+    parts = ", ".join(f"`{n}` {units.size(c['bytes'])} ({c['category']}"
+                      + (f", left by `{left_by[n]}`" if left_by[n] else "") + ")" for n, c in listed[:6])
     if len(listed) > 6:
         parts += f" and {len(listed) - 6} more"
     process = record.get("process") or {}
     start, end = process.get("rss_at_start"), process.get("rss_at_end")
     rss = (f"; RSS at the end is {units.size(end)} against {units.size(start)} at the start "
            f"({units.signed_size(end - start)})" if start is not None and end is not None else "")
-    severity = "high" if total >= weights else "medium"
+    severity = "high" if weights and total >= weights else "medium"
     return [Finding("retained-at-end", severity,
                     f"After the last stage (`{last['path']}`) {units.size(total)} of tensors beyond "
-                    f"the weights stay alive ({total / weights:.2f}x the weights): {parts}{rss}.",
-                    {"stage": last["path"], "bytes": total, "ratio_to_weights": round(total / weights, 4),
+                    f"the weights stay alive ({total / base:.2f}x {base_words}): {parts}{rss}.",
+                    {"stage": last["path"], "bytes": total,
+                     "ratio_to_weights": round(total / weights, 4) if weights else None,
                      "components": {n: c["bytes"] for n, c in listed},
+                     "left_by": {n: s for n, s in left_by.items() if s},
                      "rss_at_start": start, "rss_at_end": end})]
+
+
+def _left_by(record: dict, ends: list[dict], name: str) -> str | None:
+    """The top-level stage at whose end (or inside which) the component first appeared."""
+    first = next((s for s in ends if name in (s.get("components") or {})), None)
+    if first is None:
+        return None
+    by_path = {s["path"]: s for s in record["stages"]}
+    stage = first
+    while stage.get("parent") is not None and stage["parent"] in by_path:
+        stage = by_path[stage["parent"]]
+    return stage["path"]
+
+
+# -- (h) tensors alive only through a reference cycle ---------------------------------------
+
+def _cycles(record: dict) -> list[Finding]:
+    """Tensors the census found reachable only through an unreachable reference cycle: alive
+    after the call that made them returned, until the cycle collector next runs."""
+    ends = census_order(record)
+    seen = [(s, c) for s in ends for n, c in (s.get("components") or {}).items()
+            if n == CYCLES or c.get("category") == CYCLE_CATEGORY]
+    peak = (record.get("peak") or {}).get("rss") or 0
+    if not seen:
+        return []
+    stage, top = max(seen, key=lambda sc: sc[1]["bytes"])
+    if top["bytes"] < CYCLE_SHARE * peak:
+        return []
+    first, last = seen[0][0], seen[-1][0]
+    weights = reference_weights(record)
+    how = "returned" if first.get("call") else "ended"
+    span = ("seen at that stage end only" if first is last
+            else f"seen from that stage end {_until(last, ends)}")
+    severity = "high" if weights and top["bytes"] >= RETAINED_RATIO * weights else "medium"
+    return [Finding("reference-cycle", severity,
+                    f"{units.size(top['bytes'])} of tensors stay alive after `{first['path']}` {how} "
+                    f"only through a reference cycle (`{CYCLES}`, {span}): freed only by the cycle collector, "
+                    f"whenever it next runs, not when the call returns.",
+                    {"component": CYCLES, "stage": stage["path"], "bytes": top["bytes"],
+                     "from_stage": first["path"], "to_stage": last["path"],
+                     "ratio_to_weights": round(top["bytes"] / weights, 4) if weights else None})]
 
 
 # -- (e) RSS the census does not explain ---------------------------------------------------
@@ -301,26 +414,134 @@ def _until(last: dict, snapshots: list[dict]) -> str:
     return "to the end" if last is snapshots[-1] else f"to stage `{last['path']}` (gone after it)"
 
 
+# -- remedies and what they save ---------------------------------------------------------
+
+REMEDIES = {
+    "full-copy": ("Keep only what is restored: save the values the algorithm may change (a "
+                  "pruner's candidates' original values) instead of a copy of every weight, or "
+                  "keep the copy on disk."),
+    "dense-gradients": ("Consume gradients where they are used: fold each parameter's gradient "
+                        "into what is kept in a post-accumulate-grad hook "
+                        "(`Tensor.register_post_accumulate_grad_hook`) and set `.grad = None` "
+                        "there, so no gradient buffer for the whole model exists."),
+    "transient-spike": ("Process in chunks: make the spike's largest temporaries a block at a "
+                        "time (calibration samples in chunks, a weight's rows in blocks) and free "
+                        "each input once used."),
+    "retained-at-end": ("Free or stream what is retained: drop the references (`del`, set to "
+                        "None, clear the dict) once no later step needs them, or write them to "
+                        "disk and read them back when needed."),
+    "reference-cycle": ("Break the reference cycle: `del` the closure or local that refers back "
+                        "to its owner before returning (or hold the back reference with "
+                        "`weakref`), so the memory is freed when the call returns."),
+    "untracked-rss": ("Not a tensor the census sees: if the live-tensor meter shows tensors "
+                      "held by autograd, end the graph (`torch.no_grad()` where no backward "
+                      "follows); if it is allocator retention, return freed memory to the "
+                      "system (glibc: `malloc_trim(0)`, `MALLOC_ARENA_MAX=2`)."),
+    "rss-above-live-tensors": ("Nothing to change in the algorithm: size machines by RSS and "
+                               "count savings in live tensors."),
+    "failed-stage": "Fix the failure (its error is in the record) and run again.",
+}
+_GRADIENT_RECORDS_REMEDY = ("Keep gradient records only where a decision reads them (at the "
+                            "candidates, chosen before the first gradient pass), or update them "
+                            "inside backward so no dense record is needed.")
+_CHUNK_REMEDY = ("Process calibration samples in chunks: run the layer on a few samples at a "
+                 "time and fold each chunk into what is kept, so the activations of every "
+                 "sample are never alive together.")
+
+
+def _with_remedy(finding: Finding, rule: Rule, record: dict) -> Finding:
+    remedy = finding.remedy or _remedy_words(finding) or rule.remedy
+    return Finding(finding.rule, finding.severity, finding.statement, finding.evidence, remedy,
+                   saving(finding, record), _validated(finding, record))
+
+
+def _remedy_words(finding: Finding) -> str | None:
+    """A rule's remedy worded for its evidence, where the evidence says more."""
+    if finding.rule == "dense-gradients" and finding.evidence.get("category") == "gradient records":
+        return _GRADIENT_RECORDS_REMEDY
+    if finding.rule == "transient-spike":
+        grown = finding.evidence.get("growers") or {}
+        if grown and next(iter(grown)).startswith("temporaries from"):
+            return REMEDIES["transient-spike"] + " " + _CHUNK_REMEDY
+    return None
+
+
+def saving(finding: Finding, record: dict) -> dict | None:
+    """What the remedy would save: the evidence's bytes here and at each projection target.
+
+    {bytes, projected: [{target, bytes | None}], basis}; None for rules whose remedy saves
+    nothing in the algorithm's tensors (RSS beyond the census, the live-tensor gap, failures)."""
+    evidence = finding.evidence
+    if finding.rule in ("full-copy", "dense-gradients", "reference-cycle"):
+        names, stage, here = [evidence["component"]], evidence.get("to_stage") or evidence.get("stage"), evidence["bytes"]
+        if finding.rule == "reference-cycle":
+            stage = evidence["stage"]
+    elif finding.rule == "retained-at-end":
+        names, stage, here = list(evidence["components"]), evidence["stage"], evidence["bytes"]
+    elif finding.rule == "transient-spike":
+        names, stage, here = None, evidence["stage"], evidence["transient"]
+    else:
+        return None
+    projected = []
+    for view in projection_views(record):
+        at = view.stages.get(stage)
+        if at is None:
+            value = None
+        elif names is None:
+            value = at.transient
+        else:
+            found = [at.components.get(n) for n in names]
+            value = None if any(v is None for v in found) else sum(found)
+        projected.append({"target": view.target, "method": view.method, "bytes": value})
+    basis = ("the transient inside the stage" if names is None else
+             "the evidence's components at stage `" + stage + "`")
+    return {"bytes": here, "projected": projected, "basis": basis}
+
+
+def _validated(finding: Finding, record: dict) -> tuple:
+    """The record's validated remedies that answer this finding: one of their components is
+    in its evidence (and its rule among theirs, when they name rules), or, naming no
+    components, its rule is among theirs."""
+    named = set()
+    for key in ("component", "components", "growers"):
+        value = finding.evidence.get(key)
+        named |= {value} if isinstance(value, str) else set(value or ())
+    found = []
+    for item in record.get("validated_remedies") or []:
+        if not isinstance(item, dict) or not item.get("variant"):
+            continue
+        components, rules = set(item.get("components") or ()), set(item.get("rules") or ())
+        answers = (named & components if components else bool(rules)) and (not rules or finding.rule in rules)
+        if answers:
+            found.append(item)
+    return tuple(found)
+
+
 RULES: tuple[Rule, ...] = (
     Rule("full-copy", "A component holds a full copy of the weights",
          f"bytes >= {FULL_COPY_RATIO:.0%} of the weights at >= {FULL_COPY_MIN_STAGES} consecutive "
          "stage ends (categories other than weights, gradients, gradient records)",
-         ("census",), _full_copies),
+         ("census",), _full_copies, REMEDIES["full-copy"]),
     Rule("dense-gradients", "Dense gradients or gradient records for the whole model",
          f"a gradients / gradient records component >= {DENSE_GRADIENT_RATIO:.0%} of the weights "
-         "at a stage end", ("census",), _dense_gradients),
+         "at a stage end", ("census",), _dense_gradients, REMEDIES["dense-gradients"]),
     Rule("transient-spike", "Transient spike inside a stage",
          f"peak inside - max(start, end) > {TRANSIENT_SHARE:.0%} of the run's peak RSS "
-         "(reported at the deepest stage holding it)", ("real rss",), _transients),
+         "(reported at the deepest stage holding it)", ("real rss",), _transients,
+         REMEDIES["transient-spike"]),
     Rule("retained-at-end", "Memory retained after the algorithm returns",
-         f"tensors other than weights at the last stage end >= {RETAINED_RATIO:.0%} of the weights",
-         ("census",), _retained),
+         f"tensors other than weights at the last stage end >= {RETAINED_RATIO:.0%} of the weights "
+         "(the most any census saw; of the peak RSS when no census saw weights)",
+         ("census",), _retained, REMEDIES["retained-at-end"]),
+    Rule("reference-cycle", "Tensors kept alive only by a reference cycle",
+         f"`{CYCLES}` >= {CYCLE_SHARE:.0%} of the peak RSS at a stage end",
+         ("census",), _cycles, REMEDIES["reference-cycle"]),
     Rule("untracked-rss", "RSS beyond the census",
          f"RSS at the end of the peak stage minus its census > {UNTRACKED_SHARE:.0%} of the peak",
-         ("census", "peak census", "real rss"), _untracked),
+         ("census", "peak census", "real rss"), _untracked, REMEDIES["untracked-rss"]),
     Rule("rss-above-live-tensors", "Peak RSS above the live-tensor peak",
          f"peak RSS - live-tensor peak > {TENSOR_GAP_SHARE:.0%} of the peak",
-         ("live_tensors", "real rss"), _tensor_gap),
+         ("live_tensors", "real rss"), _tensor_gap, REMEDIES["rss-above-live-tensors"]),
     Rule("failed-stage", "Failed or unfinished stages", "any stage failed or open, or the run "
-         "did not end ok", (), _failures),
+         "did not end ok", (), _failures, REMEDIES["failed-stage"]),
 )

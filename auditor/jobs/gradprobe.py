@@ -28,6 +28,25 @@ PRUNER_CATEGORIES = {
 }
 
 
+# What each measured variant removes, in the census's component names: a finding whose
+# evidence names one of them cites the variant and the saving its comparison measured
+# (auditor.analysis.findings reads `validated_remedies`; it knows nothing of GradProbe).
+VARIANT_REMEDIES = {
+    "sparse-state": ("keeps only the candidates' original values, G0 and G1 at the candidates, "
+                     "the candidates as a bitmask",
+                     ("pruner.saved_state", "pruner.candidate_originals", "pruner.gradients_original",
+                      "pruner.gradients_reduced", "pruner.candidates"), ()),
+    "grad-in-backward": ("consumes each gradient in backward and drops `.grad` at once; G0 and G1 "
+                         "at the candidates", ("model.grad", "pruner.gradients_original",
+                                               "pruner.gradients_reduced"), ()),
+    "checkpointed": ("decoder layers recompute their activations in backward", (), ("transient-spike",)),
+    "lean": ("sparse-state + grad-in-backward + checkpointed",
+             ("pruner.saved_state", "pruner.candidate_originals", "pruner.gradients_original",
+              "pruner.gradients_reduced", "pruner.candidates", "model.grad"), ()),
+}
+REPORTS = Path(__file__).resolve().parents[2] / "reports"
+
+
 @dataclass
 class Settings:
     architecture: str = "tinystories-33m"
@@ -89,7 +108,49 @@ def audit(settings: Settings, out: Path, *, memray: bool = False, fake: bool = F
         result = run_workload(settings)
         run.annotate("result", result)
         run.annotate("minimum", minimum(settings, result["prunable"]))
+        remedies = [] if fake else validated_remedies(settings)
+        if remedies:
+            run.annotate("validated_remedies", remedies)
     return run.record
+
+
+def validated_remedies(settings: Settings, reports: Path = REPORTS) -> list[dict]:
+    """The variants a committed comparison measured against this run's variant, on the same
+    model (architecture and parameter count), each with the components it removes: the
+    record's `validated_remedies`. Empty when no such comparison exists."""
+    from auditor.comparison.record import ComparisonRecordError, Comparison
+    path = reports / f"compare-{settings.architecture}.json"
+    if not path.is_file():
+        return []
+    try:
+        comparison = Comparison.load(path)
+        summary = comparison.summary
+    except (ComparisonRecordError, KeyError, TypeError, ValueError):
+        return []  # a comparison this version cannot read validates nothing
+    if summary["baseline"] != settings.variant or not _same_model(comparison.record, settings):
+        return []
+    source = path.relative_to(reports.parent).as_posix() if reports.parent in path.parents else path.name
+    found = []
+    for variant in summary["variants"]:
+        if variant["name"] not in VARIANT_REMEDIES:
+            continue
+        what, components, rules = VARIANT_REMEDIES[variant["name"]]
+        found.append({"variant": variant["name"], "what": what, "components": list(components),
+                      "rules": list(rules), "peak_saving": variant["peak_saving"],
+                      "claims_saving": variant["claims_saving"],
+                      "agreement": variant["agreement"]["status"],
+                      "runs": summary["sides"][variant["name"]]["runs"],
+                      "architecture": settings.architecture, "source": source})
+    return found
+
+
+def _same_model(comparison: dict, settings: Settings) -> bool:
+    """Whether every run of the comparison pruned the model this run prunes."""
+    import architectures
+    parameters = architectures.count_parameters(settings.architecture, **settings.overrides)
+    reported = [(run.get("reported") or {}).get("gradprobe") or {} for run in comparison["runs"]]
+    return bool(reported) and all(r.get("architecture") == settings.architecture
+                                  and r.get("parameters") == parameters for r in reported)
 
 
 def workload(settings: Settings) -> dict:

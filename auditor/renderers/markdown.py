@@ -2,11 +2,13 @@
 
     write_report(record, "runs/x/report.md", run_folder="runs/x")
 
-Sections, in order: summary, stages, components (at the peak stage; also just before it
-when its peak is at its start, and at the last stage when it is another), timeline, top
-allocation sites at the peak, findings (with the rules checked), theoretical minimum and
-gap, environment. Everything comes from the run record;
-the only files read are the ones it names (the flamegraph is linked, not read).
+Sections, in order: summary, stages (repeated calls folded into one row, unstaged time
+where it matters), components (over the whole run with their plot; what was alive at the
+high-water moments; the census at the peak stage, also just before it when its peak is at
+its start, and at the last stage when it is another), timeline, top allocation sites at the
+peak, findings (with remedies and the rules checked), theoretical minimum and gap,
+environment. Everything comes from the run record; the only files read are the ones it names
+(the flamegraph is linked, not read).
 """
 from __future__ import annotations
 
@@ -17,39 +19,52 @@ from urllib.parse import quote
 
 from auditor import units
 from auditor.analysis import findings as findings_module
-from auditor.analysis import source_paths
+from auditor.analysis import source_paths, stage_groups, unstaged
+from auditor.analysis.component_history import history
 from auditor.analysis.components import (BEYOND_CENSUS, BEYOND_LIVE, UNSEEN_TENSORS, ProjectionView,
-                                         attribute, census_before, census_order, final_stage,
-                                         is_traced, live_tensor_peak, peak_at_start, peak_stage,
-                                         projection_views, run_weights, stage_depths)
+                                         at_peak_categories, attribute, census_before, census_order,
+                                         final_stage, is_traced, live_tensor_peak, peak_at_start,
+                                         peak_stage, projection_views, run_weights)
 from auditor.probes.memray_trace import passes_through
 
 SITE_STACK_FRAMES = 3
-MAX_STAGE_ROWS = 300
+MAX_STAGE_ROWS = 300      # rows of the stage table, after folding repeated calls
+MAX_COMPONENT_ROWS = 40   # folded components over the run
+MAX_INSTANCES = 200       # instances listed under them
+LIVE_PEAK_STAGES = 3      # stages whose live-tensor high is shown besides the peak stage's
 INDENT = "&emsp;"
 
 
 def write_report(record: dict, out: str | os.PathLike, run_folder: str | os.PathLike | None = None) -> Path:
-    """Write the markdown report to `out` and its timeline PNG next to it; returns `out`.
+    """Write the markdown report to `out` and its PNGs next to it (the timeline; the components
+    over the run when the record has a census); returns `out`.
 
     `run_folder` is where the record's own files (flamegraph) live, for relative links."""
+    from auditor.renderers import components_plot
     from auditor.renderers.timeline_plot import write_png
     out = Path(out)
     plot = out.with_name(out.stem + "-timeline.png")
+    parts = out.with_name(out.stem + "-components.png")
+    has_census = bool(census_order(record))
     text = render(record, plot=plot.name, report_folder=out.parent,  # first: a record the
-                  run_folder=Path(run_folder) if run_folder is not None else None)  # renderer
-    write_png(record, plot)                                          # refuses leaves no PNG
+                  run_folder=Path(run_folder) if run_folder is not None else None,  # renderer
+                  components_plot=parts.name if has_census else None)  # refuses leaves no PNG
     try:
+        write_png(record, plot)
+        if has_census:
+            components_plot.write_png(record, parts)
         out.write_text(text, encoding="utf-8")
     except BaseException:
         plot.unlink(missing_ok=True)
+        parts.unlink(missing_ok=True)
         raise
     return out
 
 
 def render(record: dict, *, plot: str | None = None, report_folder: Path | None = None,
-           run_folder: Path | None = None) -> str:
-    """The report's markdown. `plot`: the PNG's path relative to the report (None: no image)."""
+           run_folder: Path | None = None, components_plot: str | None = None) -> str:
+    """The report's markdown. `plot`, `components_plot`: the PNGs' paths relative to the report
+    (None: no image)."""
     outcomes = findings_module.evaluate(record)
     found = findings_module.ordered([f for o in outcomes for f in o.findings])
     views = projection_views(record)
@@ -58,7 +73,7 @@ def render(record: dict, *, plot: str | None = None, report_folder: Path | None 
         _banner(record),
         _summary(record, found, views),
         _stages(record),
-        _components_section(record, views),
+        _components_section(record, views, components_plot),
         _timeline(plot),
         _sites(record, report_folder, run_folder),
         _findings(found, outcomes, source_paths.code_root(record)),
@@ -130,7 +145,8 @@ def _summary(record: dict, found, views: list[ProjectionView]) -> str:
     weights = run_weights(record)
     holder = peak_stage(record)
     rows = [["run", _text(record.get("name", "-"))]]
-    where = f" in stage {_code(peak['stage'])}" if peak.get("stage") else " (outside every stage)"
+    place = unstaged.peak_place(record)
+    where = f" {_phrase(place.phrase)}" if place.kind != "unknown" else f" ({_phrase(place.phrase)})"
     rows.append(["peak RSS", f"**{units.size(peak.get('rss'))}**{where}"])
     rows.append(["RSS at start / end", f"{units.size(process.get('rss_at_start'))} / "
                                        f"{units.size(process.get('rss_at_end'))}"])
@@ -159,74 +175,157 @@ def _summary(record: dict, found, views: list[ProjectionView]) -> str:
         rows.append([f"projected ({_text(view.label)})", value])
     if not views:
         rows.append(["projections", "none in this record"])
+    if "unstaged" in record:
+        rows.append(["unstaged time", _unstaged_summary(record, place)])
     counts = {s: sum(1 for f in found if f.severity == s) for s in findings_module.SEVERITIES}
     tally = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "none"
     rows.append(["findings", f"{tally} (see [Findings](#findings))"])
     return "## Summary\n\n" + _table(["measure", "value"], rows)
 
 
+def _phrase(text: str) -> str:
+    """A phrase with `code` spans (from analysis) made safe for a table cell."""
+    pieces = text.split("`")
+    return "".join(_code(p) if i % 2 else _text(p) for i, p in enumerate(pieces))
+
+
+def _unstaged_summary(record: dict, place: unstaged.PeakPlace) -> str:
+    count, seconds = unstaged.total(record)
+    run_s = record.get("duration_s")
+    share = f" ({seconds / run_s:.1%} of the run)" if run_s else ""
+    text = f"{units.seconds(seconds)} in {count:,} intervals no stage covers{share}"
+    if place.kind == "unstaged":
+        text += f"; the run's peak is in one: {_phrase(place.phrase)}"
+        if place.interval is not None:
+            text += (f" ({units.seconds(place.interval['end_s'] - place.interval['start_s'])}, "
+                     f"see [Components](#components))")
+    return text
+
+
 def _stages(record: dict) -> str:
     stages = record["stages"]
     if not stages:
-        return "## Stages\n\nThe record has no stages."
-    depths = stage_depths(record)
+        return "## Stages\n\nThe record has no stages." + _unstaged_note(record)
+    shown_intervals = unstaged.notable(record)
+    rows_all = stage_groups.stage_rows(record, shown_intervals)
+    kept, left = stage_groups.limit(rows_all, MAX_STAGE_ROWS, record)
     live = any(s.get("live_tensors") for s in stages)
     heap = any(s.get("py_heap") for s in stages)
     cuda = any(s.get("cuda") for s in stages)
+    folded = any(r.kind == "folded" for r in rows_all)
     headers = ["stage", "status", "duration", "RSS end", "delta", "peak inside", "peak - start"]
     headers += ["live tensors peak"] * live + ["Python heap end", "Python heap peak"] * heap
     headers += ["CUDA allocated", "CUDA reserved", "CUDA peak allocated"] * cuda
-    peak_id, peak_path = (record.get("peak") or {}).get("stage_id"), (record.get("peak") or {}).get("stage")
-    shown, note_more = stages, ""
-    if len(stages) > MAX_STAGE_ROWS:  # the highest peaks and their parents, in run order
-        ranked = sorted(stages, key=lambda s: (s.get("rss") or {}).get("peak") or 0, reverse=True)
-        keep = {s["path"] for s in ranked[:MAX_STAGE_ROWS]}
-        for path in list(keep):
-            while "/" in path:
-                path = path.rpartition("/")[0]
-                keep.add(path)
-        shown = [s for s in stages if s["path"] in keep]
-        note_more = (f"\n\n{len(stages) - len(shown):,} more stages with lower peaks are in the "
-                     f"run record; shown: the {MAX_STAGE_ROWS} highest peaks and their parents.")
-    rows = []
-    for s in shown:
-        rss = s.get("rss") or {}
-        is_peak = (s.get("id") == peak_id) if peak_id is not None else s["path"] == peak_path
-        name = INDENT * depths.get(s["path"], 0) + (f"**{_text(s['name'])}**" if is_peak else _text(s["name"]))
-        status = s.get("status", "ok")
-        if status == "failed":
-            status = "**FAILED**" + (f": {_text(s['error'])}" if s.get("error") else "")
-        elif status == "open":
-            status = "**open** (never finished)"
-        duration = None if s.get("end_s") is None else s["end_s"] - s["start_s"]
-        end, start, top = rss.get("end"), rss.get("start"), rss.get("peak")
-        row = [name, status, units.seconds(duration), units.size(end),
-               units.signed_size(None if end is None else end - start), units.size(top),
-               units.signed_size(None if top is None else top - start)]
-        if live:
-            row.append(units.size((s.get("live_tensors") or {}).get("peak")))
-        if heap:
-            h = s.get("py_heap") or {}
-            row += [units.size(h.get("end")), units.size(h.get("peak"))]
-        if cuda:
-            c = s.get("cuda") or {}
-            row += [units.size(c.get("allocated_end")), units.size(c.get("reserved_end")),
-                    units.size(c.get("peak_allocated"))]
-        rows.append(row)
-    note = ("Stages in start order, indented under their parent; the stage holding the run's "
+    headers += ["highest call (RSS; live tensors)"] * folded
+    rows = [_stage_row(r, record, live, heap, cuda, folded) for r in kept]
+    note = ("Stages in start order, indented under their parent; the row holding the run's "
             "peak is in bold. *delta* = RSS end - start; *peak inside* is the highest RSS at any "
             "instant of the stage.")
-    return "## Stages\n\n" + note + "\n\n" + _table(headers, rows, right=set(range(2, len(headers)))) + note_more
+    if folded:
+        note += (" Repeated calls of one callable are one row (*× n*): *duration* is their total, "
+                 "*RSS end* the last call's, *delta* from the first call's start to the last "
+                 "call's end, *peak inside* the highest of any call and *peak - start* the largest "
+                 "rise of any call; the last column names the call with the highest RSS peak "
+                 "and the one with the highest live-tensor peak. Every call is in the run "
+                 "record's `stages`.")
+    if shown_intervals:
+        note += (" *(unstaged)* rows are time no stage covers at that depth, shown where their "
+                 "peak or length matters.")
+    more = ""
+    if left:
+        calls = sum(max(r.count, 1) for r in left)
+        more = (f"\n\n{len(left):,} more rows ({calls:,} stages or intervals) are left out to keep "
+                f"the table to {MAX_STAGE_ROWS} rows; every stage is in the run record's `stages`. "
+                f"Shown: the row holding the peak with its parents, then the shallowest rows, "
+                f"highest peaks first within a depth, each with its parents.")
+    table = _table(headers, rows, right=set(range(2, len(headers) - folded)))
+    return "## Stages\n\n" + note + "\n\n" + table + more + _unstaged_note(record)
 
 
-def _components_section(record: dict, views: list[ProjectionView]) -> str:
-    holder, last = peak_stage(record), final_stage(record)
-    if holder is None:
-        return "## Components\n\nNo stage holds the run's peak."
-    if not census_order(record):
-        return ("## Components\n\nNo tensor census in this record (run with census on to see "
-                "which structure holds the memory).")
+def _stage_row(row: stage_groups.StageRow, record: dict, live: bool, heap: bool, cuda: bool,
+               folded: bool) -> list[str]:
+    name = _text(row.label) + (f" × {row.count:,}" if row.kind == "folded" else "")
+    if row.kind == "unstaged":
+        name = f"*{_phrase(row.label)}*"
+    name = INDENT * row.depth + (f"**{name}**" if stage_groups.holds(row, record) else name)
+    start, end = row.reading("rss", "start"), row.reading("rss", "end")
+    top, holder = row.highest("rss")
+    rise = row.largest_rise()
+    cells = [name, _status(row), units.seconds(row.duration), units.size(end),
+             units.signed_size(None if end is None or start is None else end - start),
+             units.size(top), units.signed_size(rise)]
+    if live:
+        cells.append(units.size(row.highest("live_tensors")[0]))
+    last = row.entries[-1]
+    if heap:
+        cells += [units.size((last.get("py_heap") or {}).get("end")), units.size(_most(row, "py_heap", "peak"))]
+    if cuda:
+        c = last.get("cuda") or {}
+        cells += [units.size(c.get("allocated_end")), units.size(c.get("reserved_end")),
+                  units.size(_most(row, "cuda", "peak_allocated"))]
+    if folded:
+        cells.append(_highest_calls(row) if row.kind == "folded" else "")
+    return cells
+
+
+def _most(row: stage_groups.StageRow, key: str, field: str) -> int | None:
+    values = [(e.get(key) or {}).get(field) for e in row.entries]
+    return max((v for v in values if v is not None), default=None)
+
+
+def _status(row: stage_groups.StageRow) -> str:
+    if row.kind == "unstaged":
+        return "-"
+    if row.count == 1:
+        stage = row.stages[0]
+        status = stage.get("status", "ok")
+        if status == "failed":
+            return "**FAILED**" + (f": {_text(stage['error'])}" if stage.get("error") else "")
+        return "**open** (never finished)" if status == "open" else _text(status)
+    counts = row.statuses
+    if set(counts) == {"ok"}:
+        return "ok"
+    words = {"ok": "ok", "failed": "**FAILED**", "open": "**open**"}
+    return ", ".join(f"{words.get(k, _text(k))} {n:,}" for k, n in counts.items())
+
+
+def _highest_calls(row: stage_groups.StageRow) -> str:
+    rss, at = row.highest("rss")
+    live, live_at = row.highest("live_tensors")
+    text = f"{_code(stage_groups.call_name(at))}" if at is not None else "-"
+    if live_at is not None:
+        text += f"; {_code(stage_groups.call_name(live_at))} ({units.size(live)})"
+    return text
+
+
+def _unstaged_note(record: dict) -> str:
+    if "unstaged" not in record:
+        return ""
+    count, seconds = unstaged.total(record)
+    run_s = record.get("duration_s")
+    share = f", {seconds / run_s:.1%} of the run" if run_s else ""
+    return (f"\n\nUnstaged time in all: {units.seconds(seconds)} in {count:,} intervals{share} "
+            f"(each is in the run record's `unstaged`).")
+
+
+def _components_section(record: dict, views: list[ProjectionView], plot: str | None = None) -> str:
     parts = ["## Components"]
+    has_census = bool(census_order(record))
+    if has_census:
+        parts.append(_over_the_run(record, plot))
+    else:
+        parts.append("No tensor census in this record (run with census on to see which structure "
+                     "holds the memory).")
+    place = unstaged.peak_place(record)
+    if place.kind == "unstaged":
+        parts.append(_unstaged_peak(record, place))
+    parts += _live_highs(record, place)
+    holder, last = peak_stage(record), final_stage(record)
+    if not has_census:
+        return "\n\n".join(parts)
+    if holder is None:
+        parts.append("No stage holds the run's peak, so there is no peak stage census to show.")
+        return "\n\n".join(parts)
     before = census_before(record, holder) if peak_at_start(holder) else None
     if before is not None:  # the peak stage frees what made the peak: show it before too
         parts.append(_component_tables(record, before, views, "just before the peak stage",
@@ -240,6 +339,131 @@ def _components_section(record: dict, views: list[ProjectionView]) -> str:
     return "\n\n".join(parts)
 
 
+def _over_the_run(record: dict, plot: str | None) -> str:
+    items = history(record)
+    ends = len(census_order(record))
+    lead = (f"Every component the census found at the {ends:,} stage ends, folded over its "
+            "instances (the state of every helper of one class: `Helper[model.layers.3.mlp].H` "
+            "and `Helper#2.H` are `Helper.H`). *Bytes per instance* is exact (the most each instance held at a "
+            "stage end), listed by distinct size; *most alive at once* is the most the instances "
+            "held together at one stage end. State made and freed inside one stage shows only "
+            "in the live-tensor compositions below.")
+    rows = []
+    for item in items[:MAX_COMPONENT_ROWS]:
+        rows.append([_code(item.name), _text(item.category), f"{len(item.instances):,}", _sizes(item.sizes),
+                     f"{units.size(item.most_at_once)}" + (f" ({_count(item.most_instances_at_once, 'instance')})"
+                                                          if len(item.instances) > 1 else "")
+                     + f" at the end of {_code(item.most_at)}",
+                     _code(item.first_stage), _code(item.last_stage)])
+    table = _table(["component", "category", "instances", "bytes per instance", "most alive at once",
+                    "first seen", "last seen"], rows, right={2})
+    more = (f"\n\n{len(items) - MAX_COMPONENT_ROWS:,} smaller components are left out; every "
+            f"census is in the run record." if len(items) > MAX_COMPONENT_ROWS else "")
+    image = (f"\n\n![components at each stage end]({quote(plot)})\n\nEach component's bytes at "
+             "every stage end, the largest stacked (steps: a census is taken at stage ends only)."
+             if plot else "")
+    return f"### Over the run\n\n{lead}\n\n{table}{more}\n\n{_instances(items)}{image}"
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def _sizes(sizes: list[tuple[int, int]]) -> str:
+    shown = [f"{units.size(b)} ({b:,} B)" + (f" × {n:,}" if n > 1 else "") for b, n in sizes[:4]]
+    if len(sizes) > 4:
+        shown.append(f"{len(sizes) - 4} more sizes")
+    return "; ".join(shown)
+
+
+def _instances(items) -> str:
+    rows, total = [], sum(len(i.instances) for i in items)
+    for item in items:
+        for instance in item.instances:
+            if len(rows) >= MAX_INSTANCES:
+                break
+            rows.append([_code(item.name), _code(instance.name), f"{instance.bytes:,}",
+                         _code(instance.first_stage), _code(instance.last_stage)])
+    more = (f"\n\n{total - len(rows):,} more instances are in the run record's censuses."
+            if total > len(rows) else "")
+    table = _table(["component", "instance", "bytes", "first stage end seen", "last stage end seen"],
+                   rows, right={2})
+    return (f"<details><summary>Each instance ({total:,})</summary>\n\n{table}{more}\n\n</details>")
+
+
+def _unstaged_peak(record: dict, place: unstaged.PeakPlace) -> str:
+    title = f"### What was alive at the run's peak, {_phrase(place.phrase)}"
+    interval = place.interval
+    if interval is None:
+        return f"{title}\n\nThe record has no interval matching the peak's place."
+    rss = interval["rss"]
+    lead = (f"The run's peak RSS ({units.size(rss.get('peak'))}) fell in time no stage covers "
+            f"({units.seconds(interval['end_s'] - interval['start_s'])}; RSS "
+            f"{units.size(rss.get('start'))} at its start, {units.size(rss.get('end'))} at its end).")
+    found = unstaged.composition(record, interval)
+    if found is None:
+        return f"{title}\n\n{lead} The record has no composition for it: no live-tensor meter and no census before it."
+    kind, value = found
+    if kind == "at_peak":
+        return (f"{title}\n\n{lead} At the interval's live-tensor high (owners from the census at "
+                f"the next stage end):\n\n{_at_peak_table(value)}")
+    a = attribute(value)
+    rows = [[_code(r.name), _text(r.category), units.size(r.bytes)] for r in a.rows]
+    rows.append(["**census total**", "", f"**{units.size(a.census)}**"])
+    return (f"{title}\n\n{lead} No live-tensor composition for it; the census at the end of "
+            f"{_code(value['path'])}, the last before it (an estimate of what was alive: the "
+            f"interval may have made more):\n\n"
+            + _table(["component", "category", "bytes"], rows, right={2}))
+
+
+def _live_highs(record: dict, place: unstaged.PeakPlace) -> list[str]:
+    """'What was alive at the high-water moment' for the peak stage and the top live peaks."""
+    chosen: list[dict] = []
+    holder = next((s for s in record["stages"] if s["path"] == place.stage), None) if place.stage else None
+    if holder is not None and (holder.get("live_tensors") or {}).get("at_peak"):
+        chosen.append(holder)
+    shown = (place.interval.get("live_tensors") or {}) if place.interval is not None else {}
+    for stage in stage_groups.top_live_peaks(record, LIVE_PEAK_STAGES):
+        same = (shown.get("at_peak") and stage["path"] == place.interval.get("parent")
+                and stage["live_tensors"]["peak"] == shown.get("peak"))
+        if not same and all(stage is not c for c in chosen):  # not the moment shown above again
+            chosen.append(stage)
+    parts = []
+    for stage in chosen[:LIVE_PEAK_STAGES + 1]:
+        meter = stage["live_tensors"]
+        which = "the peak stage" if stage is holder else "a top live-tensor peak"
+        call = stage_groups.call_name(stage)
+        label = f" ({_text(call)})" if call != stage["name"] else ""
+        parts.append(f"### Alive at the live-tensor high of {_code(stage['path'])}{label}, {which}\n\n"
+                     f"What was alive at the moment the live-tensor meter was highest inside the stage "
+                     f"({units.size(meter.get('peak'))}; {units.size(meter.get('start'))} at its start, "
+                     f"{units.size(meter.get('end'))} at its end): every storage alive then, by owner "
+                     f"(its census component at the stage end) and category; storages freed before "
+                     f"the stage ended have no owner and are named by the operator and stage that "
+                     f"made them.\n\n{_at_peak_table(meter['at_peak'])}")
+    return parts
+
+
+def _at_peak_table(at_peak: dict) -> str:
+    total = at_peak.get("bytes")
+    rows = []
+    for row in at_peak.get("rows") or []:
+        owner = _code(row["owner"]) if row.get("owner") else "-"
+        rows.append([owner, _text(row.get("category") or "other"),
+                     _code(row["created_in"]) if row.get("created_in") else "before the audit or unstaged",
+                     _code(row["op"]) if row.get("op") else "-", f"{row.get('tensors', 0):,}",
+                     units.size(row["bytes"]), units.share(row["bytes"], total),
+                     "yes" if row.get("alive_at_end") else "no (a temporary)"])
+    if at_peak.get("rows_left_out"):
+        rows.append([f"{at_peak['rows_left_out']:,} smaller groups", "", "", "", "",
+                     units.size(at_peak.get("bytes_left_out")), units.share(at_peak.get("bytes_left_out"), total), ""])
+    rows.append(["**total at the high**", "", "", "", "", f"**{units.size(total)}**", "", ""])
+    table = _table(["owner", "category", "created in", "op", "tensors", "bytes", "share", "alive at the end"],
+                   rows, right={4, 5, 6})
+    categories = "; ".join(f"{_text(c)} {units.size(b)}" for c, b in at_peak_categories(at_peak))
+    return f"{table}\n\nBy category: {categories or 'none'}."
+
+
 def _component_tables(record: dict, stage: dict, views: list[ProjectionView], which: str,
                       why: str = "") -> str:
     title = f"### Components {which}: {_code(stage['path'])}"
@@ -247,7 +471,9 @@ def _component_tables(record: dict, stage: dict, views: list[ProjectionView], wh
     if a is None:
         return f"{title}\n\nThis stage has no census."
     rss = stage["rss"]
-    lead = (f"Census at the end of the stage: RSS {units.size(a.rss_end)}; the peak inside the stage "
+    lead = (f"Census at the end of the stage, a moment after its work (for the algorithm's state "
+            f"over the run see *Over the run*; for what made a peak, the live-tensor highs): "
+            f"RSS {units.size(a.rss_end)}; the peak inside the stage "
             f"was {units.size(a.rss_peak)} ({units.signed_size(None if a.rss_peak is None or a.rss_end is None else a.rss_peak - a.rss_end)} "
             f"from its end: transients, see the timeline and the allocation sites). "
             f"Share = of RSS at the stage end.")
@@ -320,8 +546,11 @@ def _sites(record: dict, report_folder: Path | None, run_folder: Path | None) ->
     sites = memray.get("sites") or []
     root = source_paths.code_root(record)
     lead = (f"memray's high-water mark: {units.size(memray.get('peak_memory'))} of native allocations "
-            f"({'stage ' + _code(memray['stage']) if memray.get('stage') else 'outside any stage'}), {memray.get('total_allocations', 0):,} allocations in the run. "
+            f"({_memray_stage(memray)}), {memray.get('total_allocations', 0):,} allocations in the run. "
             "Sites alive at that instant, grouped by their innermost frame in user code:")
+    if memray.get("auditor_bytes"):
+        lead += (f" ({units.size(memray['auditor_bytes'])} allocated by the auditor itself and alive "
+                 f"then are left out.)")
     rows = []
     for index, site in enumerate(sites, 1):
         where = source_paths.shown_path(site.get("location", "?"), root)
@@ -333,6 +562,21 @@ def _sites(record: dict, report_folder: Path | None, run_folder: Path | None) ->
     table = _table(["#", "location and line", "function", "bytes", "allocations", "stack (innermost first)"],
                    rows, right={0, 3, 4}) if rows else "No allocation was alive at the high-water mark."
     return f"{head}\n\n{lead}\n\n{table}\n\n{_flamegraph_link(memray, report_folder, run_folder)}"
+
+
+def _memray_stage(memray: dict) -> str:
+    """The stage memray's high-water mark belongs to, and how it was found (older records: the
+    run's RSS-peak stage, said so)."""
+    basis = memray.get("stage_basis")
+    at = f", about {units.seconds(memray['at_s'])} into the audit" if memray.get("at_s") is not None else ""
+    if memray.get("stage"):
+        where = f"in stage {_code(memray['stage'])}"
+    elif basis:
+        where = "in no stage (unstaged time)"
+    else:
+        return "outside any stage"
+    how = _text(basis) if basis else "the run's RSS-peak stage (an older record: not located by time)"
+    return f"{where}{at}; stage found by: {how}"
 
 
 def _flamegraph_link(memray: dict, report_folder: Path | None, run_folder: Path | None) -> str:
@@ -401,6 +645,10 @@ def _findings(found, outcomes, code_root: str | None) -> str:
             evidence = ", ".join(f"{k.replace('_', ' ')} {_code(v)}" for k, v in shown.items()
                                  if k in ("stage", "component", "from_stage", "to_stage", "memray_site") and v)
             lines.append(f"- **{f.severity}** ({f.rule}): {f.statement}" + (f" Evidence: {evidence}." if evidence else ""))
+            if f.remedy:
+                lines.append(f"  - Remedy: {f.remedy}{_saving(f.saving)}")
+            if f.validated:
+                lines.append(f"  - Validated: {_validated(f.validated)}")
         body = "\n".join(lines)
     else:
         body = "No rule fired on this record."
@@ -410,7 +658,47 @@ def _findings(found, outcomes, code_root: str | None) -> str:
                   else f"fired ({len(o.findings)})" if o.findings else "silent")
         rows.append([_code(o.rule.id), _text(o.rule.title), _text(o.rule.threshold), result])
     rules = _table(["rule", "looks for", "threshold", "result"], rows)
-    return f"{head}\n\nDetected from the record by the rules below, not written by hand.\n\n{body}\n\nRules checked:\n\n{rules}"
+    note = ("Each finding's remedy is the change that removes it; its saving is an upper bound: "
+            "the bytes of the evidence here and, projected, at each target in the record (what "
+            "the algorithm still needs of them comes back).")
+    return (f"{head}\n\nDetected from the record by the rules below, not written by hand. {note}"
+            f"\n\n{body}\n\nRules checked:\n\n{rules}")
+
+
+def _saving(saving: dict | None) -> str:
+    if not saving:
+        return ""
+    text = f" Saves up to {units.size(saving['bytes'])} here"
+    projected = [p for p in saving.get("projected") or []]
+    if not projected:
+        return text + " (no projection in this record)."
+    parts = [f"{units.size(p['bytes'])} at {p['target']} ({p.get('method', 'projected')})"
+             if p["bytes"] is not None else f"not projected at {p['target']} ({p.get('method', 'projected')})"
+             for p in projected]
+    return text + "; " + "; ".join(parts) + "."
+
+
+def _validated(items) -> str:
+    """The measured variants that implement the remedy, with what their comparison measured."""
+    parts = []
+    for item in items:
+        text = f"variant {_code(item['variant'])}" + (f" ({item['what']})" if item.get("what") else "")
+        saving = item.get("peak_saving")
+        if saving is None:
+            text += ", no measured saving"
+        elif item.get("claims_saving"):
+            text += f", {units.size(saving)} less peak RSS"
+        else:
+            text += f", no saving beyond the noise ({units.signed_size(-saving)} peak RSS)"
+        if item.get("agreement"):
+            text += f", result {item['agreement']}"
+        parts.append(text)
+    first = items[0]
+    where = ", ".join(w for w in (first.get("architecture"),
+                                  f"{first['runs']} runs a side" if first.get("runs") else None) if w)
+    source = f" by {_code(first['source'])}" if first.get("source") else ""
+    return ("; ".join(parts) + f" (whole-run peak RSS against the baseline, measured{source}"
+            + (f": {where}" if where else "") + ").")
 
 
 def _minimum(record: dict) -> str:

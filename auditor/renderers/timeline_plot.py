@@ -1,8 +1,9 @@
 """The run's memory over time as a PNG (matplotlib, Agg backend: no display needed).
 
 RSS readings at stage boundaries and marks joined by a line, each stage's peak drawn inside
-the stage (see `auditor.analysis.timeline`), memray's RSS snapshots and the live-tensor
-meter when the record has them, top-level stages shaded as labelled spans. Drawn on a bare
+the stage (see `auditor.analysis.timeline`), the peaks of unstaged intervals (time no stage
+covers) at their middle, memray's RSS snapshots and the live-tensor meter when the record has
+them, top-level stages shaded as labelled spans. Drawn on a bare
 matplotlib Figure with an Agg canvas: no pyplot, no global backend switch.
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 from auditor import units
+from auditor.analysis import unstaged
 from auditor.analysis.timeline import timeline
 
 SPAN_COLOURS = ("#dbe9f6", "#fbe5d0")
@@ -34,6 +36,7 @@ def draw(record: dict):
     from matplotlib.figure import Figure  # a bare Figure: no pyplot state, no backend switch
 
     line = timeline(record)
+    gaps = unstaged.on_timeline(record, line)
     peak = max([v for _, v in line.rss] + [v for _, v in line.memray] + [v for _, v in line.live_tensors] + [1])
     unit, scale = ("GiB", units.GiB) if peak >= 10 * units.GiB else ("MiB", units.MiB)
 
@@ -66,6 +69,9 @@ def draw(record: dict):
     if line.peaks:
         axes.scatter([p.t for p in line.peaks], [p.value / scale for p in line.peaks], marker="^",
                      color="#c62828", s=28, label="peak inside a stage", zorder=4)
+    if gaps:
+        axes.scatter([p.t for p in gaps], [p.value / scale for p in gaps], marker="v",
+                     color="#ef6c00", s=28, label="peak in unstaged time", zorder=4)
     if line.run_peak is not None:
         p = line.run_peak
         right = p.t > 0.7 * total  # near the right edge: write the label to the left
