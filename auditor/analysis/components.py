@@ -343,3 +343,10 @@ def at_peak_categories(at_peak: dict) -> list[tuple[str, int]]:
         category = row.get("category") or "other"
         totals[category] = totals.get(category, 0) + row["bytes"]
     return sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def largest_weights(record: dict) -> int | None:
+    """The most parameters any census saw: the weights to compare with when the stage at hand
+    has none in its census (a helper's stage, a census after the model was freed)."""
+    seen = [weights_bytes(s) for s in census_order(record)]
+    return max((w for w in seen if w), default=None)

@@ -26,8 +26,8 @@ from typing import Callable
 from auditor import units
 from auditor.analysis import source_paths, unstaged
 from auditor.analysis.components import (BEYOND_CENSUS, attribute, census_order, finished, growers,
-                                         is_traced, live_tensor_peak, peak_stage, projection_views,
-                                         weights_bytes)
+                                         is_traced, largest_weights, live_tensor_peak, peak_stage,
+                                         projection_views, weights_bytes)
 
 FULL_COPY_RATIO = 0.95        # (a) a component at least this fraction of the weights ...
 FULL_COPY_MIN_STAGES = 2      #     ... alive at this many consecutive stage ends
@@ -251,17 +251,10 @@ def _quoted(name: str) -> str:
 
 # -- (d) memory retained after the algorithm returns ---------------------------------------
 
-def reference_weights(record: dict) -> int | None:
-    """The weights rules compare with: the most parameters any census saw (a stage whose census
-    holds no weights, say a helper's, does not make the weights zero)."""
-    seen = [weights_bytes(s) for s in census_order(record)]
-    return max((w for w in seen if w), default=None)
-
-
 def _retained(record: dict) -> list[Finding]:
     ends = census_order(record)
     last = ends[-1]
-    weights = reference_weights(record)
+    weights = largest_weights(record)
     peak = (record.get("peak") or {}).get("rss")
     base, base_words = (weights, "the weights") if weights else (peak, "the peak RSS")
     if not base:
@@ -320,7 +313,7 @@ def _cycles(record: dict) -> list[Finding]:
     if top["bytes"] < CYCLE_SHARE * peak:
         return []
     first, last = seen[0][0], seen[-1][0]
-    weights = reference_weights(record)
+    weights = largest_weights(record)
     how = "returned" if first.get("call") else "ended"
     span = ("seen at that stage end only" if first is last
             else f"seen from that stage end {_until(last, ends)}")

@@ -23,7 +23,8 @@ from auditor.analysis import source_paths, stage_groups, unstaged
 from auditor.analysis.component_history import history
 from auditor.analysis.components import (BEYOND_CENSUS, BEYOND_LIVE, UNSEEN_TENSORS, ProjectionView,
                                          at_peak_categories, attribute, census_before, census_order,
-                                         final_stage, is_traced, live_tensor_peak, peak_at_start,
+                                         final_stage, is_traced, largest_weights, live_tensor_peak,
+                                         peak_at_start,
                                          peak_stage, projection_views, run_weights)
 from auditor.probes.memray_trace import passes_through
 
@@ -142,7 +143,9 @@ def _unfinished(record: dict, exit_: dict) -> str:
 def _summary(record: dict, found, views: list[ProjectionView]) -> str:
     peak = record.get("peak") or {}
     process = record.get("process") or {}
-    weights = run_weights(record)
+    weights, weights_at = run_weights(record), "at the peak stage"
+    if not weights and largest_weights(record):  # the peak stage's census holds none
+        weights, weights_at = largest_weights(record), "the most a census saw"
     holder = peak_stage(record)
     rows = [["run", _text(record.get("name", "-"))]]
     place = unstaged.peak_place(record)
@@ -154,7 +157,7 @@ def _summary(record: dict, found, views: list[ProjectionView]) -> str:
         buffers = attribute(holder).buffers if holder is not None and holder.get("components") is not None else 0
         note = f"; module buffers {units.size(buffers)} not counted" if buffers else ""
         rows.append(["peak / weights", f"**{units.ratio(peak.get('rss'), weights)}** the weights "
-                                       f"({units.size(weights)} of parameters at the peak stage{note})"])
+                                       f"({units.size(weights)} of parameters {weights_at}{note})"])
     else:
         rows.append(["peak / weights", "no census: the weights are unknown (run with census on)"])
     live = live_tensor_peak(record)
