@@ -42,6 +42,7 @@ TENSOR_GAP_SHARE = 0.25       # (f) peak RSS minus live-tensor peak, vs the peak
 SEVERITIES = ("high", "medium", "low")
 PER_PARAMETER = frozenset({"weights", "gradients", "gradient records"})  # rules (a) and (b) own these
 GRADIENT_CATEGORIES = ("gradients", "gradient records")
+ACTIVATIONS = "activations and temporaries"
 CYCLES = "unreachable.cycles"            # the census's component for tensors only a cycle keeps
 CYCLE_CATEGORY = "retained by a reference cycle"
 GROWERS_NAMED = 3
@@ -133,6 +134,8 @@ def _full_copies(record: dict) -> list[Finding]:
         top = max(longest, key=lambda r: r[1])
         held = (f"a full copy of the weights ({units.size(top[1])}, {top[2]:.2f}x)" if top[2] < 1.5
                 else f"{top[2]:.2f}x the size of the weights ({units.size(top[1])})")
+        if top[3] == ACTIVATIONS:  # not a copy: buffers of inputs or activations as large as the weights
+            held = f"as many bytes as the weights or more ({units.size(top[1])}, {top[2]:.2f}x)"
         found.append(Finding("full-copy", "high",
                              f"`{name}` ({top[3]}) holds {held} from stage `{first['path']}` "
                              f"{_until(last, snapshots)}.",
@@ -363,7 +366,7 @@ def _tensor_gap(record: dict) -> list[Finding]:
     if gap <= TENSOR_GAP_SHARE * run_peak:
         return []
     return [Finding("rss-above-live-tensors", "low",
-                    f"Peak RSS {units.size(run_peak)} (stage `{(record.get('peak') or {}).get('stage')}`) "
+                    f"Peak RSS {units.size(run_peak)} ({unstaged.peak_place(record).phrase}) "
                     f"is {units.size(gap)} ({gap / run_peak:.0%}) above the live-tensor peak "
                     f"{units.size(live)} (stage `{stage}`): RSS also holds the interpreter, "
                     f"libraries and freed memory the allocator keeps, so size machines by RSS and "
@@ -452,6 +455,8 @@ def _remedy_words(finding: Finding) -> str | None:
     """A rule's remedy worded for its evidence, where the evidence says more."""
     if finding.rule == "dense-gradients" and finding.evidence.get("category") == "gradient records":
         return _GRADIENT_RECORDS_REMEDY
+    if finding.rule == "full-copy" and finding.evidence.get("category") == ACTIVATIONS:
+        return _CHUNK_REMEDY
     if finding.rule == "transient-spike":
         grown = finding.evidence.get("growers") or {}
         if grown and next(iter(grown)).startswith("temporaries from"):
