@@ -102,13 +102,13 @@ def audit(settings: Settings, out: Path, *, memray: bool = False, fake: bool = F
           on_stage_end=None) -> dict:
     """Audit one run of the job; returns the run record (also `out/run.json`)."""
     name = f"gradprobe-{settings.variant}-{settings.architecture}" + ("-traced" if fake else "")
+    remedies = [] if fake else validated_remedies(settings)  # read before: in no stage's time
     with Audit(out=out, name=name, census=True, live_tensors=True, memray=memray, traced=fake,
                stage_targets=stage_targets(settings.variant), on_stage_end=on_stage_end) as run:
         run.annotate("workload", workload(settings))
         result = run_workload(settings)
         run.annotate("result", result)
         run.annotate("minimum", minimum(settings, result["prunable"]))
-        remedies = [] if fake else validated_remedies(settings)
         if remedies:
             run.annotate("validated_remedies", remedies)
     return run.record
