@@ -7,10 +7,22 @@
 `torch_profiler=True` also records a torch.profiler trace with memory, stages as ranges, in
 runs/x/profiler/ for TensorBoard (auditor.probes.torch_profiler).
 
-At every stage boundary each probe's high-water mark is folded into every open stage (all
-threads) and into the run, then reset for the stage that opens. A stage open at a boundary
-has been open since the previous reset, so each stage's peak is exact, and a child's reset
-never erases its parent's peak.
+At every stage boundary, open or close, each probe's high-water mark is folded into every
+open stage and every thread's current interval (all threads: the meters are process-wide)
+and into the run, then reset. A stage or interval open at a boundary has been open since the
+previous reset, so each peak is exact, and a child's reset never erases its parent's peak.
+
+An interval is the time on one thread between two of its stage boundaries. One that ends at
+the close of the stage that opened it was that stage's own time; every other one is time no
+stage covered at its depth (before the first stage, between siblings, between a parent's
+boundaries and its children's, after the last stage) and is recorded as `unstaged`, measured
+like a stage, so a peak there is located (`peak.where`). The audit's own thread has one from
+the start to the end; another thread's begin at its first stage and end at its last.
+
+With the live-tensor meter, each interval's high also brings what was alive at that moment
+(auditor.probes.live_tensors, no copy while the program runs): a stage keeps the set of the
+interval that held its peak, grouped into `at_peak` rows at its end with the owners of the
+census taken then; an unstaged interval's rows get their owners at the next census.
 
 The audited program never breaks because of the audit: a probe that fails mid-run is switched
 off (RSS falls back to sampling), an event log that cannot be written (disk full) leaves the
@@ -75,12 +87,14 @@ class _Interval:
     """The time on one thread since its last stage boundary. When it ends at the close of the
     stage that opened it, it was that stage's own time; otherwise no stage covered it at its
     depth, and it becomes an `unstaged` item of the record."""
-    __slots__ = ("parent", "after", "opened", "thread", "start_s", "starts", "peaks", "at_peak")
+    __slots__ = ("parent", "after", "opened", "thread", "owner", "start_s", "starts", "peaks",
+                 "at_peak")
 
     def __init__(self, parent: _OpenStage | None, after: str | None, opened: _OpenStage | None,
                  thread: str, start_s: float, readings: dict):
         self.parent, self.after, self.opened = parent, after, opened
         self.thread, self.start_s, self.at_peak = thread, start_s, None
+        self.owner = threading.current_thread()  # a thread id is reused once its thread ends
         self.starts = {key: values for key, (values, _) in readings.items()}
         self.peaks = {key: level for key, (_, level) in readings.items()}
 
@@ -506,8 +520,8 @@ class Audit:
         interval = self._intervals.pop(thread_id, None)
         if interval is None or (closing is not None and interval.opened is closing):
             return  # the thread's first stage, or a stage without children: no gap
-        if not end_s > interval.start_s:
-            return
+        if not end_s > interval.start_s or interval.owner is not threading.current_thread():
+            return  # empty; or left by an ended thread whose id a new one reuses
         parent = interval.parent
         self._unstaged_id += 1
         item = {"id": self._unstaged_id, "parent": parent.entry["path"] if parent else None,
@@ -624,7 +638,8 @@ class Audit:
         for meter in list(self._meters):
             try:
                 values, level, high = meter.read()
-                self._fold(meter.key, high, meter.peak_set if meter is self._live else None)
+                at_peak = meter is self._live and meter.keeps_composition
+                self._fold(meter.key, high, meter.peak_set if at_peak else None)
                 if reset:
                     meter.reset()
             except Exception as error:

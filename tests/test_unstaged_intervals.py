@@ -115,6 +115,21 @@ def test_stages_on_several_threads_keep_their_own_gaps(tmp_path):
     assert record["peak"]["where"] is not None
 
 
+def test_a_new_thread_never_continues_an_ended_threads_gap(tmp_path):
+    """Thread ids are reused once a thread ends: the second thread's first stage is no gap
+    after the first thread's last one."""
+    def work(name):
+        with auditor.stage(name):
+            pass
+
+    with auditor.Audit(out=tmp_path / "run") as audit:
+        for name in ("first", "second"):
+            thread = threading.Thread(target=work, args=(name,), name=name)
+            thread.start()
+            thread.join()
+    assert [u["thread"] for u in audit.record["unstaged"]] == [threading.main_thread().name]
+
+
 def test_a_rebuild_from_events_gives_the_same_record(tmp_path):
     folder = tmp_path / "run"
     with auditor.Audit(out=folder, live_tensors=True, census=True) as audit:

@@ -37,7 +37,7 @@ from auditor.stage import AUDITOR_CODE
 NO_CENSUS = "unknown (no census)"
 MAX_ROWS = 25
 # A row of the live table: (serial, bytes, created_in, op, census key, is bool).
-SERIAL, SIZE, CREATED_IN, OP, KEY, IS_BOOL = range(6)
+SERIAL = 0
 
 
 @dataclass
@@ -65,6 +65,7 @@ class LiveTensorMeter(TorchDispatchMode):
         self._table: dict[int, tuple] = {}   # serial -> row, creation order
         self._peak_serial = 0                # the newest storage alive at the high
         self._freed_since_peak: list[tuple] = []
+        self.peak_sets = self.rows_read = 0  # the cost of at_peak: passes, rows they read
         self._lock = threading.RLock()  # a finalizer can run inside our own section (GC)
         self._storage_key, self._fake_type = _census_key(), _fake_tensor_type()
 
@@ -92,6 +93,8 @@ class LiveTensorMeter(TorchDispatchMode):
             cutoff, peak = self._peak_serial, self.peak
         rows = [row for row in table if row[SERIAL] <= cutoff]
         rows.extend(freed)
+        self.peak_sets += 1
+        self.rows_read += len(table) + len(freed)
         return PeakSet(peak, rows)
 
     def alive(self, rows: list[tuple]) -> set[int]:
@@ -158,9 +161,11 @@ class LiveTensorProbe:
     audit (on CPU, autograd's backward runs there too).
     """
     key = "live_tensors"
+    # Class-wide, for benchmarks/peak_composition_overhead.py, which measures the meter without it.
+    keeps_composition = True
 
-    def __init__(self, at_peak: bool = True) -> None:
-        self._meter = LiveTensorMeter(at_peak)
+    def __init__(self) -> None:
+        self._meter = LiveTensorMeter(self.keeps_composition)
         self._meter.seed_existing()
         self._meter.__enter__()
 
@@ -180,18 +185,34 @@ class LiveTensorProbe:
     def alive(self, peak: PeakSet) -> set[int]:
         return self._meter.alive(peak.rows)
 
+    def cost(self) -> dict:
+        """at_peak's work so far: passes over the live table, and the rows they read."""
+        return {"peak_sets": self._meter.peak_sets, "rows_read": self._meter.rows_read,
+                "live_rows": len(self._meter._table)}
+
     def at_peak(self, peak: PeakSet, alive_at_end: set[int], census: dict | None) -> dict:
         """`peak` grouped by (owner, category, created_in, op), largest first. `alive_at_end`:
         the serials alive when the stage (or interval) ended; `census`: {"owners": {key:
         component}, "components": {...}} from a census taken since, or None (census off)."""
         alive_now = self._meter.alive(peak.rows) if census is not None else set()
         groups: dict[tuple, list] = {}
-        for row in peak.rows:
-            kept = row[SERIAL] in alive_at_end
-            owner, category = _owner(row, kept, row[SERIAL] in alive_now, census)
-            group = groups.setdefault((owner, category, row[CREATED_IN], row[OP], kept), [0, 0])
-            group[0] += row[SIZE]
-            group[1] += 1
+        for row in peak.rows:  # at every stage end: kept to plain operations, no call per row
+            serial, size, created_in, op, key, is_bool = row
+            kept = serial in alive_at_end
+            owner = None
+            if not kept:
+                category = ACTIVATIONS  # created and freed before the end: a temporary
+            elif census is None:
+                category = MASKS if is_bool else NO_CENSUS
+            else:
+                owner = census["owners"].get(key) if serial in alive_now else None
+                category = _category(owner, is_bool, census)
+            group = groups.get((owner, category, created_in, op, kept))
+            if group is None:
+                groups[owner, category, created_in, op, kept] = [size, 1]
+            else:
+                group[0] += size
+                group[1] += 1
         ordered = sorted(groups.items(), key=lambda item: -item[1][0])
         rows = [{"owner": owner, "category": category, "created_in": created_in, "op": op,
                  "bytes": size, "tensors": count, "alive_at_end": kept}
@@ -219,23 +240,19 @@ class LiveTensorProbe:
             self._meter = None
 
 
-def _owner(row: tuple, kept: bool, alive_now: bool, census: dict | None) -> tuple:
-    """(owner, category) of one storage alive at the peak."""
-    if not kept:
-        return None, ACTIVATIONS  # created and freed before the end: a temporary
-    if census is None:
-        return None, MASKS if row[IS_BOOL] else NO_CENSUS
-    owner = census["owners"].get(row[KEY]) if alive_now and row[KEY] is not None else None
+def _category(owner: str | None, is_bool: bool, census: dict) -> str:
+    """The category of a storage alive at the end, from its census component."""
     if owner is None:  # the census could not see it (held only by C++, e.g. saved for backward)
-        return None, MASKS if row[IS_BOOL] else OTHER
-    return owner, (census["components"].get(owner) or {}).get("category") or OTHER
+        return MASKS if is_bool else OTHER
+    return (census["components"].get(owner) or {}).get("category") or OTHER
 
 
 def _op_name(func) -> str | None:
+    """"aten::mul" for every overload of mul: the operator, as a user would name it."""
     if func is None:
         return None
     try:
-        return func.name()
+        return func._schema.name
     except Exception:  # not an OpOverload (a higher-order operator)
         return getattr(func, "__name__", None) or str(func)
 
