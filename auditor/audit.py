@@ -582,9 +582,15 @@ class Audit:
             return None
 
     def _resolve_owners(self, census: dict | None) -> None:
-        """Unstaged intervals' at_peak again, with the owners this census found."""
+        """The owners this census found: kept on the live-tensor meter's rows (a storage freed
+        later is still named), and given to the unstaged intervals' at_peak that wait for them."""
         awaiting, self._awaiting_owners = self._awaiting_owners, []
-        if census is None:
+        if census is None or self._live is None:
+            return
+        try:
+            self._live.note_owners(census)
+        except Exception as error:
+            self._meter_failed(self._live, error)
             return
         for unstaged_id, peak_set, alive in awaiting:
             at_peak = self._at_peak(peak_set, alive, census)

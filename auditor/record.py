@@ -64,9 +64,10 @@ stage (the interval inside it that held its peak) or of an unstaged interval:
      before the audit or outside every stage), op ("aten::zeros" | null: alive before the
      audit), bytes, tensors, alive_at_end}] (largest first, at most 25), rows_left_out,
      bytes_left_out}
-A storage freed before the end has no owner ("activations and temporaries"); one alive at the
-end is matched to the census taken then ("masks" or "other" where the census could not see it,
-"unknown (no census)" with the census off).
+A storage alive at the end is matched to the census taken then. One that census cannot see
+(freed before the end, or held only outside Python) keeps the last component a census named
+it under while it was alive; else it has no owner: "activations and temporaries" if freed,
+"masks" or "other" if alive, "unknown (no census)" with the census off.
 
 Times are seconds since the audit began with census time left out; sizes are bytes. Marks
 are a list of their own rather than zero-length stages, so stage analysis never filters.

@@ -167,3 +167,21 @@ def test_no_tensor_is_kept_alive_by_the_meter(tmp_path):
             gone = weakref.ref(temporary)
             del temporary
             assert gone() is None  # freed at once, while its row is part of the peak
+
+
+@pytest.mark.skipif(not HAS_OWNERS, reason="needs the census's storage keys (auditor.census.storage_key)")
+def test_state_freed_before_the_end_keeps_the_owner_a_census_saw(tmp_path):
+    """A Hessian-like state: made by the parent, used by a staged call (whose end takes a
+    census), freed before the parent ends: the parent's peak still names it."""
+    holder = Holder()
+    with auditor.Audit(out=tmp_path / "run", live_tensors=True, census=True) as audit:
+        audit.track("pruner", holder)
+        with auditor.stage("layer"):
+            holder.H = _floats(16 * MiB)
+            with auditor.stage("add_batch"):
+                holder.H += 1
+            holder.H = None
+    at_peak = _stages(audit.record)["layer"]["live_tensors"]["at_peak"]
+    row = _rows(at_peak, "layer")["aten::zeros", False]
+    assert (row["owner"], row["bytes"], row["alive_at_end"]) == ("pruner.H", 16 * MiB, False)
+    assert row["category"] == audit.record["stages"][1]["components"]["pruner.H"]["category"]

@@ -18,11 +18,14 @@ the one that made the high (serial <= `_peak_serial`) and not freed since, plus 
 since the high, which a release moves to a side list (cleared at each new high, so it never
 holds more rows than were alive at the high). Cost: O(1) per storage created or freed, and
 one pass over the live table when an interval's composition is read (at stage boundaries).
+Each census with owners also marks the live rows with their component, so a storage freed
+before a stage ends (a Hessian freed by the method that used it) is still named at its peak.
 """
 from __future__ import annotations
 
 import gc
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 
@@ -36,15 +39,17 @@ from auditor.stage import AUDITOR_CODE
 
 NO_CENSUS = "unknown (no census)"
 MAX_ROWS = 25
-# A row of the live table: (serial, bytes, created_in, op, census key, is bool).
-SERIAL = 0
+# A row of the live table: [serial, bytes, created_in, op, census key, is bool, and the last
+# component and category a census named it under while it was alive (or None, None)].
+SERIAL, KEY, SEEN_OWNER, SEEN_CATEGORY = 0, 4, 6, 7
+UNOWNED = "unowned"  # the census's component for tensors no root reaches: no name worth keeping
 
 
 @dataclass
 class PeakSet:
     """The storages alive at one interval's high-water moment (rows of the live table)."""
     bytes: int
-    rows: list[tuple]
+    rows: list[list]
 
 
 class LiveTensorMeter(TorchDispatchMode):
@@ -62,10 +67,12 @@ class LiveTensorMeter(TorchDispatchMode):
         self.stage_path: str | None = None
         self._serials: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storage -> serial
         self._serial = 0
-        self._table: dict[int, tuple] = {}   # serial -> row, creation order
+        self._table: dict[int, list] = {}    # serial -> row, creation order
         self._peak_serial = 0                # the newest storage alive at the high
-        self._freed_since_peak: list[tuple] = []
-        self.peak_sets = self.rows_read = 0  # the cost of at_peak: passes, rows they read
+        self._freed_since_peak: list[list] = []
+        # at_peak's cost: passes over the table, rows they read, seconds in its boundary work
+        self.peak_sets = self.rows_read = 0
+        self.seconds = 0.0
         self._lock = threading.RLock()  # a finalizer can run inside our own section (GC)
         self._storage_key, self._fake_type = _census_key(), _fake_tensor_type()
 
@@ -88,6 +95,7 @@ class LiveTensorMeter(TorchDispatchMode):
 
     def peak_set(self) -> PeakSet:
         """What was alive at the current interval's high-water moment."""
+        began = time.perf_counter()
         with self._lock:
             table, freed = list(self._table.values()), list(self._freed_since_peak)
             cutoff, peak = self._peak_serial, self.peak
@@ -95,13 +103,25 @@ class LiveTensorMeter(TorchDispatchMode):
         rows.extend(freed)
         self.peak_sets += 1
         self.rows_read += len(table) + len(freed)
+        self.seconds += time.perf_counter() - began
         return PeakSet(peak, rows)
 
-    def alive(self, rows: list[tuple]) -> set[int]:
+    def alive(self, rows: list[list]) -> set[int]:
         """The serials of `rows` whose storage is still alive."""
         with self._lock:
             table = self._table
             return {row[SERIAL] for row in rows if row[SERIAL] in table}
+
+    def note_owners(self, owners: dict, components: dict) -> None:
+        """Keep on each live storage's row the component a census names it under, so that
+        at_peak still names it once it is freed (rows are shared with the peak sets)."""
+        with self._lock:
+            rows = list(self._table.values())
+        for row in rows:
+            owner = owners.get(row[KEY])
+            if owner is not None and owner != UNOWNED:
+                row[SEEN_OWNER] = owner
+                row[SEEN_CATEGORY] = (components.get(owner) or {}).get("category") or OTHER
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -116,8 +136,6 @@ class LiveTensorMeter(TorchDispatchMode):
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
             return
-        if storage in self._serials:
-            return
         with self._lock:
             if storage in self._serials:
                 return
@@ -127,8 +145,9 @@ class LiveTensorMeter(TorchDispatchMode):
             self._serials[storage] = serial
             self.live += size
             if self.at_peak:
-                self._table[serial] = (serial, size, created_in, _op_name(func),
-                                       self._key(storage, tensor), tensor.dtype is torch.bool)
+                self._table[serial] = [serial, size, created_in, _op_name(func),
+                                       self._key(storage, tensor), tensor.dtype is torch.bool,
+                                       None, None]
             if self.live > self.peak:
                 self.peak = self.live
                 self._peak_serial = serial
@@ -185,28 +204,36 @@ class LiveTensorProbe:
     def alive(self, peak: PeakSet) -> set[int]:
         return self._meter.alive(peak.rows)
 
+    def note_owners(self, census: dict) -> None:
+        self._meter.note_owners(census["owners"], census["components"])
+
     def cost(self) -> dict:
-        """at_peak's work so far: passes over the live table, and the rows they read."""
+        """at_peak's boundary work so far: passes over the live table, the rows they read,
+        seconds in them and in grouping rows."""
         return {"peak_sets": self._meter.peak_sets, "rows_read": self._meter.rows_read,
-                "live_rows": len(self._meter._table)}
+                "seconds": self._meter.seconds, "live_rows": len(self._meter._table)}
 
     def at_peak(self, peak: PeakSet, alive_at_end: set[int], census: dict | None) -> dict:
         """`peak` grouped by (owner, category, created_in, op), largest first. `alive_at_end`:
         the serials alive when the stage (or interval) ended; `census`: {"owners": {key:
         component}, "components": {...}} from a census taken since, or None (census off)."""
+        began = time.perf_counter()
         alive_now = self._meter.alive(peak.rows) if census is not None else set()
         groups: dict[tuple, list] = {}
         for row in peak.rows:  # at every stage end: kept to plain operations, no call per row
-            serial, size, created_in, op, key, is_bool = row
+            serial, size, created_in, op, key, is_bool, seen_owner, seen_category = row
             kept = serial in alive_at_end
-            owner = None
-            if not kept:
+            owner = census["owners"].get(key) if serial in alive_now else None
+            if owner is not None:
+                category = (census["components"].get(owner) or {}).get("category") or OTHER
+            elif seen_owner is not None:  # freed since, or out of the census's sight now
+                owner, category = seen_owner, seen_category
+            elif not kept:
                 category = ACTIVATIONS  # created and freed before the end: a temporary
             elif census is None:
                 category = MASKS if is_bool else NO_CENSUS
-            else:
-                owner = census["owners"].get(key) if serial in alive_now else None
-                category = _category(owner, is_bool, census)
+            else:  # the census cannot see it (held only by C++, e.g. saved for backward)
+                category = MASKS if is_bool else OTHER
             group = groups.get((owner, category, created_in, op, kept))
             if group is None:
                 groups[owner, category, created_in, op, kept] = [size, 1]
@@ -218,6 +245,7 @@ class LiveTensorProbe:
                  "bytes": size, "tensors": count, "alive_at_end": kept}
                 for (owner, category, created_in, op, kept), (size, count) in ordered[:MAX_ROWS]]
         left = ordered[MAX_ROWS:]
+        self._meter.seconds += time.perf_counter() - began
         return {"bytes": peak.bytes, "rows": rows, "rows_left_out": len(left),
                 "bytes_left_out": sum(size for _, (size, _) in left)}
 
@@ -238,13 +266,6 @@ class LiveTensorProbe:
         if self._meter is not None:
             self._meter.__exit__(None, None, None)
             self._meter = None
-
-
-def _category(owner: str | None, is_bool: bool, census: dict) -> str:
-    """The category of a storage alive at the end, from its census component."""
-    if owner is None:  # the census could not see it (held only by C++, e.g. saved for backward)
-        return MASKS if is_bool else OTHER
-    return (census["components"].get(owner) or {}).get("category") or OTHER
 
 
 def _op_name(func) -> str | None:
