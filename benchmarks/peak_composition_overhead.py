@@ -17,6 +17,7 @@ import argparse
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import sys
 import tempfile
@@ -79,6 +80,7 @@ def main() -> None:
         order = MODES[round_index % 3:] + MODES[:round_index % 3]
         for mode in order:
             runs[mode].append(one_run(mode, args, scratch / f"{round_index}-{mode.replace(' ', '_')}"))
+    shutil.rmtree(scratch, ignore_errors=True)
     tracked = track_cost()
     load_after = os.getloadavg()
     text = report(args, runs, tracked, load_before, load_after)
