@@ -10,9 +10,9 @@ the `.grad` of every leaf that requires grad, and every tensor reachable from th
 Each is counted by its **storage**, once: a view counts its whole base storage, a storage
 shared by several tensors (tied embedding and head, a view and its base) counts once, and
 `tensors` in a component is its number of distinct storages. Sparse tensors count their
-index and value storages. Storages are keyed by device and data pointer; empty storages
-and wrapper subclasses without a storage of their own (their inner tensors are counted)
-are left out.
+index and value storages. Storages are keyed by `storage_key` (device and data pointer);
+empty storages and wrapper subclasses without a storage of their own (their inner tensors
+are counted) are left out.
 
 Meta-device and `FakeTensor` tensors hold no memory: by default they are left out of the
 totals and only their nominal storage bytes are reported as `fake_tensor_bytes`. With
@@ -20,11 +20,20 @@ totals and only their nominal storage bytes are reported as `fake_tensor_bytes`.
 their nominal storage size, keyed by storage identity since their data pointers mean
 nothing.
 
-Who owns what: `auditor.ownership` walks the roots in registration order; the first root
-to reach a storage owns it. A live tensor no root reaches is `unowned` ("activations and
-temporaries"), except unreached `nn.Parameter`s (`unowned.parameters`, weights) and their
-`.grad` (`unowned.grad`, gradients). A component with no category from the ownership
-rules is "masks" when all its tensors are bool, otherwise "other".
+Who owns what: `auditor.ownership` walks the roots in registration order and claims what
+each reaches; each storage goes to its firmest claim, the first among equals. Storage
+identity decides weights: a survey before the walk finds the storages of every live
+`nn.Parameter`, and any tensor on one (an alias such as `W = layer.weight.data`, wherever
+it is held) is weights. The parameters of modules, and their `.grad`, are owned only by a
+module root whose tree contains them; a wrapper root (`SparseGPT` holding `self.layer`)
+never owns them: with no such module root they are `unowned.parameters` (weights) and
+`unowned.grad` (gradients). A live tensor no root reaches is `unowned` ("activations and
+temporaries"), a free parameter `unowned.parameters`. With `find_cycles=True` the largest
+unowned storages are checked (`auditor.reference_cycles`): one kept alive only by an
+unreachable reference cycle, which only the cycle collector would free, is
+`unreachable.cycles` ("retained by a reference cycle"). A component with no category from
+the ownership rules is "masks" when all its tensors are bool, "weights" when all its
+storages are parameters', otherwise "other".
 
 What it cannot see: tensors that exist only inside C++ (saved for backward by an autograd
 graph, kept by a kernel's workspace, the allocator's cache) have no Python object unless
@@ -42,13 +51,20 @@ from typing import Iterator
 
 import torch
 
-from auditor.ownership import (ACTIVATIONS, CATEGORIES, GRADIENT_RECORDS, GRADIENTS, MASKS,  # noqa: F401
-                               OPTIMIZER_STATE, OTHER, SAVED_COPIES, WEIGHTS, walk_roots)
+from auditor import reference_cycles
+from auditor.ownership import (ACTIVATIONS, CATEGORIES, CONTAINED, GRADIENT_RECORDS, GRADIENTS,  # noqa: F401
+                               MASKS, OPTIMIZER_STATE, OTHER, RETAINED_BY_CYCLE, SAVED_COPIES,
+                               WEIGHTS, walk_roots)
 
 UNOWNED = "unowned"
 UNOWNED_PARAMETERS = "unowned.parameters"
 UNOWNED_GRAD = "unowned.grad"
-_UNOWNED_CATEGORIES = {UNOWNED: ACTIVATIONS, UNOWNED_PARAMETERS: WEIGHTS, UNOWNED_GRAD: GRADIENTS}
+UNREACHABLE_CYCLES = "unreachable.cycles"
+_UNOWNED_CATEGORIES = {UNOWNED: ACTIVATIONS, UNOWNED_PARAMETERS: WEIGHTS, UNOWNED_GRAD: GRADIENTS,
+                       UNREACHABLE_CYCLES: RETAINED_BY_CYCLE}
+SWEPT = 0  # a claim from the sweep of every live tensor: below any root's (ownership's firmnesses)
+CYCLE_CANDIDATE_BYTES = 1 << 20  # unowned storages at least this large are checked for cycles,
+CYCLE_CANDIDATES = 8             # the largest this many
 
 
 @dataclass
@@ -59,21 +75,37 @@ class Root:
     categories: dict[str, str] | None = None
 
 
-def take_census(roots: dict[str, Root], *, count_fake: bool = False) -> dict:
+def storage_key(storage: torch.UntypedStorage, fake: bool) -> tuple:
+    """The key the census counts a storage under (and lists its owner under): device and
+    data pointer; for a fake or meta storage, whose pointer means nothing, its identity."""
+    return ("fake", storage._cdata) if fake else (storage.device, storage.data_ptr())
+
+
+def take_census(roots: dict[str, Root], *, count_fake: bool = False, with_owners: bool = False,
+                find_cycles: bool = False) -> dict:
     """Count live tensor storages and attribute them to components of the named roots.
 
     Returns {"components": {name: {"category", "bytes", "tensors"}}, "live_tensor_bytes",
-    "live_tensors", "by_device": {device: bytes}, "fake_tensor_bytes", "seconds"}.
+    "live_tensors", "by_device": {device: bytes}, "fake_tensor_bytes", "seconds"}; with
+    `with_owners`, also "owners": {storage_key: component}; with `find_cycles`, also
+    "cycle_check" (auditor.reference_cycles: what was checked, found, left unknown).
     Roots whose weak reference is dead are skipped.
     """
     started = time.perf_counter()
     ledger = _Ledger(count_fake)
     try:
+        ledger.survey()
         categories = walk_roots(_resolved(roots), ledger.claim)
         ledger.sweep()
-        return ledger.summary({**categories, **_UNOWNED_CATEGORIES}, time.perf_counter() - started)
+        extra = {"cycle_check": ledger.find_cycles()} if find_cycles else {}
+        ledger.found.clear()
+        if with_owners:
+            extra["owners"] = {key: entry.owner for key, entry in ledger.storages.items()}
+        summary = ledger.summary({**categories, **_UNOWNED_CATEGORIES}, time.perf_counter() - started)
+        return {**summary, **extra}
     finally:
         ledger.storages.clear()
+        ledger.found.clear()
 
 
 def _resolved(roots: dict[str, Root]) -> Iterator[tuple[str, object, dict[str, str]]]:
@@ -87,69 +119,141 @@ def _resolved(roots: dict[str, Root]) -> Iterator[tuple[str, object, dict[str, s
         del obj
 
 
+class _Storage:
+    __slots__ = ("nbytes", "owner", "firmness", "is_bool", "device", "fake")
+
+    def __init__(self, nbytes: int, owner: str, firmness: int, is_bool: bool, device: str, fake: bool):
+        self.nbytes, self.owner, self.firmness = nbytes, owner, firmness
+        self.is_bool, self.device, self.fake = is_bool, device, fake
+
+
 class _Ledger:
-    """Storage key -> [bytes, owning component, is bool, device, fake]; no tensor is kept."""
+    """Storage key -> _Storage (bytes, owning component, ...); no tensor is kept after the sweep.
+
+    `weights`: keys of every live parameter's storage. `reserved`: keys of module parameters
+    and their gradients, with the component they fall to when no module root contains them;
+    only a CONTAINED claim owns one of those."""
 
     def __init__(self, count_fake: bool):
         self.count_fake = count_fake
-        self.storages: dict[tuple, list] = {}
+        self.storages: dict[tuple, _Storage] = {}
         self.fake_type = _fake_tensor_type()
+        self.found: list[torch.Tensor] = []
+        self.weights: set[tuple] = set()
+        self.reserved: dict[tuple, str] = {}
 
-    def claim(self, t: torch.Tensor, component: str) -> None:
+    def survey(self) -> None:
+        """Every tensor the garbage collector tracks (kept until the sweep) and every module:
+        which storages are parameters', and which are module parameters' or their gradients'."""
+        tensor_types, module_types = _subclasses(torch.Tensor), _subclasses(torch.nn.Module)
+        wanted = tensor_types | module_types
+        objects = gc.get_objects()
+        found = [o for o in objects if type(o) in wanted]  # one pass over the heap
+        del objects
+        modules = [o for o in found if type(o) in module_types]
+        self.found = [o for o in found if type(o) in tensor_types]
+        found.clear()
+        for t in self.found:
+            if isinstance(t, torch.nn.Parameter):
+                self.weights.update(key for key, *_ in self._storages_of(t))
+        for module in modules:
+            try:
+                parameters = list(vars(module).get("_parameters", {}).values())
+            except Exception:  # a half-built module
+                continue
+            for param in parameters:
+                if isinstance(param, torch.Tensor):
+                    self._reserve(param, UNOWNED_PARAMETERS)
+                    if param.grad is not None:
+                        self._reserve(param.grad, UNOWNED_GRAD)
+        modules.clear()
+
+    def _reserve(self, t: torch.Tensor, fallback: str) -> None:
+        for key, *_ in self._storages_of(t):
+            self.reserved.setdefault(key, fallback)
+            if fallback == UNOWNED_PARAMETERS:
+                self.weights.add(key)
+
+    def claim(self, t: torch.Tensor, component: str, firmness: int = SWEPT) -> None:
         is_bool = t.dtype is torch.bool
+        for key, nbytes, device, fake in self._storages_of(t):
+            owner, firm = component, firmness
+            if firmness < CONTAINED and key in self.reserved:  # a model's weights: never a wrapper's
+                owner, firm = self.reserved[key], SWEPT
+            elif firmness == SWEPT and component == UNOWNED and key in self.weights:
+                owner = UNOWNED_PARAMETERS  # an alias of a parameter, reached by no root
+            entry = self.storages.get(key)
+            if entry is None:
+                self.storages[key] = _Storage(nbytes, owner, firm, is_bool, device, fake)
+                continue
+            entry.nbytes = max(entry.nbytes, nbytes)  # two storage objects over one allocation
+            if firm > entry.firmness:
+                entry.owner, entry.firmness = owner, firm
+
+    def _storages_of(self, t: torch.Tensor) -> Iterator[tuple[tuple, int, str, bool]]:
+        """(key, bytes, device, fake) of each non-empty storage holding `t`'s data."""
         for part in _parts(t):
             fake = part.is_meta or (self.fake_type is not None and isinstance(part, self.fake_type))
             try:
                 storage = part.untyped_storage()
                 nbytes = storage.nbytes()
-                key = ("fake", storage._cdata) if fake else (storage.device, storage.data_ptr())
+                key = storage_key(storage, fake)
                 device = str(part.device)
             except Exception:  # a wrapper subclass without storage of its own
                 continue
-            if nbytes == 0:
-                continue
-            entry = self.storages.get(key)
-            if entry is None:
-                self.storages[key] = [nbytes, component, is_bool, device, fake]
-            elif nbytes > entry[0]:  # two storage objects over one allocation
-                entry[0] = nbytes
+            if nbytes:
+                yield key, nbytes, device, fake
 
     def sweep(self) -> None:
-        """Claim for the unowned components every tensor the garbage collector tracks."""
-        tensor_types = _tensor_types()
-        objects = gc.get_objects()
-        found = [o for o in objects if type(o) in tensor_types]
-        del objects
-        try:
-            for t in found:
-                try:
-                    self.claim(t, UNOWNED_PARAMETERS if isinstance(t, torch.nn.Parameter) else UNOWNED)
-                    if t.is_leaf and t.requires_grad and t.grad is not None:
-                        self.claim(t.grad, UNOWNED_GRAD)
-                except Exception:  # an exotic subclass whose metadata cannot be read
-                    continue
-        finally:
-            found.clear()
+        """Claim for the unowned components every tensor the survey found."""
+        for t in self.found:
+            try:
+                self.claim(t, UNOWNED_PARAMETERS if isinstance(t, torch.nn.Parameter) else UNOWNED)
+                if t.is_leaf and t.requires_grad and t.grad is not None:
+                    self.claim(t.grad, UNOWNED_GRAD)
+            except Exception:  # an exotic subclass whose metadata cannot be read
+                continue
+
+    def find_cycles(self) -> dict:
+        """The largest unowned storages kept alive only by an unreachable reference cycle
+        move to `unreachable.cycles`; returns what the check did (reference_cycles.check)."""
+        candidates = sorted((key for key, entry in self.storages.items()
+                             if entry.owner == UNOWNED and not entry.fake
+                             and entry.nbytes >= CYCLE_CANDIDATE_BYTES),
+                            key=lambda key: self.storages[key].nbytes, reverse=True)[:CYCLE_CANDIDATES]
+        found, self.found = self.found, []
+        check = reference_cycles.check(candidates, self._keys, found)  # it takes the survey over
+        for key, verdict in check.pop("verdicts").items():
+            if verdict == reference_cycles.CYCLE:
+                self.storages[key].owner = UNREACHABLE_CYCLES
+        return check
+
+    def _keys(self, t: torch.Tensor) -> list[tuple]:
+        return [key for key, *_ in self._storages_of(t)]
 
     def summary(self, categories: dict[str, str | None], seconds: float) -> dict:
         components: dict[str, dict] = {}
         all_bool: dict[str, bool] = {}
+        all_weights: dict[str, bool] = {}
         by_device: dict[str, int] = {}
         total = fake_total = counted = 0
-        for nbytes, owner, is_bool, device, fake in self.storages.values():
-            if fake:
+        for key, entry in self.storages.items():
+            nbytes, owner = entry.nbytes, entry.owner
+            if entry.fake:
                 fake_total += nbytes
                 if not self.count_fake:
                     continue
             component = components.setdefault(owner, {"category": None, "bytes": 0, "tensors": 0})
             component["bytes"] += nbytes
             component["tensors"] += 1
-            all_bool[owner] = all_bool.get(owner, True) and is_bool
-            by_device[device] = by_device.get(device, 0) + nbytes
+            all_bool[owner] = all_bool.get(owner, True) and entry.is_bool
+            all_weights[owner] = all_weights.get(owner, True) and key in self.weights
+            by_device[entry.device] = by_device.get(entry.device, 0) + nbytes
             total += nbytes
             counted += 1
         for name, component in components.items():
-            component["category"] = categories.get(name) or (MASKS if all_bool[name] else OTHER)
+            component["category"] = (categories.get(name) or (MASKS if all_bool[name] else None)
+                                     or (WEIGHTS if all_weights[name] else OTHER))
         return {"components": components, "live_tensor_bytes": total, "live_tensors": counted,
                 "by_device": by_device, "fake_tensor_bytes": fake_total, "seconds": seconds}
 
@@ -168,10 +272,10 @@ def _parts(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return ()
 
 
-def _tensor_types() -> set[type]:
-    """`torch.Tensor` and all its subclasses alive now (an exact-type test is far cheaper
-    than `isinstance` over the hundreds of thousands of objects the collector tracks)."""
-    found, stack = set(), [torch.Tensor]
+def _subclasses(base: type) -> set[type]:
+    """`base` and all its subclasses alive now (an exact-type test is far cheaper than
+    `isinstance` over the hundreds of thousands of objects the collector tracks)."""
+    found, stack = set(), [base]
     while stack:
         cls = stack.pop()
         if cls not in found:

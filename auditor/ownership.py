@@ -2,8 +2,13 @@
 
 The user registers roots by name (an `nn.Module`, an optimizer, any object, a dict, a list,
 a tensor). `walk_roots` visits them in registration order and reports every tensor it
-reaches to a `claim(tensor, component)` callback; the caller counts storages, and the first
-component to claim a storage keeps it (so root registration order decides ownership).
+reaches to a `claim(tensor, component, firmness)` callback; the caller counts storages and
+keeps, for each, the firmest claim, the first among equals (so root registration order
+decides ownership). Two firmnesses: `CONTAINED`, a parameter (or its `.grad`) of a module
+root's own module tree; `REACHED`, everything else. A root that is not a module (a wrapper
+such as a pruning helper holding `self.layer`) reaches the parameters of the modules it
+references only as `REACHED`, and the census gives module parameters to `CONTAINED` claims
+alone: a wrapper never owns a model's weights.
 
 Component names, for a root named R:
 
@@ -17,7 +22,8 @@ Component names, for a root named R:
 - any other object: each `__dict__` (or `__slots__`) attribute holding tensors -> `R.attr`.
 
 Inside any of these, a module or an optimizer is walked as one wherever it is found
-(`pruner.model` gives `pruner.model.parameters` ...). Other containers and objects are
+(`pruner.model` gives `pruner.model.buffers` ...; its parameters are claimed too, as
+`REACHED`, so they stay with a module root that contains them). Other containers and objects are
 walked to a bounded depth and their tensors count for the enclosing component; a hint key
 naming a deeper dotted path (`{"records.g0": ...}`) makes that path a component of its own.
 A tensor reached that requires grad has its `.grad` in `<component>.grad`. Weak references
@@ -46,15 +52,19 @@ GRADIENT_RECORDS = "gradient records"
 MASKS = "masks"
 OPTIMIZER_STATE = "optimizer state"
 ACTIVATIONS = "activations and temporaries"
+RETAINED_BY_CYCLE = "retained by a reference cycle"
 OTHER = "other"
 CATEGORIES = (WEIGHTS, GRADIENTS, SAVED_COPIES, GRADIENT_RECORDS, MASKS, OPTIMIZER_STATE,
-              ACTIVATIONS, OTHER)
+              ACTIVATIONS, RETAINED_BY_CYCLE, OTHER)
 
 MAX_DEPTH = 4          # containers below a component's attribute that are still opened
 MAX_ITEMS = 100_000    # items looked at per container
 MAX_NODES = 1_000_000  # containers and objects opened per root
 
-Claim = Callable[[torch.Tensor, str], None]
+REACHED = 1    # reached from a root
+CONTAINED = 2  # a parameter, or its .grad, of a module root's own tree
+
+Claim = Callable[[torch.Tensor, str, int], None]
 
 _ATOMS = (str, bytes, bytearray, memoryview, int, float, complex, type(None), range, slice,
           torch.dtype, torch.device, torch.layout, torch.memory_format)
@@ -82,11 +92,14 @@ class _Walker:
         self.claim = claim
         self.categories: dict[str, str | None] = {}
         self.visited: set[int] = set()  # ids of containers, objects and modules opened
+        self.contained: set[int] = set()  # ids of modules walked as part of a module root's tree
 
     def walk_root(self, name: str, obj: object, hints: dict[str, str]) -> None:
         self.root, self.hints, self.budget = name, hints, MAX_NODES
         self.splits = {k for k in hints if "." in k}
-        if isinstance(obj, (torch.Tensor, torch.nn.Module, torch.optim.Optimizer, dict, *_SEQUENCES)):
+        if isinstance(obj, torch.nn.Module):
+            self._module(obj, name, contained=True)
+        elif isinstance(obj, (torch.Tensor, torch.optim.Optimizer, dict, *_SEQUENCES)):
             self._value(obj, name, name, 0)
         elif not isinstance(obj, _SKIP) and id(obj) not in self.visited:
             self.visited.add(id(obj))
@@ -95,14 +108,14 @@ class _Walker:
                 self._value(value, path, path, 1)
 
     def _tensor(self, t: torch.Tensor, component: str, kind: str | None = None,
-                grad_component: str | None = None) -> None:
+                grad_component: str | None = None, firmness: int = REACHED) -> None:
         if component not in self.categories:
             self.categories[component] = self._category(component, kind)
-        self.claim(t, component)
+        self.claim(t, component, firmness)
         if t.is_leaf and t.requires_grad:
             grad = t.grad
             if grad is not None:
-                self._tensor(grad, grad_component or f"{component}.grad", GRADIENTS)
+                self._tensor(grad, grad_component or f"{component}.grad", GRADIENTS, firmness=firmness)
 
     def _category(self, component: str, kind: str | None) -> str | None:
         relative = component[len(self.root) + 1:]
@@ -121,7 +134,7 @@ class _Walker:
         if id(value) in self.visited:
             return
         if isinstance(value, torch.nn.Module):
-            self._module(value, path)
+            self._module(value, path, contained=False)
             return
         if isinstance(value, torch.optim.Optimizer):
             self.visited.add(id(value))
@@ -146,16 +159,21 @@ class _Walker:
             split = self.splits and child_path[len(self.root) + 1:] in self.splits
             self._value(child, child_path if split else component, child_path, depth + 1, kind)
 
-    def _module(self, module: torch.nn.Module, path: str) -> None:
-        """Parameters, gradients and buffers of the whole tree; plain attributes by submodule."""
+    def _module(self, module: torch.nn.Module, path: str, contained: bool) -> None:
+        """Parameters, gradients and buffers of the whole tree; plain attributes by submodule.
+        `contained`: the tree is a module root's own, so its parameters are claimed as
+        CONTAINED (a module a wrapper reached first is walked again for that)."""
+        seen = self.contained if contained else self.visited
+        firmness = CONTAINED if contained else REACHED
         stack = [(module, path)]
         while stack:
             m, sub = stack.pop()
-            if id(m) in self.visited:
+            if id(m) in seen:
                 continue
+            seen.add(id(m))
             self.visited.add(id(m))
             for _, param in m.named_parameters(recurse=False):
-                self._tensor(param, f"{path}.parameters", WEIGHTS, f"{path}.grad")
+                self._tensor(param, f"{path}.parameters", WEIGHTS, f"{path}.grad", firmness)
             for _, buffer in m.named_buffers(recurse=False):
                 self._tensor(buffer, f"{path}.buffers", WEIGHTS)
             for attr, value in list(vars(m).items()):

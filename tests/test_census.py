@@ -104,11 +104,12 @@ def test_object_root_attributes_become_components_with_hinted_categories():
     )
     hints = {"saved_state": "saved copies", "gradients_original": "gradient records",
              "records.g1": "gradient records"}
-    census = take_census({"pruner": Root(pruner, hints)})
+    census = take_census({"pruner": Root(pruner, hints), "model": Root(model)})
     weights = nbytes(model.weight) + nbytes(model.bias)
     bools = model.weight.numel() + model.bias.numel()
+    # the wrapper reaches the model's parameters but never owns them (tests/test_census_identity.py)
+    assert component(census, "model.parameters") == {"category": "weights", "bytes": weights, "tensors": 2}
     expected = {
-        "pruner.model.parameters": {"category": "weights", "bytes": weights, "tensors": 2},
         "pruner.saved_state": {"category": "saved copies", "bytes": weights, "tensors": 2},
         "pruner.gradients_original": {"category": "gradient records", "bytes": weights, "tensors": 2},
         "pruner.masks": {"category": "masks", "bytes": bools, "tensors": 2},
@@ -133,8 +134,8 @@ def test_the_first_registered_root_owns_a_shared_storage():
     pruner = Holder(model=model)
     census = take_census({"model": Root(model), "pruner": Root(pruner)})
     assert "model.parameters" in census["components"] and "pruner.model.parameters" not in census["components"]
-    census = take_census({"pruner": Root(pruner), "model": Root(model)})
-    assert "pruner.model.parameters" in census["components"] and "model.parameters" not in census["components"]
+    census = take_census({"pruner": Root(pruner), "model": Root(model)})  # a wrapper never owns weights
+    assert "model.parameters" in census["components"] and "pruner.model.parameters" not in census["components"]
 
 
 def test_tensors_no_root_reaches_are_unowned():
@@ -205,7 +206,9 @@ def test_cycles_are_walked_once():
     census = take_census({"a": Root(a)})
     assert component(census, "a.t")["bytes"] == 20
     assert component(census, "a.b")["bytes"] == 24
-    assert component(census, "a.model.parameters")["bytes"] == (9 + 3) * 4
+    assert "a.model.parameters" not in census["components"]  # reached, not owned: a wrapper's
+    census = take_census({"a": Root(a), "model": Root(model)})
+    assert component(census, "model.parameters")["bytes"] == (9 + 3) * 4
 
 
 def test_the_census_keeps_no_reference():
