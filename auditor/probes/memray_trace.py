@@ -1,6 +1,8 @@
 """memray: every native allocation (torch CPU tensors included) with its Python and native
 stack, for the whole run. At the end: memray's own peak, the allocations alive at its
-high-water mark grouped into sites (the first frame in user code, file:line), and an offline
+high-water mark grouped into sites (the innermost frame in user code, file:line; what the
+auditor itself allocated is summed apart, never a site), when that mark was reached (from
+memray's memory snapshots, taken every ~10 ms) and so which stage was open, and an offline
 flamegraph in the run folder (written after the run record: a full disk costs it, not the
 record).
 
@@ -15,7 +17,9 @@ import site
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
+from typing import Callable
 
 TRACE_FILE = "memray.bin"
 FLAMEGRAPH_FILE = "memray-flamegraph.html"
@@ -24,6 +28,11 @@ NATIVE_FRAMES = 16
 ALL_FRAMES = 1 << 16
 PYTHON_FRAMES = 16
 FRAME_TEXT = 200  # C++ template names run to kilobytes; keep the head
+# the highest memory snapshot must come this close to memray's peak for its time to stand
+# for the high-water moment (a spike shorter than the snapshot interval is missed)
+SNAPSHOT_SHARE = 0.9
+TIME_BASIS = "time of memray's high-water mark, from its ~10 ms memory snapshots"
+RSS_BASIS = "the run's RSS-peak stage (no snapshot time)"
 
 
 class MemrayTrace:
@@ -31,6 +40,8 @@ class MemrayTrace:
         self.folder = folder
         self.state = {"state": "absent"}
         self._tracker = self._read = None
+        self._started = None  # (perf_counter, unix time) when the tracker started
+        self.high_water_perf = None  # perf_counter time of the high-water snapshot, once summarized
         try:
             import memray
         except ImportError:
@@ -46,6 +57,7 @@ class MemrayTrace:
             path.unlink(missing_ok=True)  # memray creates the file before refusing
             self.state["reason"] = f"{error} (another memray tracker is running in this process)"
             return
+        self._started = (time.perf_counter(), time.time())  # memray's snapshots carry unix times
         self._tracker = tracker
         self.state = {"state": "on", "method": "memray native traces, aggregated"}
 
@@ -66,13 +78,43 @@ class MemrayTrace:
         reader = FileReader(os.fspath(path))
         records = list(reader.get_high_watermark_allocation_records(merge_threads=True))
         self._read = (reader, records)
+        peak = reader.metadata.peak_memory
+        self.high_water_perf = self._high_water_time(reader, peak)
+        sites, auditor_bytes = top_sites(records)
         return {
             "file": TRACE_FILE,
-            "peak_memory": reader.metadata.peak_memory,
+            "peak_memory": peak,
             "total_allocations": reader.metadata.total_allocations,
-            "sites": top_sites(records),
+            "sites": sites,
+            "auditor_bytes": auditor_bytes,
             "flamegraph": None,
         }
+
+    def _high_water_time(self, reader, peak: int) -> float | None:
+        """perf_counter time of the snapshot with the highest heap, or None when there is
+        none or it falls short of the peak (the high-water moment fell between snapshots)."""
+        try:
+            best = max(reader.get_memory_snapshots(), key=lambda snapshot: snapshot.heap, default=None)
+        except (AttributeError, RuntimeError, OSError):  # an older memray or a damaged trace
+            return None
+        if best is None or self._started is None or best.heap < SNAPSHOT_SHARE * peak:
+            return None
+        started_perf, started_unix = self._started
+        return started_perf + best.time / 1000 - started_unix
+
+    def place(self, stages: list[dict], audit_seconds: Callable[[float], float] | None,
+              fallback: dict) -> dict:
+        """Which stage memray's high-water mark belongs to: the innermost of the finished
+        `stages` open at its time (`audit_seconds` turns a perf_counter time into the audit's
+        seconds); without a snapshot time, the run's RSS-peak stage `fallback` ({"stage",
+        "stage_id"}), said so. Returns {"stage", "stage_id", "stage_basis", "at_s"}."""
+        if self.high_water_perf is None or audit_seconds is None:
+            return {"stage": fallback.get("stage"), "stage_id": fallback.get("stage_id"),
+                    "stage_basis": RSS_BASIS, "at_s": None}
+        at_s = audit_seconds(self.high_water_perf)
+        holder = stage_at(stages, at_s)
+        return {"stage": holder["path"] if holder else None, "stage_id": holder["id"] if holder else None,
+                "stage_basis": TIME_BASIS, "at_s": round(at_s, 3)}
 
     def write_flamegraph(self) -> str | None:
         """The flamegraph of a summarized trace, in the run folder; its file name or None."""
@@ -80,11 +122,23 @@ class MemrayTrace:
         return write_flamegraph(*read, self.folder) if read else None
 
 
-def top_sites(records, limit: int = TOP_SITES) -> list[dict]:
-    """Allocations alive at the high-water mark, grouped by their first user-code frame."""
+def stage_at(stages: list[dict], at_s: float) -> dict | None:
+    """The innermost stage open at `at_s` (the latest to start among those holding it)."""
+    holding = [s for s in stages if s.get("start_s") is not None and s.get("end_s") is not None
+               and s["start_s"] <= at_s <= s["end_s"]]
+    return max(holding, key=lambda s: (s["start_s"], s["path"].count("/")), default=None)
+
+
+def top_sites(records, limit: int = TOP_SITES) -> tuple[list[dict], int]:
+    """Allocations alive at the high-water mark, grouped by their innermost user-code frame;
+    and the bytes of those the auditor itself made (left out of the sites)."""
     sites: dict[str, dict] = {}
+    auditor_bytes = 0
     for record in records:
         user = site_frame(python_stack(record))
+        if user is not None and user[1].startswith(_AUDITOR_ROOT):
+            auditor_bytes += record.size
+            continue
         location = f"{user[1]}:{user[2]}" if user else "<no Python frame>"
         site_entry = sites.setdefault(location, {
             "location": location, "function": user[0] if user else None,
@@ -101,7 +155,7 @@ def top_sites(records, limit: int = TOP_SITES) -> list[dict]:
                                       for frame in python_stack(largest)[:PYTHON_FRAMES]]
         site_entry["native_stack"] = [_frame_text(frame)
                                       for frame in _hybrid_stack(largest)[:NATIVE_FRAMES]]
-    return ranked
+    return ranked, auditor_bytes
 
 
 def python_stack(record) -> list:
@@ -115,14 +169,16 @@ def python_stack(record) -> list:
 
 
 def site_frame(stack: list):
-    """The innermost frame in user code; an auditor frame met first is reported as itself
-    (the auditor's own allocations are not the user's); the innermost frame otherwise."""
+    """The innermost frame in user code; an auditor frame met first is returned as itself
+    (the auditor made that allocation: top_sites sums it apart); the innermost frame otherwise
+    (library code called from nowhere in user code, such as an import)."""
+    below_an_operator = False  # an inner frame is torch's operator call
     for frame in stack:
-        if passes_through(frame[0], frame[1]):
+        function, filename = frame[0], frame[1]
+        if passes_through(function, filename, below_an_operator):
+            below_an_operator = below_an_operator or filename.endswith(_OPERATOR)
             continue
-        if frame[1].startswith(_AUDITOR_ROOT):
-            return frame
-        if is_user_code(frame[1]):
+        if is_user_code(filename) or filename.startswith(_AUDITOR_ROOT):
             return frame
     return stack[0] if stack else None
 
@@ -152,18 +208,27 @@ _AUDITOR_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__f
 _LIBRARY_ROOTS = _library_roots()
 
 
-# Frames that only hand an allocation on: torch's operator and module-call plumbing, and the
-# live-tensor meter's dispatch mode (every op runs inside it, but it allocates nothing there).
+# Frames that only hand an allocation on: torch's operator and module-call plumbing; the
+# live-tensor meter's dispatch mode when it is running the program's operator (every op runs
+# inside it); the wrappers the auditor puts around staged callables (a staged library
+# function's allocations are the caller's).
+_OPERATOR = os.path.join("torch", "_ops.py")
 _PLUMBING = tuple(os.path.join("torch", *parts) for parts in (
     ("_ops.py",), ("_compile.py",), ("_dynamo", ""), ("nn", "modules", "module.py"), ("utils", "_contextlib.py"),
     ("utils", "_python_dispatch.py")))
 _METER = os.path.join(_AUDITOR_ROOT, "probes", "live_tensors.py")
+_WRAPPERS = {(os.path.join(_AUDITOR_ROOT, "targets.py"), "staged_call"),
+             (os.path.join(_AUDITOR_ROOT, "stage.py"), "staged")}
 
 
-def passes_through(function: str, filename: str) -> bool:
-    """True for a frame that is plumbing between the code that asked and the allocator."""
+def passes_through(function: str, filename: str, below_an_operator: bool = True) -> bool:
+    """True for a frame that is plumbing between the code that asked and the allocator.
+    `below_an_operator`: an inner frame is torch's operator call (without it, the meter's
+    dispatch frame is allocating for itself)."""
     if filename == _METER:
-        return function == "__torch_dispatch__"
+        return function == "__torch_dispatch__" and below_an_operator
+    if (filename, function) in _WRAPPERS:
+        return True
     return any(part in filename for part in _PLUMBING)
 
 

@@ -1,0 +1,75 @@
+"""memray's section names the stage open at its high-water moment (found by time from its
+memory snapshots, not borrowed from the RSS peak) and never shows the auditor's frames."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import auditor
+from auditor.probes import memray_trace
+
+MiB = 1 << 20
+
+
+def _hold_a_buffer(nbytes: int, seconds: float) -> None:
+    buffer = torch.ones(nbytes // 4)  # SITE: memray's high-water allocation
+    time.sleep(seconds)  # long beside the ~10 ms between memray's snapshots
+    del buffer
+
+
+def test_memrays_stage_is_the_one_open_at_its_high_water_time(tmp_path):
+    pytest.importorskip("memray")
+    untouched = torch.empty(160 * MiB // 4)  # allocated before the trace, its pages not yet touched
+    with auditor.Audit(tmp_path / "run", memray=True, census=True) as audit:
+        for step in range(3):  # censuses (~1 s under memray) before the peak: out of the audit's clock
+            with auditor.stage(f"warm#{step}"):
+                torch.ones(1000)
+        with auditor.stage("allocate"):
+            _hold_a_buffer(64 * MiB, 0.3)
+        with auditor.stage("touch"):
+            untouched.fill_(1.0)  # RSS grows by 160 MiB; memray, which saw no allocation, does not
+    record = audit.record
+    memray = record["memray"]
+    stages = {s["path"]: s for s in record["stages"]}
+    allocate = stages["allocate"]
+    assert stages["touch"]["rss"]["peak"] > allocate["rss"]["peak"]  # the RSS peak is elsewhere ...
+    assert record["peak"]["stage"] != "allocate"
+    assert memray["stage"] == "allocate"  # ... memray's high-water is here, found by time
+    assert memray["stage_basis"] == memray_trace.TIME_BASIS
+    assert allocate["start_s"] <= memray["at_s"] <= allocate["end_s"]
+    top = memray["sites"][0]
+    assert top["location"].startswith(f"{__file__}:") and top["function"] == "_hold_a_buffer"
+    assert 64 * MiB <= top["bytes"] < 65 * MiB
+    assert not any(s["location"].startswith(memray_trace._AUDITOR_ROOT) for s in memray["sites"])
+    assert isinstance(memray["auditor_bytes"], int) and memray["auditor_bytes"] >= 0
+    del untouched
+
+
+def test_the_auditors_own_frames_are_never_a_site():
+    auditor_file = memray_trace._AUDITOR_ROOT + "census.py"
+    user_file = __file__
+    torch_ops = torch.__file__.replace("__init__.py", "_ops.py")
+    meter = memray_trace._METER
+    # made by the auditor, called from the user's code: the auditor's (summed apart)
+    assert memray_trace.site_frame([("sweep", auditor_file, 10), ("main", user_file, 5)])[1] == auditor_file
+    # a user's operator run through the live-tensor meter's dispatch: the user's
+    stack = [("__call__", torch_ops, 1), ("__torch_dispatch__", meter, 104), ("step", user_file, 7)]
+    assert memray_trace.site_frame(stack) == ("step", user_file, 7)
+    # the meter's own bookkeeping in its dispatch frame, with no operator below: the auditor's
+    assert memray_trace.site_frame([("__torch_dispatch__", meter, 106), ("step", user_file, 7)])[1] == meter
+    # a staged library function: the wrapper the auditor put around it hands the call on
+    wrapper = memray_trace._AUDITOR_ROOT + "targets.py"
+    library = torch.__file__.replace("__init__.py", "functional.py")
+    stack = [("stft", library, 3), ("staged_call", wrapper, 200), ("main", user_file, 9)]
+    assert memray_trace.site_frame(stack) == ("main", user_file, 9)
+
+
+def test_the_stage_at_a_time_is_the_innermost_open():
+    stages = [{"id": 1, "path": "prune", "start_s": 0.0, "end_s": 10.0},
+              {"id": 2, "path": "prune/layer#1", "start_s": 1.0, "end_s": 4.0},
+              {"id": 3, "path": "prune/layer#2", "start_s": 5.0, "end_s": 9.0}]
+    assert memray_trace.stage_at(stages, 2.0)["path"] == "prune/layer#1"
+    assert memray_trace.stage_at(stages, 4.5)["path"] == "prune"
+    assert memray_trace.stage_at(stages, 11.0) is None
