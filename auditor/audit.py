@@ -138,6 +138,7 @@ class Audit:
         self._roots: dict[str, tuple] = {}
         self._next_id = 0
         self._excluded_s = 0.0
+        self._excluded_spans: list[tuple[float, float]] = []  # (perf_counter start, seconds) of each
         self._overhead = {"boundaries_s": 0.0, "census_s": 0.0, "labels_s": 0.0, "finish_s": 0.0}
         self._entered = False
         self.record_written = False  # run.json on disk (a full disk can cost it, not the run)
@@ -403,8 +404,8 @@ class Audit:
                 "stage_id": holder["id"] if holder else None, "where": where,
                 "py_heap": self._run_peaks.get("py_heap"),
                 "cuda_allocated": self._run_peaks.get("cuda")}
-        if memray is not None:
-            memray.update(stage=peak["stage"], stage_id=peak["stage_id"])
+        if memray is not None:  # the stage open at memray's high-water time, from its snapshots
+            memray.update(self._memray.place(finished, self._seconds_at, peak))
         files = {"events": run_record.EVENTS_FILE, "run": run_record.RUN_FILE}
         if memray:
             files.update(memray=memray["file"])
@@ -766,6 +767,7 @@ class Audit:
                     self._reset_meters()
                 spent = time.perf_counter() - began
                 self._excluded_s += spent
+                self._excluded_spans.append((began, spent))
                 self._overhead[kind] = self._overhead.get(kind, 0.0) + spent
 
     def _census(self) -> tuple[dict | None, dict | None, dict | None]:
@@ -779,14 +781,18 @@ class Audit:
             if obj is not None:
                 roots[name] = self._census_root(obj=obj, categories=categories)
         owners = self._live is not None and self._census_owners
+        # reference cycles: checked at top-level stage ends and the run's end (auditor.reference_cycles)
+        cycles = {"find_cycles": True} if not self._thread_stack() else {}
         census = None
         try:
             if owners:
-                result = self._take_census(roots, count_fake=self.options["traced"], with_owners=True)
+                result = self._take_census(roots, count_fake=self.options["traced"], with_owners=True, **cycles)
                 census = {"owners": result["owners"], "components": result["components"]}
             else:
-                result = self._take_census(roots, count_fake=self.options["traced"])
+                result = self._take_census(roots, count_fake=self.options["traced"], **cycles)
             components, tensors = result["components"], {"live_bytes": result["live_tensor_bytes"]}
+            if "cycle_check" in result:  # what was checked, found, left unknown
+                tensors["cycle_check"] = result["cycle_check"]
         except Exception as error:
             self._warn(f"census failed, switched off: {type(error).__name__}: {error}")
             self._take_census = None
@@ -795,6 +801,7 @@ class Audit:
         self._reset_meters()  # the census's own allocations belong to no stage
         spent = time.perf_counter() - began
         self._excluded_s += spent
+        self._excluded_spans.append((began, spent))
         self._overhead["census_s"] += spent
         return components, tensors, census
 
@@ -803,6 +810,11 @@ class Audit:
     def _clock(self) -> float:
         """Seconds since the audit began, census time excluded."""
         return time.perf_counter() - self._t0 - self._excluded_s
+
+    def _seconds_at(self, perf: float) -> float:
+        """The audit's seconds (like _clock: census and own work excluded) at perf_counter `perf`."""
+        kept_out = sum(min(spent, max(0.0, perf - began)) for began, spent in self._excluded_spans)
+        return perf - self._t0 - kept_out
 
     def _thread_stack(self) -> list:
         stack = getattr(self._local, "stack", None)

@@ -136,7 +136,7 @@ def top_sites(records, limit: int = TOP_SITES) -> tuple[list[dict], int]:
     auditor_bytes = 0
     for record in records:
         user = site_frame(python_stack(record))
-        if user is not None and user[1].startswith(_AUDITOR_ROOT):
+        if user is not None and _is_auditor_own(user[1]):
             auditor_bytes += record.size
             continue
         location = f"{user[1]}:{user[2]}" if user else "<no Python frame>"
@@ -206,6 +206,7 @@ def _library_roots() -> tuple[str, ...]:
 
 _AUDITOR_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
 _LIBRARY_ROOTS = _library_roots()
+_JOBS_ROOT = os.path.join(_AUDITOR_ROOT, "jobs", "")
 
 
 # Frames that only hand an allocation on: torch's operator and module-call plumbing; the
@@ -233,7 +234,14 @@ def passes_through(function: str, filename: str, below_an_operator: bool = True)
 
 
 def is_user_code(filename: str) -> bool:
+    if filename.startswith(_JOBS_ROOT):  # the workloads the auditor's own commands run
+        return True
     return not (filename.startswith("<") or filename.startswith(_LIBRARY_ROOTS))
+
+
+def _is_auditor_own(filename: str) -> bool:
+    """A frame of the auditor's measuring code (its jobs are workloads: user code)."""
+    return filename.startswith(_AUDITOR_ROOT) and not filename.startswith(_JOBS_ROOT)
 
 
 def write_flamegraph(reader, records, folder: Path) -> str | None:
