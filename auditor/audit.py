@@ -782,14 +782,15 @@ class Audit:
                 roots[name] = self._census_root(obj=obj, categories=categories)
         owners = self._live is not None and self._census_owners
         # reference cycles: checked at top-level stage ends and the run's end (auditor.reference_cycles)
-        cycles = {"find_cycles": True} if not self._thread_stack() else {}
+        extra = {"find_cycles": True} if not self._thread_stack() else {}
         census = None
         try:
-            if owners:
-                result = self._take_census(roots, count_fake=self.options["traced"], with_owners=True, **cycles)
+            if owners:  # unowned storages are named by the line that allocated them
+                extra["sites"] = self._live.sites()
+                result = self._take_census(roots, count_fake=self.options["traced"], with_owners=True, **extra)
                 census = {"owners": result["owners"], "components": result["components"]}
             else:
-                result = self._take_census(roots, count_fake=self.options["traced"], **cycles)
+                result = self._take_census(roots, count_fake=self.options["traced"], **extra)
             components, tensors = result["components"], {"live_bytes": result["live_tensor_bytes"]}
             if "cycle_check" in result:  # what was checked, found, left unknown
                 tensors["cycle_check"] = result["cycle_check"]

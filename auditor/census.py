@@ -57,6 +57,7 @@ from auditor.ownership import (ACTIVATIONS, CATEGORIES, CONTAINED, GRADIENT_RECO
                                WEIGHTS, walk_roots)
 
 UNOWNED = "unowned"
+ALLOCATED_AT = "allocated at"  # an unowned storage named by the line that allocated it
 UNOWNED_PARAMETERS = "unowned.parameters"
 UNOWNED_GRAD = "unowned.grad"
 UNREACHABLE_CYCLES = "unreachable.cycles"
@@ -82,13 +83,15 @@ def storage_key(storage: torch.UntypedStorage, fake: bool) -> tuple:
 
 
 def take_census(roots: dict[str, Root], *, count_fake: bool = False, with_owners: bool = False,
-                find_cycles: bool = False) -> dict:
+                find_cycles: bool = False, sites: dict | None = None) -> dict:
     """Count live tensor storages and attribute them to components of the named roots.
 
     Returns {"components": {name: {"category", "bytes", "tensors"}}, "live_tensor_bytes",
     "live_tensors", "by_device": {device: bytes}, "fake_tensor_bytes", "seconds"}; with
     `with_owners`, also "owners": {storage_key: component}; with `find_cycles`, also
     "cycle_check" (auditor.reference_cycles: what was checked, found, left unknown).
+    `sites`: storage_key -> the line that allocated it (auditor.allocation_sites): an unowned
+    storage with a site is counted under `allocated at <site>` instead of `unowned`.
     Roots whose weak reference is dead are skipped.
     """
     started = time.perf_counter()
@@ -99,6 +102,7 @@ def take_census(roots: dict[str, Root], *, count_fake: bool = False, with_owners
         ledger.sweep()
         extra = {"cycle_check": ledger.find_cycles()} if find_cycles else {}
         ledger.found.clear()
+        categories.update(ledger.name_by_site(sites or {}))
         if with_owners:
             extra["owners"] = {key: entry.owner for key, entry in ledger.storages.items()}
         summary = ledger.summary({**categories, **_UNOWNED_CATEGORIES}, time.perf_counter() - started)
@@ -227,6 +231,19 @@ class _Ledger:
             if verdict == reference_cycles.CYCLE:
                 self.storages[key].owner = UNREACHABLE_CYCLES
         return check
+
+    def name_by_site(self, sites: dict) -> dict[str, str]:
+        """Unowned storages whose allocating line is known take it as their component's name
+        (a buffer in a local variable is then `allocated at pruning.py:22 capture`); returns
+        the new components' categories."""
+        named: dict[str, str] = {}
+        for key, entry in self.storages.items():
+            where = sites.get(key) if entry.owner == UNOWNED else None
+            if where is not None:
+                entry.owner = f"{ALLOCATED_AT} {where}"
+                masks = entry.is_bool and named.get(entry.owner, MASKS) == MASKS
+                named[entry.owner] = MASKS if masks else ACTIVATIONS
+        return named
 
     def _keys(self, t: torch.Tensor) -> list[tuple]:
         return [key for key, *_ in self._storages_of(t)]

@@ -35,7 +35,6 @@ DENSE_GRADIENT_RATIO = 0.90   # (b) gradients / gradient records at least this f
 TRANSIENT_SHARE = 0.10        # (c) peak inside - max(start, end) above this fraction of the peak
 RETAINED_RATIO = 0.10         # (d) tensors beyond the weights at the last stage end, vs the weights
                               #     (vs the peak RSS when the record knows no weights); also (h)
-CYCLE_SHARE = 0.01            # (h) tensors alive only through a reference cycle, vs the peak RSS
 UNTRACKED_SHARE = 0.25        # (e) RSS beyond the census at the peak stage's end, vs the peak
 TENSOR_GAP_SHARE = 0.25       # (f) peak RSS minus live-tensor peak, vs the peak
 
@@ -309,12 +308,9 @@ def _cycles(record: dict) -> list[Finding]:
     ends = census_order(record)
     seen = [(s, c) for s in ends for n, c in (s.get("components") or {}).items()
             if n == CYCLES or c.get("category") == CYCLE_CATEGORY]
-    peak = (record.get("peak") or {}).get("rss") or 0
-    if not seen:
+    if not seen:  # any size: a leak is a leak, and the census only checks storages of 1 MiB or more
         return []
     stage, top = max(seen, key=lambda sc: sc[1]["bytes"])
-    if top["bytes"] < CYCLE_SHARE * peak:
-        return []
     first, last = seen[0][0], seen[-1][0]
     weights = largest_weights(record)
     how = "returned" if first.get("call") else "ended"
@@ -532,7 +528,7 @@ RULES: tuple[Rule, ...] = (
          "(the most any census saw; of the peak RSS when no census saw weights)",
          ("census",), _retained, REMEDIES["retained-at-end"]),
     Rule("reference-cycle", "Tensors kept alive only by a reference cycle",
-         f"`{CYCLES}` >= {CYCLE_SHARE:.0%} of the peak RSS at a stage end",
+         f"`{CYCLES}` present at a stage end (the census checks unowned storages of 1 MiB or more)",
          ("census",), _cycles, REMEDIES["reference-cycle"]),
     Rule("untracked-rss", "RSS beyond the census",
          f"RSS at the end of the peak stage minus its census > {UNTRACKED_SHARE:.0%} of the peak",

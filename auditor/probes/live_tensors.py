@@ -34,14 +34,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from auditor.allocation_sites import MIN_BYTES as SITE_MIN_BYTES
+from auditor.allocation_sites import caller_site
 from auditor.ownership import ACTIVATIONS, MASKS, OTHER
 from auditor.stage import AUDITOR_CODE
 
 NO_CENSUS = "unknown (no census)"
+ALLOCATED_AT = "allocated at"  # as auditor.census names an unowned storage by its line
 MAX_ROWS = 25
-# A row of the live table: [serial, bytes, created_in, op, census key, is bool, and the last
-# component and category a census named it under while it was alive (or None, None)].
-SERIAL, KEY, SEEN_OWNER, SEEN_CATEGORY = 0, 4, 6, 7
+# A row of the live table: [serial, bytes, created_in, op, census key, is bool, the last
+# component and category a census named it under while it was alive (or None, None), and the
+# line of the program that asked for it (auditor.allocation_sites; None below its MIN_BYTES)].
+SERIAL, KEY, SEEN_OWNER, SEEN_CATEGORY, SITE = 0, 4, 6, 7, 8
 UNOWNED = "unowned"  # the census's component for tensors no root reaches: no name worth keeping
 
 
@@ -112,6 +116,12 @@ class LiveTensorMeter(TorchDispatchMode):
             table = self._table
             return {row[SERIAL] for row in rows if row[SERIAL] in table}
 
+    def sites(self) -> dict:
+        """Census key -> allocation site, for the live storages that have one."""
+        with self._lock:
+            return {row[KEY]: row[SITE] for row in self._table.values()
+                    if row[SITE] is not None and row[KEY] is not None}
+
     def note_owners(self, owners: dict, components: dict) -> None:
         """Keep on each live storage's row the component a census names it under, so that
         at_peak still names it once it is freed (rows are shared with the peak sets)."""
@@ -145,9 +155,10 @@ class LiveTensorMeter(TorchDispatchMode):
             self._serials[storage] = serial
             self.live += size
             if self.at_peak:
+                where = caller_site() if func is not None and size >= SITE_MIN_BYTES else None
                 self._table[serial] = [serial, size, created_in, _op_name(func),
                                        self._key(storage, tensor), tensor.dtype is torch.bool,
-                                       None, None]
+                                       None, None, where]
             if self.live > self.peak:
                 self.peak = self.live
                 self._peak_serial = serial
@@ -204,6 +215,9 @@ class LiveTensorProbe:
     def alive(self, peak: PeakSet) -> set[int]:
         return self._meter.alive(peak.rows)
 
+    def sites(self) -> dict:
+        return self._meter.sites()
+
     def note_owners(self, census: dict) -> None:
         self._meter.note_owners(census["owners"], census["components"])
 
@@ -221,9 +235,12 @@ class LiveTensorProbe:
         alive_now = self._meter.alive(peak.rows) if census is not None else set()
         groups: dict[tuple, list] = {}
         for row in peak.rows:  # at every stage end: kept to plain operations, no call per row
-            serial, size, created_in, op, key, is_bool, seen_owner, seen_category = row
+            serial, size, created_in, op, key, is_bool, seen_owner, seen_category, where = row
             kept = serial in alive_at_end
             owner = census["owners"].get(key) if serial in alive_now else None
+            if not kept and seen_owner is None and where is not None:
+                seen_owner = f"{ALLOCATED_AT} {where}"  # a temporary: named by the line that made it
+                seen_category = MASKS if is_bool else ACTIVATIONS
             if owner is not None:
                 category = (census["components"].get(owner) or {}).get("category") or OTHER
             elif seen_owner is not None:  # freed since, or out of the census's sight now

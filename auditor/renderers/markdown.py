@@ -456,7 +456,7 @@ def _at_peak_table(at_peak: dict) -> str:
                      _code(row["created_in"]) if row.get("created_in") else "before the audit or unstaged",
                      _code(row["op"]) if row.get("op") else "-", f"{row.get('tensors', 0):,}",
                      units.size(row["bytes"]), units.share(row["bytes"], total),
-                     "yes" if row.get("alive_at_end") else "no (a temporary)"])
+                     "yes" if row.get("alive_at_end") else "no, freed before it"])
     if at_peak.get("rows_left_out"):
         rows.append([f"{at_peak['rows_left_out']:,} smaller groups", "", "", "", "",
                      units.size(at_peak.get("bytes_left_out")), units.share(at_peak.get("bytes_left_out"), total), ""])

@@ -30,7 +30,7 @@ def capture_layer_inputs(model, samples: list[torch.Tensor]) -> tuple[torch.Tens
         with torch.no_grad():
             for sample in samples:
                 try:
-                    model(sample)
+                    model(sample, use_cache=False)  # a cache would grow with every layer call
                 except _Stop:
                     pass
     finally:

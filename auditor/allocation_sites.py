@@ -1,0 +1,70 @@
+"""Where the program asked for a tensor: the innermost frame of its own code.
+
+A tensor no census root reaches (a calibration buffer in a local variable, an activation
+kept in a list) has no owner to be named after; the line that allocated it is the next best
+name, `examples/pruning/layer_inputs.py:22 capture_layer_inputs`. The live-tensor meter asks
+for the site of every storage of at least `MIN_BYTES` as the operator that makes it returns;
+the census names unowned storages after it.
+
+"The program's own code" is any file outside the standard library, installed packages and
+the auditor's measuring code (its jobs/ are workloads, so they count as the program). A frame
+walk costs about a microsecond; each code object's verdict is cached.
+"""
+from __future__ import annotations
+
+import os
+import site
+import sys
+import sysconfig
+
+MIN_BYTES = 64 * 1024  # smaller storages are not worth a frame walk: they never matter alone
+
+_AUDITOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
+_JOBS = os.path.join(_AUDITOR, "jobs", "")
+_verdicts: dict = {}  # code object -> shown path, or None for library code
+
+
+def caller_site() -> str | None:
+    """`path:line function` of the innermost frame in the program's own code, or None."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        shown = _verdicts.get(code, False)
+        if shown is False:
+            shown = _verdicts[code] = _shown_if_program(code.co_filename)
+        if shown is not None:
+            return f"{shown}:{frame.f_lineno} {code.co_name}"
+        frame = frame.f_back
+    return None
+
+
+def _shown_if_program(filename: str) -> str | None:
+    if filename.startswith("<"):
+        return None
+    path = os.path.abspath(filename)
+    if path.startswith(_JOBS) or not path.startswith(_library_roots()):
+        return _shown(path)
+    return None
+
+
+def _shown(path: str) -> str:
+    """Relative to the working folder when inside it; else the folder and file name (no
+    machine paths in records that get committed)."""
+    cwd = os.path.join(os.getcwd(), "")
+    if path.startswith(cwd):
+        return os.path.relpath(path, cwd)
+    return os.path.join(os.path.basename(os.path.dirname(path)), os.path.basename(path))
+
+
+def _library_roots() -> tuple[str, ...]:
+    global _ROOTS
+    if _ROOTS is None:
+        paths = sysconfig.get_paths()
+        roots = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
+        roots.update(getattr(site, "getsitepackages", lambda: [])())
+        roots.add(_AUDITOR)
+        _ROOTS = tuple(os.path.join(os.path.abspath(r), "") for r in roots if r)
+    return _ROOTS
+
+
+_ROOTS: tuple[str, ...] | None = None
