@@ -151,6 +151,19 @@ def live_tensor_peak(record: dict) -> tuple[int, str] | None:
     return best
 
 
+def live_tensor_high(record: dict) -> tuple[int, str] | None:
+    """The run's highest live-tensor reading, stages and unstaged intervals alike, and where it
+    was in words (markdown): "in stage `X`" or "after the last stage (`X`)"."""
+    from auditor.analysis.unstaged import describe, intervals
+    best = live_tensor_peak(record)
+    place = None if best is None else (best[0], f"in stage `{best[1]}`")
+    for interval in intervals(record):
+        peak = (interval.get("live_tensors") or {}).get("peak")
+        if peak is not None and (place is None or peak > place[0]):
+            place = (peak, f"in time no stage covers, {describe(interval)}")
+    return place
+
+
 def attribute(stage: dict) -> Attribution | None:
     """The stage's end RSS by component and category; None when the stage has no census."""
     components = stage.get("components")

@@ -26,7 +26,7 @@ from typing import Callable
 from auditor import units
 from auditor.analysis import source_paths, unstaged
 from auditor.analysis.components import (BEYOND_CENSUS, attribute, census_order, finished, growers,
-                                         is_traced, largest_weights, live_tensor_peak, peak_stage,
+                                         is_traced, largest_weights, live_tensor_high, live_tensor_peak, peak_stage,
                                          projection_views, weights_bytes)
 
 FULL_COPY_RATIO = 0.95        # (a) a component at least this fraction of the weights ...
@@ -355,7 +355,8 @@ def _untracked(record: dict) -> list[Finding]:
 
 def _tensor_gap(record: dict) -> list[Finding]:
     run_peak = (record.get("peak") or {}).get("rss")
-    live, stage = live_tensor_peak(record)
+    live, where = live_tensor_high(record)
+    stage = live_tensor_peak(record)[1]
     if not run_peak:
         return []
     gap = run_peak - live
@@ -364,7 +365,7 @@ def _tensor_gap(record: dict) -> list[Finding]:
     return [Finding("rss-above-live-tensors", "low",
                     f"Peak RSS {units.size(run_peak)} ({unstaged.peak_place(record).phrase}) "
                     f"is {units.size(gap)} ({gap / run_peak:.0%}) above the live-tensor peak "
-                    f"{units.size(live)} (stage `{stage}`): RSS also holds the interpreter, "
+                    f"{units.size(live)} ({where}): RSS also holds the interpreter, "
                     f"libraries and freed memory the allocator keeps, so size machines by RSS and "
                     f"count savings in live tensors.",
                     {"stage": stage, "rss_peak": run_peak, "live_tensor_peak": live, "gap": gap,

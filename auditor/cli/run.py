@@ -278,8 +278,10 @@ def _summary(console, audit) -> None:
     if len(rows) < len(stages):
         console.print(f"({len(stages)} stages in {len(rows)} rows: repeated calls folded, delta "
                       "and time summed over the calls; each call is in the run record)")
+    from auditor.analysis.unstaged import peak_place
     peak = record["peak"]
-    console.print(f"peak RSS {mib(peak['rss'])} in {peak['stage'] or 'no stage'}; "
+    where = peak_place(record).phrase.replace("`", "")  # in stage X, after the last stage (X), ...
+    console.print(f"peak RSS {mib(peak['rss'])} {where}; "
                   f"started at {mib(record['process']['rss_at_start'])}",
                   markup=False, soft_wrap=True)
     memray = record.get("memray")

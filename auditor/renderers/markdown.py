@@ -23,7 +23,7 @@ from auditor.analysis import source_paths, stage_groups, unstaged
 from auditor.analysis.component_history import history
 from auditor.analysis.components import (BEYOND_CENSUS, BEYOND_LIVE, UNSEEN_TENSORS, ProjectionView,
                                          at_peak_categories, attribute, census_before, census_order,
-                                         final_stage, is_traced, largest_weights, live_tensor_peak,
+                                         final_stage, is_traced, largest_weights, live_tensor_high, live_tensor_peak,
                                          peak_at_start,
                                          peak_stage, projection_views, run_weights)
 from auditor.probes.memray_trace import passes_through
@@ -160,9 +160,9 @@ def _summary(record: dict, found, views: list[ProjectionView]) -> str:
                                        f"({units.size(weights)} of parameters {weights_at}{note})"])
     else:
         rows.append(["peak / weights", "no census: the weights are unknown (run with census on)"])
-    live = live_tensor_peak(record)
+    live = live_tensor_high(record)
     if live:
-        rows.append(["peak live tensors", f"{units.size(live[0])} in stage {_code(live[1])}"
+        rows.append(["peak live tensors", f"{units.size(live[0])} {live[1]}"
                                           f" ({units.size((peak.get('rss') or 0) - live[0])} below peak RSS)"])
     else:
         largest = max(((s.get("tensors") or {}).get("live_bytes") or 0 for s in record["stages"]), default=0)
@@ -718,7 +718,7 @@ def _minimum(record: dict) -> str:
     peak = (record.get("peak") or {}).get("rss")
     gap_rows = [["peak RSS", units.size(peak), units.signed_size(None if peak is None else peak - total),
                  units.ratio(peak, total)]]
-    live = live_tensor_peak(record)
+    live = live_tensor_high(record)
     if live:
         gap_rows.append(["peak live tensors", units.size(live[0]), units.signed_size(live[0] - total),
                          units.ratio(live[0], total)])
