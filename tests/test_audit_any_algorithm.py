@@ -120,3 +120,38 @@ def test_a_peak_in_code_no_stage_covers_is_located_and_its_contents_named(audite
     row = next(line for line in section.splitlines()
                if f"`allocated at examples/pruning/evaluation.py:{logits} perplexity`" in line)
     assert "| 125.0 MiB |" in row and LOGITS == 125 * 2**20
+
+
+@pytest.fixture(scope="module")
+def activation_norm_run(tmp_path_factory):
+    """The Wanda-style pruner: a statistic per linear (its inputs' squared norms) and the two
+    calibration buffers, staged at its top-level function and its per-linear method."""
+    folder = tmp_path_factory.mktemp("norms") / "run"
+    command = [sys.executable, "-m", "auditor", "run", "--out", str(folder), "--census", "--live-tensors",
+               "--stage", "pruning.activation_norm:prune_by_activation_norm",
+               "--stage", "pruning.activation_norm:InputNorms.add_batch",
+               str(EXAMPLES / "prune_tiny_llama.py"), "--method", "activation-norm",
+               "--layers", str(LAYERS), "--hidden", str(HIDDEN), "--intermediate", str(INTERMEDIATE),
+               "--samples", str(SAMPLES), "--length", str(LENGTH)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((folder / "run.json").read_text())
+
+
+def test_an_activation_norm_pruner_shows_each_statistic_and_both_buffers(activation_norm_run):
+    record = activation_norm_run
+    calls = [s for s in record["stages"] if s["call"]["target"] == "InputNorms.add_batch"]
+    assert len(calls) == SAMPLES * LINEARS * LAYERS
+    sizes = {}
+    for stage in record["stages"]:
+        for name, component in (stage.get("components") or {}).items():
+            if name.startswith("InputNorms[") and name.endswith("].sq_norms"):
+                sizes[name] = component["bytes"]
+    assert len(sizes) == LINEARS * LAYERS
+    assert sizes["InputNorms[model.layers.0.mlp.down_proj].sq_norms"] == INTERMEDIATE * 4
+    assert sizes["InputNorms[model.layers.1.self_attn.q_proj].sq_norms"] == HIDDEN * 4
+    inputs = _line(EXAMPLES / "pruning" / "layer_inputs.py", "inputs = torch.zeros(")
+    outputs = _line(EXAMPLES / "pruning" / "activation_norm.py", "outputs = torch.zeros_like(")
+    last = calls[-1]["components"]
+    assert last[f"allocated at examples/pruning/layer_inputs.py:{inputs} capture_layer_inputs"]["bytes"] == BUFFER
+    assert last[f"allocated at examples/pruning/activation_norm.py:{outputs} prune_by_activation_norm"]["bytes"] == BUFFER
