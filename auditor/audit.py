@@ -53,7 +53,7 @@ from auditor.probes import cuda as cuda_probe
 from auditor.probes.python_heap import PythonHeapProbe
 from auditor.probes.rss import RssProbe
 from auditor.stage import AUDITOR_CODE, _set_active, active_audit
-from auditor.targets import Staging
+from auditor.targets import Staging, _labels
 
 
 class AuditorWarning(UserWarning):
@@ -70,6 +70,7 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
+MAX_INSTANCE_ROOTS = 4096  # objects of staged classes made roots without a call of theirs
 _PROBE_NAMES = {"py_heap": "python_heap"}  # a meter's key -> its entry in the record's probes
 
 
@@ -136,6 +137,8 @@ class Audit:
         self._run_peaks: dict[str, int] = {}
         self._calls: dict[str, int] = {}
         self._roots: dict[str, tuple] = {}
+        self._instances_named = 0  # roots the census found as objects of a staged class
+        self._found_roots: set[str] = set()  # their names, until a call of theirs names them
         self._next_id = 0
         self._excluded_s = 0.0
         self._excluded_spans: list[tuple[float, float]] = []  # (perf_counter start, seconds) of each
@@ -183,7 +186,7 @@ class Audit:
                 "event": "run_started", "schema": run_record.SCHEMA, "name": self.name,
                 "command": self.command, "started_at": started_at, "device": self._device(),
                 "machine": _machine(), "environment": _environment(), "options": self.options,
-                "process": {"pid": os.getpid(), "rss_at_start": rss_at_start}, "probes": probes,
+                "process": {"pid": os.getpid(), "rss_at_start": rss_at_start, "cwd": os.getcwd()}, "probes": probes,
             }, durable=True)
         except BaseException:
             self._abandon()
@@ -733,21 +736,43 @@ class Audit:
         with self._lock:
             self._roots[name] = (_reference(obj), categories)
 
-    def track_receiver(self, obj, label: str | None = None) -> None:
+    def track_receiver(self, obj, label: str | None = None, found: bool = False) -> str | None:
         """Register a staged method's `self` under its class name and its call's label
-        (`SparseGPT[model.layers.3.mlp.down_proj]`), else `SparseGPT`, `SparseGPT#2`; once per object."""
+        (`SparseGPT[model.layers.3.mlp.down_proj]`), else `SparseGPT`, `SparseGPT#2`; once per
+        object. Returns the root's name. `found`: met by the census, not in a call; its first
+        call's label (a user hook's) renames it if it differs."""
         if self._take_census is None:
-            return
+            return None
         with self._lock:
-            for ref, _ in self._roots.values():
-                if ref() is obj:
-                    return
             base = type(obj).__name__ if label is None else f"{type(obj).__name__}[{label}]"
+            for name, (ref, _) in list(self._roots.items()):
+                if ref() is obj:
+                    if found or name not in self._found_roots:
+                        return name
+                    self._found_roots.discard(name)
+                    if name == base or name.startswith(base + "#"):
+                        return name
+                    del self._roots[name]  # named by the default rule; the call names it now
+                    break
             name, count = base, 1
             while name in self._roots and self._roots[name][0]() is not None:
                 count += 1
                 name = f"{base}#{count}"
             self._roots[name] = (_reference(obj), None)
+            if found:
+                self._found_roots.add(name)
+            return name
+
+    def _name_instance(self, obj) -> str | None:
+        """A live object of a staged method's class that no call has met yet: a root named
+        as its calls would name it (the census asks, auditor.census.take_census)."""
+        if self._instances_named >= MAX_INSTANCE_ROOTS:
+            return None
+        ready, label = _labels(self).instance_label(obj)
+        if not ready:
+            return None
+        self._instances_named += 1
+        return self.track_receiver(obj, label, found=True)
 
     @contextlib.contextmanager
     def own_work(self, kind: str, transient_memory: bool = False):
@@ -784,6 +809,9 @@ class Audit:
         # reference cycles: checked at top-level stage ends and the run's end (auditor.reference_cycles)
         extra = {"find_cycles": True} if not self._thread_stack() else {}
         census = None
+        classes = self._staging.receiver_classes()
+        if classes:  # every object of a staged method's class, called yet or not, is a root
+            extra.update(instances_of=classes, name_instance=self._name_instance)
         try:
             if owners:  # unowned storages are named by the line that allocated them
                 extra["sites"] = self._live.sites()

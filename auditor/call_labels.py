@@ -146,6 +146,26 @@ class CallLabels:
             audit._warn(f"call labels failed, switched off: {type(error).__name__}: {error}")
             return None
 
+    def instance_label(self, obj) -> tuple[bool, str | None]:
+        """(ready, label) for an object of a staged class met outside any call (the census
+        found it alive): the default rule on it as a receiver, never the user's hook (it
+        expects a call's arguments). Not ready while its module's name is provisional and no
+        scan is allowed now: the caller asks again later rather than keep a wrong name."""
+        if self._failed:
+            return False, None
+        try:
+            module = self._subject((obj,), {}, True)
+            if module is None:
+                return True, None
+            if self.names.needs_scan(module):
+                self.names.scan()
+            entry = self.names._entry(module)
+            if entry is None or not entry[2]:
+                return False, None
+            return True, self.names.name(module)
+        except Exception:  # the auditor's own failure never reaches the program
+            return False, None
+
     def _from_hook(self, audit, target_name: str, args: tuple, kwargs: dict) -> str | None:
         if self.hook is None:
             return None

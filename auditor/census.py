@@ -83,7 +83,8 @@ def storage_key(storage: torch.UntypedStorage, fake: bool) -> tuple:
 
 
 def take_census(roots: dict[str, Root], *, count_fake: bool = False, with_owners: bool = False,
-                find_cycles: bool = False, sites: dict | None = None) -> dict:
+                find_cycles: bool = False, sites: dict | None = None, instances_of: tuple = (),
+                name_instance=None) -> dict:
     """Count live tensor storages and attribute them to components of the named roots.
 
     Returns {"components": {name: {"category", "bytes", "tensors"}}, "live_tensor_bytes",
@@ -92,13 +93,27 @@ def take_census(roots: dict[str, Root], *, count_fake: bool = False, with_owners
     "cycle_check" (auditor.reference_cycles: what was checked, found, left unknown).
     `sites`: storage_key -> the line that allocated it (auditor.allocation_sites): an unowned
     storage with a site is counted under `allocated at <site>` instead of `unowned`.
-    Roots whose weak reference is dead are skipped.
+    Roots whose weak reference is dead are skipped. `instances_of`: classes whose every live
+    instance is a root too (found in the census's own pass over the heap), named by
+    `name_instance(obj) -> str | None` (None: not a root) after the given roots: the other
+    helpers of a staged method's class (`SparseGPT` objects not called yet, or whose state
+    outlives the calls staged) then name their state like the receivers do.
     """
     started = time.perf_counter()
     ledger = _Ledger(count_fake)
     try:
-        ledger.survey()
-        categories = walk_roots(_resolved(roots), ledger.claim)
+        ledger.survey(instances_of)
+        resolved = list(_resolved(roots))
+        if name_instance is not None:
+            known = {id(obj) for _, obj, _ in resolved}
+            for obj in ledger.instances:
+                name = None if id(obj) in known else name_instance(obj)
+                if name is not None:
+                    resolved.append((name, obj, {}))
+                    known.add(id(obj))
+        ledger.instances.clear()
+        categories = walk_roots(resolved, ledger.claim)
+        resolved.clear()
         ledger.sweep()
         extra = {"cycle_check": ledger.find_cycles()} if find_cycles else {}
         ledger.found.clear()
@@ -110,6 +125,7 @@ def take_census(roots: dict[str, Root], *, count_fake: bool = False, with_owners
     finally:
         ledger.storages.clear()
         ledger.found.clear()
+        ledger.instances.clear()
 
 
 def _resolved(roots: dict[str, Root]) -> Iterator[tuple[str, object, dict[str, str]]]:
@@ -145,15 +161,20 @@ class _Ledger:
         self.found: list[torch.Tensor] = []
         self.weights: set[tuple] = set()
         self.reserved: dict[tuple, str] = {}
+        self.instances: list = []  # live instances of the classes take_census was asked for
 
-    def survey(self) -> None:
+    def survey(self, instances_of: tuple = ()) -> None:
         """Every tensor the garbage collector tracks (kept until the sweep) and every module:
-        which storages are parameters', and which are module parameters' or their gradients'."""
+        which storages are parameters', and which are module parameters' or their gradients';
+        every live instance of `instances_of` (and their subclasses) into `instances`."""
         tensor_types, module_types = _subclasses(torch.Tensor), _subclasses(torch.nn.Module)
-        wanted = tensor_types | module_types
+        instance_types = set().union(*(_subclasses(cls) for cls in instances_of)) - tensor_types - module_types
+        wanted = tensor_types | module_types | instance_types
         objects = gc.get_objects()
         found = [o for o in objects if type(o) in wanted]  # one pass over the heap
         del objects
+        if instance_types:
+            self.instances = [o for o in found if type(o) in instance_types]
         modules = [o for o in found if type(o) in module_types]
         self.found = [o for o in found if type(o) in tensor_types]
         found.clear()

@@ -28,7 +28,7 @@ The record (design.md's fields keep their meaning; added ones marked +):
     schema "auditor.run/1", name, command, started_at, +finished_at, +duration_s,
     device ("cpu" or "cuda:0 (name)"), +machine{platform, cpus, memory_total},
     environment{python, torch, transformers, threads}, +options{memray, tracemalloc, ...},
-    process{+pid, rss_at_start, +rss_at_end},
+    process{+pid, rss_at_start, +rss_at_end, +cwd (the working folder: report paths are shown from it)},
     +probes{rss, python_heap, cuda, cuda_history, census, memray, torch_profiler:
             {state: on|off|absent|failed|pending, method?, reason?}},
     stages[{+id, name, path, parent, status ok|failed (|open: rebuilt, never finished),

@@ -154,6 +154,19 @@ class Staging:
         self._saved: list[tuple[Target, object]] = []
         self._copies: list = []  # module-level copies rebound (auditor.name_bindings)
 
+    def receiver_classes(self) -> tuple[type, ...]:
+        """The classes whose plain methods are staged (their calls have a receiver), less
+        nn.Module subclasses (a module receiver is named by the model already)."""
+        module = getattr(sys.modules.get("torch.nn.modules.module"), "Module", None)
+        found = []
+        for target in self.targets:
+            owner = target.owner
+            if (isinstance(owner, type) and owner not in found
+                    and not (module is not None and issubclass(owner, module))
+                    and inspect.isfunction(_raw_attribute(owner, target.attribute))):
+                found.append(owner)
+        return tuple(found)
+
     def apply(self) -> None:
         for target in self.targets:
             owner_dict = vars(target.owner)

@@ -15,15 +15,34 @@ _LIBRARY = re.compile(r".*?/(?:site|dist)-packages/")
 _STDLIB = re.compile(r".*?/lib/python\d+\.\d+/")
 
 
+_AUDITOR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
+_AUDITOR_JOBS = os.path.join(_AUDITOR, "jobs", "")
+_CONSOLE_SCRIPT = re.compile(r".*/bin/auditor$")
+
+
+def _auditors_own(path: str) -> bool:
+    """A frame of the auditor's measuring code (its jobs/ are workloads) or its console script."""
+    return bool(_CONSOLE_SCRIPT.match(path)) or (path.startswith(_AUDITOR) and not path.startswith(_AUDITOR_JOBS))
+
+
 def code_root(record: dict) -> str | None:
-    """The folder that the audited code's files in the memray sites share, if any."""
+    """The folder that the audited code's files in the memray sites share, if any: the
+    working folder the run started in when every such file lies inside it (the folder that
+    names allocation sites, auditor.allocation_sites; also when there are no sites), else
+    their common folder. The auditor's own frames (its wrappers pass through the stacks) are
+    not the audited code."""
     memray = record.get("memray") or {}
     files = set()
     for site in memray.get("sites") or []:
         for frame in [site.get("location", "")] + [f.partition(" at ")[2] for f in site.get("python_stack") or []]:
             path = frame.rsplit(":", 1)[0]
-            if path.startswith("/") and not (_LIBRARY.match(path) or _STDLIB.match(path)):
+            if path.startswith("/") and not (_LIBRARY.match(path) or _STDLIB.match(path) or _auditors_own(path)):
                 files.add(path)
+    cwd = (record.get("process") or {}).get("cwd")
+    if not (isinstance(cwd, str) and cwd.startswith("/") and cwd != "/"):
+        cwd = None
+    if cwd is not None and all(f.startswith(os.path.join(cwd, "")) for f in files):
+        return cwd  # also with no memray sites: the command's paths are shown from it
     if not files:
         return None
     root = os.path.commonpath([os.path.dirname(f) for f in files])
