@@ -482,8 +482,8 @@ def saving(finding: Finding, record: dict) -> dict | None:
         at = view.stages.get(stage)
         if at is None:
             value = None
-        elif names is None:
-            value = at.transient
+        elif names is None:  # a projection below what was measured here did not model this
+            value = at.transient if at.transient is not None and at.transient >= here else None
         else:
             found = [at.components.get(n) for n in names]
             value = None if any(v is None for v in found) else sum(found)
