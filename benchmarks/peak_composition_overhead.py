@@ -132,8 +132,8 @@ def report(args, runs: dict, tracked: dict, load_before, load_after) -> str:
         "run.json written.", "",
         f"Machine: {platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}. "
         f"Load average (1, 5, 15 min) {fmt_load(load_before)} before, {fmt_load(load_after)} "
-        f"after: the machine's {os.cpu_count()} cores were shared with other agents' work, so "
-        "single timings vary; medians and the side-by-side rounds are what to read.", "",
+        f"after ({'a quiet machine' if max(load_before[0], load_after[0]) < 1.0 else 'other work shared the cores'}); "
+        "single timings vary, so medians and the side-by-side rounds are what to read.", "",
         "## Results", "",
         "| mode | prune, median | prune, min..max | total, median | boundaries_s, median |",
         "|---|---|---|---|---|",
@@ -168,7 +168,8 @@ def report(args, runs: dict, tracked: dict, load_before, load_after) -> str:
         "## The bound", "",
         "What was alive at an interval's high is never copied while the program runs. Each "
         "storage has one row in the live table (integer serial, bytes, stage, operator, census "
-        "key; no reference to any tensor). A new storage costs one row and a comparison; a "
+        "key, and for storages of 64 KiB or more the program's line that asked for it, found by "
+        "a frame walk; no reference to any tensor). A new storage costs one row and a comparison; a "
         "release costs removing its row and, when the storage was alive at the current high, "
         "appending the row to a side list that the next new high empties, so the side list "
         "never holds more rows than were alive at the high. The set at the peak is read once per "
