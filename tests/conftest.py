@@ -42,3 +42,17 @@ def one_error_line(capsys) -> str:
     assert len(lines) == 1, captured.err
     assert lines[0].startswith("auditor: error: ") and "Traceback" not in captured.err
     return lines[0]
+
+
+def audit_script(folder, args: list[str], cwd) -> tuple[dict, str]:
+    """`auditor run --out FOLDER ARGS` then `auditor report`, each as a user would run them (a
+    fresh process); returns the run record and the report's markdown."""
+    import json
+    import subprocess
+    import sys
+    for command in (["run", "--out", str(folder), *args],
+                    ["report", str(folder), "-o", str(folder / "report.md")]):
+        done = subprocess.run([sys.executable, "-m", "auditor", *command], cwd=cwd,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((folder / "run.json").read_text()), (folder / "report.md").read_text()

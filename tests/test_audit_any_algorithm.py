@@ -7,12 +7,10 @@ calibration buffer samples x length x hidden fp32, the leaked features one such 
 """
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import audit_script
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -35,18 +33,11 @@ def audited(tmp_path_factory):
     """One audited run of the Hessian pruner, with the leak and the unstaged evaluation after
     it (the run's peak), and its rendered report."""
     folder = tmp_path_factory.mktemp("any") / "run"
-    command = [sys.executable, "-m", "auditor", "run", "--out", str(folder), "--census",
-               "--live-tensors", *[a for s in STAGES for a in ("--stage", s)],
-               str(EXAMPLES / "prune_tiny_llama.py"), "--method", "hessian", "--leak", "--eval", "--vocab", str(VOCAB),
-               "--layers", str(LAYERS), "--hidden", str(HIDDEN), "--intermediate", str(INTERMEDIATE),
-               "--samples", str(SAMPLES), "--length", str(LENGTH)]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = folder / "report.md"
-    done = subprocess.run([sys.executable, "-m", "auditor", "report", str(folder), "-o", str(report)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads((folder / "run.json").read_text()), report.read_text()
+    return audit_script(folder, [
+        "--census", "--live-tensors", *[a for s in STAGES for a in ("--stage", s)],
+        str(EXAMPLES / "prune_tiny_llama.py"), "--method", "hessian", "--leak", "--eval", "--vocab", str(VOCAB),
+        "--layers", str(LAYERS), "--hidden", str(HIDDEN), "--intermediate", str(INTERMEDIATE),
+        "--samples", str(SAMPLES), "--length", str(LENGTH)], REPO)
 
 
 def test_every_staged_method_is_a_stage_and_repeated_calls_fold_into_one_row(audited):
@@ -127,15 +118,12 @@ def activation_norm_run(tmp_path_factory):
     """The Wanda-style pruner: a statistic per linear (its inputs' squared norms) and the two
     calibration buffers, staged at its top-level function and its per-linear method."""
     folder = tmp_path_factory.mktemp("norms") / "run"
-    command = [sys.executable, "-m", "auditor", "run", "--out", str(folder), "--census", "--live-tensors",
-               "--stage", "pruning.activation_norm:prune_by_activation_norm",
-               "--stage", "pruning.activation_norm:InputNorms.add_batch",
-               str(EXAMPLES / "prune_tiny_llama.py"), "--method", "activation-norm",
-               "--layers", str(LAYERS), "--hidden", str(HIDDEN), "--intermediate", str(INTERMEDIATE),
-               "--samples", str(SAMPLES), "--length", str(LENGTH)]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads((folder / "run.json").read_text())
+    record, _ = audit_script(folder, [
+        "--census", "--live-tensors", "--stage", "pruning.activation_norm:prune_by_activation_norm",
+        "--stage", "pruning.activation_norm:InputNorms.add_batch", str(EXAMPLES / "prune_tiny_llama.py"),
+        "--method", "activation-norm", "--layers", str(LAYERS), "--hidden", str(HIDDEN),
+        "--intermediate", str(INTERMEDIATE), "--samples", str(SAMPLES), "--length", str(LENGTH)], REPO)
+    return record
 
 
 def test_an_activation_norm_pruner_shows_each_statistic_and_both_buffers(activation_norm_run):

@@ -9,12 +9,10 @@ gate, up; 344 * 344 * 4 = 473,344 B for down), each calibration buffer 4 * 64 * 
 """
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import audit_script
 
 from auditor.analysis import source_paths
 
@@ -36,16 +34,8 @@ def staged_at_fasterprune(tmp_path_factory):
     """prune_sparsegpt and SparseGPT.fasterprune staged (fasterprune deletes its own Hessian:
     no call of the helper ever sees its Hessian at a stage end, only its siblings')."""
     folder = tmp_path_factory.mktemp("tp") / "run"
-    command = [sys.executable, "-m", "auditor", "run", "--out", str(folder), "--census", "--live-tensors",
-               "--stage", "tp_pruners.sparsegpt:prune_sparsegpt",
-               "--stage", "tp_pruners.sparsegpt:SparseGPT.fasterprune", "prune_tiny.py"]
-    done = subprocess.run(command, cwd=HERE, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = folder / "report.md"
-    done = subprocess.run([sys.executable, "-m", "auditor", "report", str(folder), "-o", str(report)],
-                          cwd=HERE, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads((folder / "run.json").read_text()), report.read_text()
+    return audit_script(folder, ["--census", "--live-tensors", "--stage", "tp_pruners.sparsegpt:prune_sparsegpt",
+                                 "--stage", "tp_pruners.sparsegpt:SparseGPT.fasterprune", "prune_tiny.py"], HERE)
 
 
 def test_hessians_of_helpers_not_called_yet_are_named_by_their_linear(staged_at_fasterprune):
