@@ -118,9 +118,14 @@ def test_memray_top_site_is_the_known_line(workdir, capsys):
     assert any("alloc_cpu" in frame for frame in top["native_stack"])
     assert memray["peak_memory"] >= 164_000_000
     assert record["probes"]["memray"]["state"] == "on"
-    # the sites go with the stage open at memray's high-water moment (found by time)
-    holder = next(s for s in record["stages"] if s["path"] == memray["stage"])
-    assert holder["memray_sites"][0]["location"] == top["location"]
+    # the sites go with the stage open at memray's high-water moment (found by time from its
+    # ~10 ms snapshots: `big` is alive from `build` on, so the moment may fall in either stage
+    # or in the unstaged time after them, where no stage carries them)
+    assert memray["stage"] in ("build", "after", None)
+    holders = [s for s in record["stages"] if s.get("memray_sites")]
+    assert [s["path"] for s in holders] == ([memray["stage"]] if memray["stage"] else [])
+    for holder in holders:
+        assert holder["memray_sites"][0]["location"] == top["location"]
     html = (workdir / "o" / memray["flamegraph"]).read_text()
     assert "<html" in html.lower() and '<script src="http' not in html  # offline
     assert f"{script}:4" in capsys.readouterr().err
