@@ -21,9 +21,9 @@ import transformers
 from torch import nn
 
 import auditor
+from auditor.analysis.stage_groups import fold_key, stage_rows
 from auditor.audit import AuditorWarning
 from auditor.call_labels import ModuleNames
-from auditor.cli.run import folded_rows
 
 HIDDEN, INTERMEDIATE = 32, 64
 LINEARS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -278,7 +278,7 @@ def test_folded_rows_keep_every_stage_in_tree_order():
               entry("eval", None),
               entry("layer#2", None, call("layer", 2)), entry("layer#2/stat", "layer#2"),
               entry("layer#2/Stat.add", "layer#2", call("Stat.add", 1))]
-    rows = folded_rows(stages)
-    assert [(row["name"], row["depth"], len(row["stages"])) for row in rows] == [
+    rows = stage_rows({"stages": stages})  # the folding both the report and `auditor run` show
+    assert [(fold_key(row.stages[0]), row.depth, row.count) for row in rows] == [
         ("layer", 0, 2), ("stat", 1, 2), ("Stat.add", 1, 1), ("eval", 0, 1)]
-    assert sorted(id(s) for row in rows for s in row["stages"]) == sorted(map(id, stages))
+    assert sorted(id(s) for row in rows for s in row.stages) == sorted(map(id, stages))

@@ -193,34 +193,6 @@ def _one_line_warnings(console):
         warnings.showwarning = original
 
 
-def folded_rows(stages: list[dict]) -> list[dict]:
-    """The summary's rows, in tree order: the calls of one staged callable (or one stage path
-    repeated) under one folded parent make one row, {"name", "depth", "stages"}; every stage
-    is in exactly one row."""
-    rows: dict[str, dict] = {}
-    children: dict[str | None, list[str]] = {}
-    folded: dict[str, str] = {}  # a stage's path -> its row's key
-    for entry in stages:  # start order: a parent comes before its children
-        call = entry.get("call")
-        name = call["target"] if call else entry["name"]
-        parent = folded.get(entry["parent"])
-        key = name if parent is None else f"{parent}/{name}"
-        folded[entry["path"]] = key
-        if key not in rows:
-            depth = 0 if parent is None else rows[parent]["depth"] + 1
-            rows[key] = {"name": name, "depth": depth, "stages": []}
-            children.setdefault(parent, []).append(key)
-        rows[key]["stages"].append(entry)
-    ordered: list[dict] = []
-
-    def add(parent):  # each row right after its parent's, siblings in the order they began
-        for key in children.get(parent, ()):
-            ordered.append(rows[key])
-            add(key)
-    add(None)
-    return ordered
-
-
 def _which_call(highest: dict, calls: list[dict]) -> str:
     """Where a folded row's highest peak was: `#113 model.layers.3.mlp.down_proj`."""
     if len(calls) == 1:
@@ -251,6 +223,9 @@ def _progress(console, entry: dict) -> None:
 def _summary(console, audit) -> None:
     from rich.markup import escape
     from rich.table import Table
+
+    from auditor.analysis.stage_groups import fold_key, stage_rows
+    from auditor.analysis.unstaged import peak_place
     record = audit.record
     if record is None:
         return
@@ -260,10 +235,10 @@ def _summary(console, audit) -> None:
     for column in ("calls", "RSS end", "delta", "peak inside", "time"):
         table.add_column(column, justify="right", no_wrap=True)
     table.add_column("highest peak in", overflow="fold")
-    rows = folded_rows(stages)
+    rows = stage_rows(record)  # repeated calls folded, as in the report
     for row in rows:  # a stage is its name indented under its parent, as in a profiler
-        calls = row["stages"]
-        label = "  " * row["depth"] + row["name"]
+        calls = row.stages
+        label = "  " * row.depth + fold_key(calls[0])
         failed = sum(entry["status"] != "ok" for entry in calls)
         if failed:
             status = calls[-1]["status"] if len(calls) == 1 else f"{failed} not ok"
@@ -278,7 +253,6 @@ def _summary(console, audit) -> None:
     if len(rows) < len(stages):
         console.print(f"({len(stages)} stages in {len(rows)} rows: repeated calls folded, delta "
                       "and time summed over the calls; each call is in the run record)")
-    from auditor.analysis.unstaged import peak_place
     peak = record["peak"]
     where = peak_place(record).phrase.replace("`", "")  # in stage X, after the last stage (X), ...
     console.print(f"peak RSS {mib(peak['rss'])} {where}; "
