@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import inspect
 import os
 import platform
 import secrets
@@ -274,8 +273,6 @@ class Audit:
         try:
             census = importlib.import_module("auditor.census")
             self._take_census, self._census_root = census.take_census, census.Root
-            # owners of storages, matched to the live-tensor meter's (an older census has none)
-            self._census_owners = "with_owners" in inspect.signature(census.take_census).parameters
         except (ImportError, AttributeError) as error:
             reason = f"auditor.census is unavailable ({error})"
             self._pending_warnings.append(f"census absent: {reason}")
@@ -805,7 +802,7 @@ class Audit:
             obj = ref()
             if obj is not None:
                 roots[name] = self._census_root(obj=obj, categories=categories)
-        owners = self._live is not None and self._census_owners
+        owners = self._live is not None  # the meter matches its storages to their owners
         # reference cycles: checked at top-level stage ends and the run's end (auditor.reference_cycles)
         extra = {"find_cycles": True} if not self._thread_stack() else {}
         census = None

@@ -43,6 +43,7 @@ it returns.
 """
 from __future__ import annotations
 
+import functools
 import gc
 import time
 import weakref
@@ -157,7 +158,6 @@ class _Ledger:
     def __init__(self, count_fake: bool):
         self.count_fake = count_fake
         self.storages: dict[tuple, _Storage] = {}
-        self.fake_type = _fake_tensor_type()
         self.found: list[torch.Tensor] = []
         self.weights: set[tuple] = set()
         self.reserved: dict[tuple, str] = {}
@@ -218,7 +218,7 @@ class _Ledger:
     def _storages_of(self, t: torch.Tensor) -> Iterator[tuple[tuple, int, str, bool]]:
         """(key, bytes, device, fake) of each non-empty storage holding `t`'s data."""
         for part in _parts(t):
-            fake = part.is_meta or (self.fake_type is not None and isinstance(part, self.fake_type))
+            fake = is_fake(part)
             try:
                 storage = part.untyped_storage()
                 nbytes = storage.nbytes()
@@ -322,6 +322,13 @@ def _subclasses(base: type) -> set[type]:
     return found
 
 
+def is_fake(t: torch.Tensor) -> bool:
+    """Meta and FakeTensor tensors hold no memory: their data pointers mean nothing."""
+    fake_type = _fake_tensor_type()
+    return t.is_meta or (fake_type is not None and isinstance(t, fake_type))
+
+
+@functools.cache
 def _fake_tensor_type() -> type | None:
     try:
         from torch._subclasses.fake_tensor import FakeTensor

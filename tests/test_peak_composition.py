@@ -4,18 +4,11 @@ from __future__ import annotations
 
 import weakref
 
-import pytest
 import torch
 
 import auditor
 from auditor import record as run_record
 from auditor.ownership import ACTIVATIONS
-
-try:
-    from auditor.census import storage_key  # noqa: F401  the key owners are listed under
-    HAS_OWNERS = True
-except ImportError:
-    HAS_OWNERS = False
 
 MiB = 1 << 20
 
@@ -72,7 +65,6 @@ def test_a_temporary_and_a_kept_tensor_at_the_stage_peak(tmp_path):
     assert "at_peak" in audit.record["probes"]["live_tensors"]["method"]
 
 
-@pytest.mark.skipif(not HAS_OWNERS, reason="needs the census's storage keys (auditor.census.storage_key)")
 def test_storages_alive_at_the_end_are_named_by_the_census(tmp_path):
     holder = Holder()
     folder = tmp_path / "run"
@@ -173,7 +165,6 @@ def test_no_tensor_is_kept_alive_by_the_meter(tmp_path):
             assert gone() is None  # freed at once, while its row is part of the peak
 
 
-@pytest.mark.skipif(not HAS_OWNERS, reason="needs the census's storage keys (auditor.census.storage_key)")
 def test_state_freed_before_the_end_keeps_the_owner_a_census_saw(tmp_path):
     """A Hessian-like state: made by the parent, used by a staged call (whose end takes a
     census), freed before the parent ends: the parent's peak still names it."""

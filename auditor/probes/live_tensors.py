@@ -36,11 +36,11 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from auditor.allocation_sites import MIN_BYTES as SITE_MIN_BYTES
 from auditor.allocation_sites import caller_site
+from auditor.census import ALLOCATED_AT, is_fake, storage_key
 from auditor.ownership import ACTIVATIONS, MASKS, OTHER
 from auditor.stage import AUDITOR_CODE
 
 NO_CENSUS = "unknown (no census)"
-ALLOCATED_AT = "allocated at"  # as auditor.census names an unowned storage by its line
 MAX_ROWS = 25
 # A row of the live table: [serial, bytes, created_in, op, census key, is bool, the last
 # component and category a census named it under while it was alive (or None, None), and the
@@ -78,7 +78,6 @@ class LiveTensorMeter(TorchDispatchMode):
         self.peak_sets = self.rows_read = 0
         self.seconds = 0.0
         self._lock = threading.RLock()  # a finalizer can run inside our own section (GC)
-        self._storage_key, self._fake_type = _census_key(), _fake_tensor_type()
 
     def seed_existing(self) -> None:
         """Count the tensors already alive (model weights built before the audit began)."""
@@ -167,11 +166,9 @@ class LiveTensorMeter(TorchDispatchMode):
         weakref.finalize(storage, self._release, serial, size)
 
     def _key(self, storage, tensor):
-        if self._storage_key is None:
-            return None
-        fake = tensor.is_meta or (self._fake_type is not None and isinstance(tensor, self._fake_type))
+        """The key the census lists the storage's owner under."""
         try:
-            return self._storage_key(storage, fake)
+            return storage_key(storage, is_fake(tensor))
         except Exception:  # a storage whose address cannot be read: no owner for it
             return None
 
@@ -275,8 +272,6 @@ class LiveTensorProbe:
         if self._meter.at_peak:
             method += ("; at_peak: the exact set alive at each interval's high (live table and "
                        "the rows freed since the high, no copy while the program runs)")
-            if self._meter._storage_key is None:
-                method += "; owners unknown (this census gives no storage keys)"
         return {"state": "on", "method": method}
 
     def close(self) -> None:
@@ -293,20 +288,3 @@ def _op_name(func) -> str | None:
         return func._schema.name
     except Exception:  # not an OpOverload (a higher-order operator)
         return getattr(func, "__name__", None) or str(func)
-
-
-def _census_key():
-    """auditor.census.storage_key, the key its owners are listed under, or None (an older census)."""
-    try:
-        from auditor.census import storage_key
-    except ImportError:
-        return None
-    return storage_key
-
-
-def _fake_tensor_type():
-    try:
-        from torch._subclasses.fake_tensor import FakeTensor
-    except ImportError:  # private API: absent in some torch versions
-        return None
-    return FakeTensor
