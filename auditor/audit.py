@@ -305,8 +305,9 @@ class Audit:
             self._staging.restore()
         for target in self._staging.targets:
             if target.name not in self._calls:
-                self._warn(f"stage target {target.spec} was never called (code that imported it "
-                           "by name before the audit keeps calling the original)")
+                self._warn(f"stage target {target.spec} was never called (a copy kept outside "
+                           "a module's names, such as a local or a default argument, keeps "
+                           "calling the original)")
         ends = self._final_readings()
         self._end_run_intervals(end_s, ends)
         for meter in reversed(self._meters):  # dispatch modes leave in the reverse order
@@ -787,10 +788,7 @@ class Audit:
             with self._lock:
                 if transient_memory:
                     self._reset_meters()
-                spent = time.perf_counter() - began
-                self._excluded_s += spent
-                self._excluded_spans.append((began, spent))
-                self._overhead[kind] = self._overhead.get(kind, 0.0) + spent
+                self._keep_out(began, kind)
 
     def _census(self) -> tuple[dict | None, dict | None, dict | None]:
         """Tensor census at a stage end; its time and transient memory are kept out of stages.
@@ -825,11 +823,16 @@ class Audit:
             components, tensors = None, None
         self._resolve_owners(census)
         self._reset_meters()  # the census's own allocations belong to no stage
+        self._keep_out(began, "census_s")
+        return components, tensors, census
+
+    def _keep_out(self, began: float, kind: str) -> None:
+        """The auditor's own work since perf_counter `began`: out of every stage's time (the
+        clock skips it, _seconds_at too) and into the overhead under `kind`."""
         spent = time.perf_counter() - began
         self._excluded_s += spent
         self._excluded_spans.append((began, spent))
-        self._overhead["census_s"] += spent
-        return components, tensors, census
+        self._overhead[kind] = self._overhead.get(kind, 0.0) + spent
 
     # -- plumbing ------------------------------------------------------------------------
 
