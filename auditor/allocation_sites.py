@@ -19,8 +19,8 @@ import sysconfig
 
 MIN_BYTES = 64 * 1024  # smaller storages are not worth a frame walk: they never matter alone
 
-_AUDITOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
-_JOBS = os.path.join(_AUDITOR, "jobs", "")
+AUDITOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")  # the package's folder
+_JOBS = os.path.join(AUDITOR, "jobs", "")
 _verdicts: dict = {}  # code object -> shown path, or None for library code
 
 
@@ -38,13 +38,24 @@ def caller_site() -> str | None:
     return None
 
 
+def is_program_code(filename: str) -> bool:
+    """A file of the audited program: not the standard library, an installed package or the
+    auditor's measuring code (its jobs/ are workloads, so they count as the program)."""
+    if filename.startswith(_JOBS):
+        return True
+    return not (filename.startswith("<") or filename.startswith(_library_roots()))
+
+
+def is_auditor_code(filename: str) -> bool:
+    """A file of the auditor's measuring code (not its jobs)."""
+    return filename.startswith(AUDITOR) and not filename.startswith(_JOBS)
+
+
 def _shown_if_program(filename: str) -> str | None:
     if filename.startswith("<"):
         return None
     path = os.path.abspath(filename)
-    if path.startswith(_JOBS) or not path.startswith(_library_roots()):
-        return _shown(path)
-    return None
+    return _shown(path) if is_program_code(path) else None
 
 
 def _shown(path: str) -> str:
@@ -62,7 +73,7 @@ def _library_roots() -> tuple[str, ...]:
         paths = sysconfig.get_paths()
         roots = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
         roots.update(getattr(site, "getsitepackages", lambda: [])())
-        roots.add(_AUDITOR)
+        roots.add(AUDITOR)
         _ROOTS = tuple(os.path.join(os.path.abspath(r), "") for r in roots if r)
     return _ROOTS
 

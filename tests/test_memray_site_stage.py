@@ -42,13 +42,13 @@ def test_memrays_stage_is_the_one_open_at_its_high_water_time(tmp_path):
     top = memray["sites"][0]
     assert top["location"].startswith(f"{__file__}:") and top["function"] == "_hold_a_buffer"
     assert 64 * MiB <= top["bytes"] < 65 * MiB
-    assert not any(s["location"].startswith(memray_trace._AUDITOR_ROOT) for s in memray["sites"])
+    assert not any(s["location"].startswith(memray_trace.AUDITOR) for s in memray["sites"])
     assert isinstance(memray["auditor_bytes"], int) and memray["auditor_bytes"] >= 0
     del untouched
 
 
 def test_the_auditors_own_frames_are_never_a_site():
-    auditor_file = memray_trace._AUDITOR_ROOT + "census.py"
+    auditor_file = memray_trace.AUDITOR + "census.py"
     user_file = __file__
     torch_ops = torch.__file__.replace("__init__.py", "_ops.py")
     meter = memray_trace._METER
@@ -60,7 +60,7 @@ def test_the_auditors_own_frames_are_never_a_site():
     # the meter's own bookkeeping in its dispatch frame, with no operator below: the auditor's
     assert memray_trace.site_frame([("__torch_dispatch__", meter, 106), ("step", user_file, 7)])[1] == meter
     # a staged library function: the wrapper the auditor put around it hands the call on
-    wrapper = memray_trace._AUDITOR_ROOT + "targets.py"
+    wrapper = memray_trace.AUDITOR + "targets.py"
     library = torch.__file__.replace("__init__.py", "functional.py")
     stack = [("stft", library, 3), ("staged_call", wrapper, 200), ("main", user_file, 9)]
     assert memray_trace.site_frame(stack) == ("main", user_file, 9)

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import linecache
 import os
-import site
 import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 from typing import Callable
+
+from auditor.allocation_sites import AUDITOR, is_auditor_code, is_program_code
 
 TRACE_FILE = "memray.bin"
 FLAMEGRAPH_FILE = "memray-flamegraph.html"
@@ -136,7 +136,7 @@ def top_sites(records, limit: int = TOP_SITES) -> tuple[list[dict], int]:
     auditor_bytes = 0
     for record in records:
         user = site_frame(python_stack(record))
-        if user is not None and _is_auditor_own(user[1]):
+        if user is not None and is_auditor_code(user[1]):
             auditor_bytes += record.size
             continue
         location = f"{user[1]}:{user[2]}" if user else "<no Python frame>"
@@ -178,7 +178,7 @@ def site_frame(stack: list):
         if passes_through(function, filename, below_an_operator):
             below_an_operator = below_an_operator or filename.endswith(_OPERATOR)
             continue
-        if is_user_code(filename) or filename.startswith(_AUDITOR_ROOT):
+        if is_program_code(filename) or filename.startswith(AUDITOR):
             return frame
     return stack[0] if stack else None
 
@@ -196,19 +196,6 @@ def _frame_text(frame) -> str:
     return f"{function} at {filename}:{line}" if line else f"{function} ({filename})"
 
 
-def _library_roots() -> tuple[str, ...]:
-    paths = sysconfig.get_paths()
-    roots = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
-    roots.update(getattr(site, "getsitepackages", lambda: [])())
-    roots.add(_AUDITOR_ROOT)
-    return tuple(os.path.join(root, "") for root in roots if root)
-
-
-_AUDITOR_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
-_LIBRARY_ROOTS = _library_roots()
-_JOBS_ROOT = os.path.join(_AUDITOR_ROOT, "jobs", "")
-
-
 # Frames that only hand an allocation on: torch's operator and module-call plumbing; the
 # live-tensor meter's dispatch mode when it is running the program's operator (every op runs
 # inside it); the wrappers the auditor puts around staged callables (a staged library
@@ -217,9 +204,9 @@ _OPERATOR = os.path.join("torch", "_ops.py")
 _PLUMBING = tuple(os.path.join("torch", *parts) for parts in (
     ("_ops.py",), ("_compile.py",), ("_dynamo", ""), ("nn", "modules", "module.py"), ("utils", "_contextlib.py"),
     ("utils", "_python_dispatch.py")))
-_METER = os.path.join(_AUDITOR_ROOT, "probes", "live_tensors.py")
-_WRAPPERS = {(os.path.join(_AUDITOR_ROOT, "targets.py"), "staged_call"),
-             (os.path.join(_AUDITOR_ROOT, "stage.py"), "staged")}
+_METER = os.path.join(AUDITOR, "probes", "live_tensors.py")
+_WRAPPERS = {(os.path.join(AUDITOR, "targets.py"), "staged_call"),
+             (os.path.join(AUDITOR, "stage.py"), "staged")}
 
 
 def passes_through(function: str, filename: str, below_an_operator: bool = True) -> bool:
@@ -231,17 +218,6 @@ def passes_through(function: str, filename: str, below_an_operator: bool = True)
     if (filename, function) in _WRAPPERS:
         return True
     return any(part in filename for part in _PLUMBING)
-
-
-def is_user_code(filename: str) -> bool:
-    if filename.startswith(_JOBS_ROOT):  # the workloads the auditor's own commands run
-        return True
-    return not (filename.startswith("<") or filename.startswith(_LIBRARY_ROOTS))
-
-
-def _is_auditor_own(filename: str) -> bool:
-    """A frame of the auditor's measuring code (its jobs are workloads: user code)."""
-    return filename.startswith(_AUDITOR_ROOT) and not filename.startswith(_JOBS_ROOT)
 
 
 def write_flamegraph(reader, records, folder: Path) -> str | None:
