@@ -67,9 +67,22 @@ def test_the_auditors_own_frames_are_never_a_site():
 
 
 def test_the_stage_at_a_time_is_the_innermost_open():
-    stages = [{"id": 1, "path": "prune", "start_s": 0.0, "end_s": 10.0},
-              {"id": 2, "path": "prune/layer#1", "start_s": 1.0, "end_s": 4.0},
-              {"id": 3, "path": "prune/layer#2", "start_s": 5.0, "end_s": 9.0}]
+    stages = [{"id": 1, "path": "prune", "parent": None, "start_s": 0.0, "end_s": 10.0},
+              {"id": 2, "path": "prune/layer#1", "parent": 1, "start_s": 1.0, "end_s": 4.0},
+              {"id": 3, "path": "prune/layer#2", "parent": 1, "start_s": 5.0, "end_s": 9.0}]
     assert memray_trace.stage_at(stages, 2.0)["path"] == "prune/layer#1"
     assert memray_trace.stage_at(stages, 4.5)["path"] == "prune"
     assert memray_trace.stage_at(stages, 11.0) is None
+
+
+def test_a_snapshot_stamped_just_before_a_stage_began_is_placed_in_it():
+    """memray truncates snapshot times to whole milliseconds: a moment 0.4 ms into a stage
+    that began 0.1 ms after the stamp's millisecond belongs to that stage, not to the gap
+    before it or to the sibling that ended just before."""
+    stages = [{"id": 1, "path": "quiet", "parent": None, "start_s": 0.0300, "end_s": 0.0302,
+               "rss": {"peak": 10}},
+              {"id": 2, "path": "spike", "parent": None, "start_s": 0.0306, "end_s": 0.0560,
+               "rss": {"peak": 10**8}}]
+    assert memray_trace.stage_at(stages, 0.030)["path"] == "spike"
+    assert memray_trace.stage_at(stages, 0.040)["path"] == "spike"
+    assert memray_trace.stage_at(stages, 0.0575) is None  # well after both: unstaged

@@ -33,6 +33,8 @@ FRAME_TEXT = 200  # C++ template names run to kilobytes; keep the head
 SNAPSHOT_SHARE = 0.9
 TIME_BASIS = "time of memray's high-water mark, from its ~10 ms memory snapshots"
 RSS_BASIS = "the run's RSS-peak stage (no snapshot time)"
+SNAPSHOT_RESOLUTION_S = 0.001  # memray's snapshot times are whole milliseconds
+CLOCK_SLACK_S = 0.0005  # unix time to perf_counter, taken once at the start
 
 
 class MemrayTrace:
@@ -123,10 +125,19 @@ class MemrayTrace:
 
 
 def stage_at(stages: list[dict], at_s: float) -> dict | None:
-    """The innermost stage open at `at_s` (the latest to start among those holding it)."""
-    holding = [s for s in stages if s.get("start_s") is not None and s.get("end_s") is not None
-               and s["start_s"] <= at_s <= s["end_s"]]
-    return max(holding, key=lambda s: (s["start_s"], s["path"].count("/")), default=None)
+    """The innermost stage open at the snapshot time `at_s`. memray stamps snapshots in whole
+    milliseconds (truncated), so the moment lies in [at_s, at_s + 1 ms), widened by a little
+    for the clock conversion: of the stages overlapping that window, the innermost (none of
+    its children overlaps too) that overlaps it most, then the one with the higher RSS peak."""
+    low, high = at_s - CLOCK_SLACK_S, at_s + SNAPSHOT_RESOLUTION_S + CLOCK_SLACK_S
+    overlap = {s["id"]: min(high, s["end_s"]) - max(low, s["start_s"]) for s in stages
+               if s.get("start_s") is not None and s.get("end_s") is not None
+               and s["start_s"] <= high and s["end_s"] >= low}
+    holding = [s for s in stages if s.get("id") in overlap]
+    parents = {s.get("parent") for s in holding}
+    innermost = [s for s in holding if s["id"] not in parents] or holding
+    return max(innermost, key=lambda s: (overlap[s["id"]], (s.get("rss") or {}).get("peak") or 0),
+               default=None)
 
 
 def top_sites(records, limit: int = TOP_SITES) -> tuple[list[dict], int]:
