@@ -38,7 +38,8 @@ def test_memrays_stage_is_the_one_open_at_its_high_water_time(tmp_path):
     assert record["peak"]["stage"] != "allocate"
     assert memray["stage"] == "allocate"  # ... memray's high-water is here, found by time
     assert memray["stage_basis"] == memray_trace.TIME_BASIS
-    assert allocate["start_s"] <= memray["at_s"] <= allocate["end_s"]
+    # memray stamps whole milliseconds (truncated), and the record rounds to them
+    assert allocate["start_s"] - 0.0015 <= memray["at_s"] <= allocate["end_s"]
     top = memray["sites"][0]
     assert top["location"].startswith(f"{__file__}:") and top["function"] == "_hold_a_buffer"
     assert 64 * MiB <= top["bytes"] < 65 * MiB
