@@ -1,6 +1,8 @@
 """Candidate selection: exact thresholds, the target fraction, and Wanda's score against a reference."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -113,8 +115,24 @@ def test_wanda_reads_conv1d_inputs_along_its_first_axis(tokens):
 
 
 def test_magnitude_takes_the_smallest_weights(tiny_gpt_neo, tokens):
-    result = GradProbe(tiny_gpt_neo, Magnitude()).prune(tokens, sparsity=0.1)
-    assert result.candidates == round(0.1 * result.prunable)
+    """The candidates are the round(s * P) smallest |w| over all prunable tensors at once: every
+    candidate's |w| is below every other weight's (picking the largest 10%, or 10% of each
+    tensor, keeps the count and fails here)."""
+    model = copy.deepcopy(tiny_gpt_neo)
+    prunable = prunable_tensors(model)
+    scaled = next(iter(prunable))
+    with torch.no_grad():
+        prunable[scaled].mul_(100.0)  # one global threshold: this tensor has ~no candidates
+    chosen = Magnitude().select(model, prunable, 0.1, CalibrationBatches(tokens, 2))
+    magnitudes = torch.cat([prunable[name].detach().abs().flatten() for name in chosen])
+    flags = torch.cat([chosen[name].flatten() for name in chosen])
+    assert int(flags.sum()) == round(0.1 * flags.numel())
+    assert magnitudes[flags].max() < magnitudes[~flags].min()
+    assert float(chosen[scaled].float().mean()) < 0.01  # not s of every tensor
+    result = GradProbe(model, Magnitude()).prune(tokens, sparsity=0.1)
+    assert result.candidates == int(flags.sum())
+    for name, pruned in result.masks.items():  # pruned weights are candidates
+        assert not (pruned & ~chosen[name]).any() if name in chosen else not pruned.any(), name
 
 
 def test_unknown_strategy_is_a_value_error(tiny_gpt_neo):
