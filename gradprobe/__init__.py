@@ -1,4 +1,4 @@
-"""GradProbe (baseline): gradient-comparison pruning, written from /work/shared/gradprobe-spec.md.
+"""GradProbe (baseline): gradient-comparison pruning, written from the GradProbe specification (shared/gradprobe-spec.md beside this repository).
 
     from gradprobe import GradProbe, mask_digest
     result = GradProbe(model, strategy="magnitude").prune(batches, sparsity=0.1)
