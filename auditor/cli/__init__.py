@@ -61,8 +61,18 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message}; see '{self.prog} --help'")
 
 
+def installed_version() -> str:
+    """The installed distribution's version (pyproject.toml's), or say it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("memory-auditor")
+    except PackageNotFoundError:
+        return "(not installed: run from a source tree)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="auditor", description="Stage-by-stage memory audits of Python code.")
+    parser.add_argument("--version", action="version", version=f"auditor {installed_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in SUBCOMMANDS:
         importlib.import_module(f"auditor.cli.{name}").register(subparsers)
