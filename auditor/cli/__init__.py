@@ -11,6 +11,7 @@ import argparse
 import importlib
 import os
 import sys
+from functools import partial
 
 SUBCOMMANDS = ["run", "gradprobe", "train_step", "report", "rebuild", "compare", "validate_projection", "export"]
 
@@ -61,6 +62,25 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message}; see '{self.prog} --help'")
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and examples as written; every option's default shown where it has one
+    (not for flags, and not where its help already says it)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        shown = not (default is None or isinstance(default, bool) or default == []
+                     or default is argparse.SUPPRESS)
+        if action.option_strings and "default" not in text and shown:
+            text += " (default: %(default)s)"
+        return text
+
+
+def examples(*lines: str) -> str:
+    """An epilog's examples block: each line a command as typed."""
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
 def installed_version() -> str:
     """The installed distribution's version (pyproject.toml's), or say it is not installed."""
     from importlib.metadata import PackageNotFoundError, version
@@ -73,7 +93,8 @@ def installed_version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="auditor", description="Stage-by-stage memory audits of Python code.")
     parser.add_argument("--version", action="version", version=f"auditor {installed_version()}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                       parser_class=partial(_Parser, formatter_class=HelpFormatter))
     for name in SUBCOMMANDS:
         importlib.import_module(f"auditor.cli.{name}").register(subparsers)
     return parser

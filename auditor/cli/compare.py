@@ -24,7 +24,7 @@ import shutil
 from datetime import datetime
 from pathlib import Path
 
-from auditor.cli import UsageError, check_writable_report
+from auditor.cli import UsageError, check_writable_report, examples
 from auditor.record import EVENTS_FILE, RUN_FILE
 
 MiB = 1 << 20
@@ -37,7 +37,10 @@ def register(subparsers) -> None:
         description="Run a baseline and variants in fresh processes, alternating; compare peak RSS,\n"
                     "peak over loaded, wall time and results.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="A bare NAME is a GradProbe variant: python -m gradprobe --variant NAME, with the arguments\n"
+        epilog=examples("auditor compare --variant lean --repeats 3 -o lean.md -- --arch tinystories-33m",
+                        "auditor compare --baseline-cmd old 'python prune.py' --variant-cmd new "
+                        "'python prune.py --lean'") + "\n\n"
+               "A bare NAME is a GradProbe variant: python -m gradprobe --variant NAME, with the arguments\n"
                "after -- (e.g. -- --arch tinystories-33m --seq-len 128). A command may report its loaded RSS\n"
                "and result through AUDITOR_RESULT (auditor/comparison/protocol.py).\n"
                "A saving counts only beyond the noise measured between runs (the report states the rule).\n"
@@ -56,7 +59,7 @@ def register(subparsers) -> None:
                              "(0.001) or a percentage (0.1%%); default exact, or what the run declares")
     parser.add_argument("--require-result", action="store_true",
                         help="fail a variant that gives no result to compare")
-    parser.add_argument("-o", "--out", metavar="FILE.md",
+    parser.add_argument("-o", "--output", "--out", dest="out", metavar="FILE.md",
                         help="report file; FILE.png and FILE.json go beside it (default: under runs/)")
     parser.add_argument("--keep-runs", metavar="DIR", help="keep every run's folder (output, result) in DIR")
     parser.add_argument("--from", dest="from_record", metavar="RECORD.json",

@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from auditor.cli import UsageError, check_file_writable
+from auditor.cli import UsageError, check_file_writable, examples
 
 DEFAULT_NAMES = {"chrome-trace": "trace.json"}  # format -> file name in the run folder
 
@@ -29,7 +29,7 @@ def register(subparsers) -> None:
                     "CUDA allocated as counters, marks and peaks as instant events; open the file in\n"
                     "Perfetto (ui.perfetto.dev) or chrome://tracing.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="example:\n  auditor export runs/20250101-120000-prune -o prune-trace.json\n\n"
+        epilog=examples("auditor export runs/20250101-120000-prune -o prune-trace.json") + "\n\n"
                "A run folder with events.jsonl but no run.json (a killed run) is rebuilt from its\n"
                "event log (run.json is not written); stages still open are drawn to its last known time.")
     parser.add_argument("run", metavar="RUN", help="run folder, or its run.json")

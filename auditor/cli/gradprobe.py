@@ -13,7 +13,7 @@ from pathlib import Path
 
 from architectures.options import (add_device_argument, add_seed_argument, add_size_arguments,
                                    add_threads_argument, check_sequence_length, size_overrides)
-from auditor.cli import UsageError, check_writable_report
+from auditor.cli import UsageError, check_writable_report, examples
 from auditor.cli.progress import StatusLine
 from auditor.cli.report_name import default_report_path, defaults_of
 
@@ -26,7 +26,8 @@ def add_settings_arguments(p) -> None:
     from gradprobe.settings import STRATEGIES, VARIANTS
     p.add_argument("--variant", default="baseline", metavar="NAME",
                    help=f"GradProbe variant: {', '.join(VARIANTS)} (default: baseline)")
-    p.add_argument("--strategy", default="magnitude", choices=STRATEGIES)
+    p.add_argument("--strategy", default="magnitude", choices=STRATEGIES,
+                   help="how candidates are scored: |w| (magnitude) or |w| times input norms (wanda)")
     add_pruning_arguments(p)
     add_seed_argument(p)
 
@@ -52,7 +53,9 @@ def settings_from(args, overrides: dict, device: str = "cpu"):
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("gradprobe", help="audit GradProbe and write the memory report",
-                              description=__doc__.split("\n\n")[0])
+                              description=__doc__.split("\n\n")[0],
+                              epilog=examples("auditor gradprobe --arch tinystories-33m --target mistral-7b",
+                                              "auditor gradprobe --variant lean --layers 2 -o lean.md"))
     p.add_argument("--arch", default="tinystories-33m", help="architecture name or checkpoint folder")
     add_size_arguments(p)
     add_settings_arguments(p)

@@ -15,14 +15,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from auditor.cli import UsageError
+from auditor.cli import UsageError, examples
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "rebuild", help="write a run folder's run.json from its event log (killed runs, full disks)",
         description="Write DIR/run.json from DIR/events.jsonl: for a run that was killed, or whose "
-                    "run.json could not be written. Stages never finished are listed as open.")
+                    "run.json could not be written. Stages never finished are listed as open.",
+        epilog=examples("auditor rebuild runs/20250101-120000-prune && auditor report runs/20250101-120000-prune"))
     parser.add_argument("folder", metavar="DIR", help="the run folder (holding events.jsonl)")
     parser.add_argument("--force", action="store_true",
                         help="replace an existing run.json (default: keep it and stop)")

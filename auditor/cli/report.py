@@ -17,7 +17,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from auditor.cli import UsageError, check_file_writable
+from auditor.cli import UsageError, check_file_writable, examples
 
 DEFAULT_NAME = "report.md"
 
@@ -27,11 +27,13 @@ def register(subparsers) -> None:
         "report", help="render a markdown memory report from a run record",
         description="Render the memory report of a run from its record alone (run.json or a "
                     "run folder): summary, stages, components, timeline PNG, allocation sites, "
-                    "findings, minimum, environment.")
+                    "findings, minimum, environment.",
+        epilog=examples("auditor report runs/20250101-120000-prune",
+                        "auditor report runs/20250101-120000-prune -o reports/prune.md"))
     parser.add_argument("runs", nargs="+", metavar="RUN",
                         help="run.json, or the run folder holding it; several train-step runs "
                              "make one training-step report")
-    parser.add_argument("-o", "--out", metavar="REPORT.md",
+    parser.add_argument("-o", "--output", "--out", dest="out", metavar="REPORT.md",
                         help=f"where to write the report (default: {DEFAULT_NAME} in the run folder); "
                              "the PNG goes beside it")
     parser.set_defaults(handler=main)

@@ -22,7 +22,7 @@ import traceback
 import warnings
 from pathlib import Path
 
-from auditor.cli import UsageError
+from auditor.cli import UsageError, examples
 from auditor.record import EVENTS_FILE
 
 
@@ -30,10 +30,12 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "run", help="run a Python script under audit",
         description="Run SCRIPT as `python SCRIPT ARGS` would, under audit; write DIR/run.json.",
-        epilog="Exit status: the script's own (a record that cannot be written is a warning); "
-               "130 after Ctrl-C and 143 after SIGTERM (128 + the signal, as a shell shows a "
+        epilog=examples("auditor run --live-tensors --stage mylib.prune:prune_layer prune.py --sparsity 0.5",
+                        "auditor run --memray --run-dir runs/prune-1 prune.py") + "\n\n"
+               "Exit status: the script's own (a record that cannot be written is a warning);\n"
+               "130 after Ctrl-C and 143 after SIGTERM (128 + the signal, as a shell shows a\n"
                "process that signal ended), with a record saying 'interrupted'.")
-    parser.add_argument("--out", metavar="DIR",
+    parser.add_argument("--run-dir", "--out", dest="out", metavar="DIR",
                         help="run folder (default: a new folder under runs/)")
     parser.add_argument("--stage", metavar="TARGET", action="append", default=[], dest="stages",
                         help="stage every call of module:function or module:Class.method "

@@ -18,7 +18,7 @@ from architectures.options import (add_device_argument, add_seed_argument, add_s
                                    add_size_arguments, at_least, check_model_options, finite_float,
                                    positive_number, size_overrides)
 from auditor.analysis.activation_size import PRECISIONS
-from auditor.cli import UsageError, check_writable_report
+from auditor.cli import UsageError, check_writable_report, examples
 from auditor.cli.progress import StatusLine
 from auditor.cli.report_name import default_report_path, defaults_of
 
@@ -29,7 +29,9 @@ OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum")
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("train-step", help="memory of training steps: components, sweeps, leaks",
-                              description=__doc__.split("\n\n")[0])
+                              description=__doc__.split("\n\n")[0],
+                              epilog=examples("auditor train-step --arch tinystories-33m --seq-len 128 512",
+                                              "auditor train-step --precision fp32 amp-bf16 --optimizer sgd"))
     p.add_argument("--arch", nargs="+", default=["tinystories-33m"], metavar="ARCH",
                    help="architecture names or local checkpoint folders")
     add_size_arguments(p)

@@ -18,13 +18,15 @@ import sys
 from pathlib import Path
 
 from architectures.options import add_size_arguments, add_threads_argument, check_sequence_length, size_overrides
-from auditor.cli import UsageError, check_writable_report
+from auditor.cli import UsageError, check_writable_report, examples
 from auditor.cli.gradprobe import add_settings_arguments, check_settings_arguments, settings_from
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("validate-projection", help="check the projections against a real held-out run",
-                              description=__doc__.split("\n\n")[0])
+                              description=__doc__.split("\n\n")[0],
+                              epilog=examples("auditor validate-projection --arch tinystories-33m --layers 1 "
+                                              "--target tinystories-33m --target-layers 8"))
     p.add_argument("--arch", default="tinystories-33m", help="architecture audited at the small scale")
     add_size_arguments(p, scale="small scale: ")
     p.add_argument("--target", default="tinystories-33m", metavar="ARCH", help="held-out architecture")
