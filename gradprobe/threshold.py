@@ -19,9 +19,9 @@ _BINS = 1 << 16
 def kth_smallest(score_blocks: Callable[[], Iterable[torch.Tensor]], k: int) -> float:
     """The k-th smallest (1-based) score; `score_blocks()` yields the scores afresh on each call."""
     high = _histogram(score_blocks(), lambda bits: bits >> 16)
-    high_bin, rank = _bin_holding(high, k)
+    high_bin, rank = bin_holding(high, k)
     low = _histogram(score_blocks(), lambda bits: bits[(bits >> 16) == high_bin] & 0xFFFF)
-    low_bin, _ = _bin_holding(low, rank)
+    low_bin, _ = bin_holding(low, rank)
     return torch.tensor([(high_bin << 16) | low_bin], dtype=torch.int32).view(torch.float32).item()
 
 
@@ -46,7 +46,7 @@ def _histogram(blocks: Iterable[torch.Tensor], key: Callable) -> torch.Tensor:
     return counts
 
 
-def _bin_holding(counts: torch.Tensor, k: int) -> tuple[int, int]:
+def bin_holding(counts: torch.Tensor, k: int) -> tuple[int, int]:
     """The bin holding the k-th smallest value, and that value's rank inside the bin."""
     cumulative = torch.cumsum(counts, 0)
     index = int(torch.searchsorted(cumulative, k))  # first bin whose cumulative count reaches k

@@ -18,7 +18,7 @@ import torch
 
 from ..blocks import row_blocks
 from ..strategies import TensorScores
-from ..threshold import candidate_threshold
+from ..threshold import bin_holding, candidate_threshold
 from .weights_folder import WeightsFolder
 
 
@@ -36,6 +36,44 @@ def global_threshold(folder: WeightsFolder, names: list[str], sparsity: float,
         return chain.from_iterable(TensorScores(folder.load(name), scales.get(name)).blocks() for name in names)
 
     return candidate_threshold(every_block, total, sparsity)
+
+
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+
+class HalfMagnitudes:
+    """The magnitude threshold of half-precision weights in one pass: a histogram of |w| bit patterns.
+
+    A bf16 or fp16 |w| has one of 2^15 bit patterns, and non-negative patterns sort like their
+    values, so counting them gives the k-th smallest |w| exactly, and it is the k-th smallest fp32
+    score the baseline's two-pass search finds (fp32 holds every half value exactly). Tensors are
+    counted as the first gradient pass loads them, so no pass over the files is spent on t.
+    """
+
+    def __init__(self, total: int, sparsity: float):
+        self.total, self.sparsity = total, sparsity
+        self.counts = torch.zeros(1 << 15, dtype=torch.int64)
+        self.counted: set[str] = set()
+        self.dtype: torch.dtype | None = None
+
+    def add(self, name: str, stored: torch.Tensor) -> None:
+        if name in self.counted:
+            return  # a tied tensor, loaded by two stages
+        self.counted.add(name)
+        self.dtype = stored.dtype
+        bits = stored.view(torch.int16)
+        for rows in row_blocks(bits):
+            self.counts += torch.bincount((bits[rows] & 0x7FFF).view(-1), minlength=1 << 15)
+
+    def threshold(self) -> float:
+        """As `threshold.candidate_threshold`: the smallest score that is not a candidate."""
+        k = round(self.sparsity * self.total)
+        if k <= 0:
+            return 0.0
+        if k >= self.total:
+            return float("inf")
+        pattern, _ = bin_holding(self.counts, k + 1)
+        return torch.tensor([pattern], dtype=torch.int16).view(self.dtype).float().item()
 
 
 class Candidates:
@@ -64,6 +102,29 @@ class Candidates:
         """Candidates times r, in place (the same fp32 multiply as the baseline's `reduce_candidates`)."""
         flat = self.weight.view(-1)
         flat.index_put_((self.positions,), flat.index_select(0, self.positions) * reduction_factor)
+
+    def range_bounds(self, start: int, end: int) -> tuple[int, int]:
+        """Where the candidates with flat positions in [start, end) lie in `positions` (a slice)."""
+        bounds = torch.tensor([start, end], dtype=self.positions.dtype)
+        low, high = torch.searchsorted(self.positions, bounds).tolist()
+        return low, high
+
+    def in_range(self, start: int, end: int) -> torch.Tensor:
+        """The flat positions in [start, end), as int64 indices."""
+        low, high = self.range_bounds(start, end)
+        return self.positions[low:high].to(torch.int64)
+
+    def in_columns(self, start: int, end: int, width: int) -> torch.Tensor:
+        """The flat positions of the candidates in columns [start, end) of a `width`-wide matrix, int64."""
+        rows = torch.arange(self.weight.shape[0], dtype=torch.int64) * width
+        low = torch.searchsorted(self.positions, (rows + start).to(self.positions.dtype))
+        high = torch.searchsorted(self.positions, (rows + end).to(self.positions.dtype))
+        lengths = high - low  # each row's candidates in the columns are one run of `positions`
+        offsets = torch.cumsum(lengths, 0) - lengths
+        count = int(lengths.sum())
+        index = (torch.arange(count) - torch.repeat_interleave(offsets, lengths, output_size=count)
+                 + torch.repeat_interleave(low, lengths, output_size=count))
+        return self.positions.index_select(0, index).to(torch.int64)
 
     def scatter(self, target: torch.Tensor, values: torch.Tensor) -> None:
         """Put `values` (one per candidate, in `gather`'s order) into `target` at the candidates."""

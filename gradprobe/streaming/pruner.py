@@ -28,6 +28,7 @@ per parameter (1 = pruned). The input folder is only read.
 """
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -43,9 +44,10 @@ from ..decision import is_pruned
 from ..loss import causal_lm_loss
 from ..pruner import check_settings
 from ..strategies import _hook_input_norms
-from .candidates import Candidates, global_threshold
+from .candidates import HALF_DTYPES, Candidates, HalfMagnitudes, global_threshold
 from .gradient_records import CandidateGradients, ScratchRecords
 from .heap import release_free_memory
+from .hidden_states import SpilledStack
 from .result import StreamingResult
 from .safetensors_files import SafetensorsWriter
 from .stages import LoadedStage, Stage, StagedModel
@@ -84,10 +86,11 @@ class StreamingGradProbe:
         self.scales: dict[str, torch.Tensor] = {}  # WANDA's ||X_j|| per tensor; none for magnitude
         self.reduction_factor: float | None = None  # set during the reduced pass only
         self.records: dict[str, CandidateGradients] = {}
-        self.hidden: list[list[torch.Tensor]] = []  # per layer boundary, per batch
+        self.hidden: SpilledStack | None = None  # per layer boundary, per batch; on disk but the top
+        self.counting: HalfMagnitudes | None = None  # t of half-precision weights, counted in the G0 pass
         self.batch = 0  # the batch being backpropagated: the gradient hooks read it
         self._loaded = None  # the stage in memory, for `resident_bytes`
-        self._candidates: dict[str, Candidates] = {}  # of the stage in memory (they hold its weights)
+        self.scratch: str | None = None
 
     def prune(self, loader: Iterable, out: str, loss_fn: Callable | None = None, sparsity: float = 0.1,
               num_batches: int = 2, reduction_factor: float = 0.1, gradient_threshold: float = 2.0,
@@ -99,7 +102,7 @@ class StreamingGradProbe:
         masks_out = masks_out or os.path.join(out, "masks.safetensors")
         start = time.perf_counter()
         os.makedirs(out, exist_ok=True)
-        scratch_folder = tempfile.mkdtemp(prefix="gradprobe-scratch-", dir=scratch or out)
+        scratch_folder = self.scratch = tempfile.mkdtemp(prefix="gradprobe-scratch-", dir=scratch or out)
         try:
             self.select_candidates(batches, sparsity)
             release_free_memory()
@@ -117,9 +120,17 @@ class StreamingGradProbe:
     # -- the phases --------------------------------------------------------------------------
 
     def select_candidates(self, batches: list, sparsity: float) -> None:
-        """One global threshold t over the scores of all prunable tensors: |w|, or |w| * ||X_j|| (WANDA)."""
+        """One global threshold t over the scores of all prunable tensors: |w|, or |w| * ||X_j|| (WANDA).
+
+        Half-precision weights by magnitude: t is counted as the G0 pass loads them (`HalfMagnitudes`).
+        """
         self.scales = self.input_norms(batches) if self.strategy == "wanda" else {}
-        self.threshold = global_threshold(self.folder, self.model.prunable, sparsity, self.scales)
+        names = self.model.prunable
+        if self.strategy == "magnitude" and all(self.folder.stored_tensor(n).dtype in HALF_DTYPES for n in names):
+            total = sum(math.prod(self.folder.stored_tensor(n).shape) for n in names)
+            self.threshold, self.counting = None, HalfMagnitudes(total, sparsity)
+        else:
+            self.threshold = global_threshold(self.folder, names, sparsity, self.scales)
 
     @torch.no_grad()
     def input_norms(self, batches: list) -> dict[str, torch.Tensor]:
@@ -138,7 +149,7 @@ class StreamingGradProbe:
 
     @contextmanager
     def _norms_hooked(self, stage, norms: dict):
-        prunable = {name: p for name, p in stage.parameters.items() if name in self.prunable}
+        prunable = {name: p for name, p in stage.tensors().items() if name in self.prunable}
         handles = [h for module in stage.modules.values() for h in _hook_input_norms(module, prunable, norms)]
         try:
             yield
@@ -149,7 +160,7 @@ class StreamingGradProbe:
     def record_original_gradients(self, batches: list, loss_fn: Callable, scratch: ScratchRecords) -> None:
         """G0 at the candidates, stage by stage to scratch."""
         self.reduction_factor = None
-        self.gradient_pass(batches, loss_fn, lambda stage, records: scratch.save(
+        self.gradient_pass(batches, loss_fn, lambda stage, records, loaded: scratch.save(
             stage.file, {name: record.maximum for name, record in records.items()}))
 
     def decide_and_write(self, batches: list, loss_fn: Callable, reduction_factor: float, tau: float,
@@ -161,13 +172,13 @@ class StreamingGradProbe:
         masks = SafetensorsWriter(masks_out, {name: (torch.uint8, shape) for name, shape in shapes.items()})
         counts = {"candidates": 0, "pruned": 0}
 
-        def decide(stage: Stage, records: dict[str, CandidateGradients]) -> None:
+        def decide(stage: Stage, records: dict[str, CandidateGradients], loaded: LoadedStage) -> None:
             before = scratch.load(stage.file)
             pruned = {name: is_pruned(torch.tensor(True), before.pop(name), record.maximum, tau)
                       for name, record in records.items()}  # one bool per candidate
             counts["candidates"] += sum(p.numel() for p in pruned.values())
             counts["pruned"] += sum(int(torch.count_nonzero(p)) for p in pruned.values())
-            self._write_stage(stage, pruned, weights, masks)
+            self._write_stage(loaded, pruned, weights, masks)
 
         self.reduction_factor = reduction_factor
         try:
@@ -181,25 +192,29 @@ class StreamingGradProbe:
     # -- one gradient pass, a stage at a time --------------------------------------------------
 
     def gradient_pass(self, batches: list, loss_fn: Callable,
-                      stage_done: Callable[[Stage, dict[str, CandidateGradients]], None]) -> None:
+                      stage_done: Callable[[Stage, dict[str, CandidateGradients], LoadedStage], None]) -> None:
         self.stage_done, self.records = stage_done, {}
-        layer_inputs = self.forward(batches)
-        grads = self.backward_head(batches, loss_fn)
-        for stage in reversed(self.model.decoder_layers):
-            grads = self.backward_layer(stage, layer_inputs, grads)
-        self.backward_embeddings(batches, grads)
+        self.hidden = SpilledStack(tempfile.mkdtemp(prefix="hidden-", dir=self.scratch))
+        try:
+            layer_inputs = self.forward(batches)
+            grads = self.backward_head(batches, loss_fn)
+            for stage in reversed(self.model.decoder_layers):
+                grads = self.backward_layer(stage, layer_inputs, grads)
+            self.backward_embeddings(batches, grads)
+        finally:
+            self.hidden.close()
 
     @torch.no_grad()
     def forward(self, batches: list) -> list[dict]:
         """The hidden states between layers, kept in `self.hidden`; returns what each layer call needs."""
         family = self.model.family
         with self.resident(self.model.embeddings) as stage:
-            self.hidden = [[family.embed(stage.modules, x) for x, _ in batches]]
-        layer_inputs = [family.layer_inputs(h) for h in self.hidden[0]]
+            self.hidden.push([family.embed(stage.modules, x) for x, _ in batches])
+        layer_inputs = [family.layer_inputs(h) for h in self.hidden.top()]
         for layer in self.model.decoder_layers:
             with self.resident(layer) as stage:
-                self.hidden.append([family.run_layer(stage.layer, h, inputs)
-                                    for h, inputs in zip(self.hidden[-1], layer_inputs)])
+                self.hidden.push([family.run_layer(stage.layer, h, inputs)
+                                  for h, inputs in zip(self.hidden.top(), layer_inputs)])
         return layer_inputs
 
     def backward_head(self, batches: list, loss_fn: Callable) -> list[torch.Tensor]:
@@ -230,59 +245,70 @@ class StreamingGradProbe:
 
     @contextmanager
     def resident(self, stage: Stage, backward: bool = False):
-        """The stage loaded (reduced in the reduced pass), hooked if backward; then dropped, then done."""
-        loaded = self._loaded = self.model.load(stage)
+        """The stage loaded (reduced in the reduced pass), hooked if backward; finished, then dropped."""
+        loaded = self._loaded = self.model.load(stage, self.prunable)
         try:
+            self._count(loaded)
             self._prepare(loaded, backward)  # (a loop here would keep its last tensor alive)
-            release_free_memory()  # what finding the candidates and reducing them left in the heap
+            release_free_memory()  # what finding the candidates left in the heap
             self.progress(Moment("loaded", stage.name))
             yield loaded
+            if backward:  # finished while its weights are here: the reduced pass writes them
+                done = {name: self.records.pop(name) for name in stage.owns if name in self.prunable}
+                self.stage_done(stage, done, loaded)
+                del done
         finally:
-            loaded.release()  # weights freed before the stage is finished: the writes need no weights
-            self._loaded, self._candidates = None, {}
+            loaded.release()
+            self._loaded = None
             release_free_memory()
         if backward:
-            done = {name: self.records.pop(name) for name in stage.owns if name in self.prunable}
-            self.stage_done(stage, done)
-            del done
-            release_free_memory()
             self.progress(Moment("done", stage.name))
 
-    def _prepare(self, loaded: LoadedStage, backward: bool) -> None:
-        for name, tensor in loaded.parameters.items():
-            self._prepare_tensor(name, tensor, loaded.stage, backward)
+    def _count(self, loaded: LoadedStage) -> None:
+        """In the G0 pass on half-precision weights: count |w|, and fix t once every tensor is counted."""
+        if self.counting is None:
+            return
+        for name, weight in loaded.weights.items():
+            self.counting.add(name, weight.stored)
+        if len(self.counting.counted) == len(self.prunable):
+            self.threshold, self.counting = self.counting.threshold(), None
 
-    def _prepare_tensor(self, name: str, tensor: torch.Tensor, stage: Stage, backward: bool) -> None:
+    def _prepare(self, loaded: LoadedStage, backward: bool) -> None:
         reducing = self.reduction_factor is not None
-        if name in self.prunable and (backward or reducing):
-            candidates = self._candidates[name] = Candidates(tensor, self.threshold, self.scales.get(name))
-            if backward and name not in self.records:
-                self.records[name] = CandidateGradients(candidates.count())
-            if reducing:
-                candidates.reduce(self.reduction_factor)
-        if backward:  # every gradient is consumed the moment it is complete: no dense .grad stays
-            tensor.register_post_accumulate_grad_hook(self._consumer(name, complete=name in stage.owns))
+        for name, weight in loaded.weights.items():
+            if backward or reducing:
+                if self.threshold is None:
+                    raise RuntimeError("candidates are needed before the threshold is known")
+                weight.candidates = Candidates(weight.stored, self.threshold, self.scales.get(name))
+                weight.reduction = self.reduction_factor
+            if backward:
+                if name not in self.records:
+                    self.records[name] = CandidateGradients(weight.candidates.count())
+                weight.consume = self._consumer(name, complete=name in loaded.stage.owns)
+        if backward:  # the other parameters' gradients are never read: freed the moment they are complete
+            for tensor in loaded.parameters.values():
+                tensor.register_post_accumulate_grad_hook(_drop_grad)
 
     def _consumer(self, name: str, complete: bool) -> Callable:
-        def consume(tensor: torch.Tensor) -> None:
-            if name in self.records:
-                self.records[name].add(self.batch, self._candidates[name].gather(tensor.grad), complete)
-            tensor.grad = None
+        def consume(values: torch.Tensor) -> None:  # a weight's gradient at its candidates, one batch
+            self.records[name].add(self.batch, values, complete)
         return consume
 
     # -- output ---------------------------------------------------------------------------------
 
-    def _write_stage(self, stage: Stage, pruned: dict[str, torch.Tensor], weights: FolderWriter,
+    def _write_stage(self, loaded: LoadedStage, pruned: dict[str, torch.Tensor], weights: FolderWriter,
                      masks: SafetensorsWriter) -> None:
-        """The stage's weights as stored, pruned ones zeroed; its masks. One tensor at a time."""
+        """The stage's weights as stored, pruned ones zeroed (in place: the stage is done); its masks."""
+        stage = loaded.stage
         with weights.stage_file(stage) as file:
             for name in stage.owns:
-                weight = self.folder.load(name)  # the original, in its stored dtype
+                streamed = loaded.weights.get(name)
+                weight = streamed.stored if streamed else self.folder.load(name)  # in its stored dtype
                 mask = torch.zeros(weight.shape, dtype=torch.uint8)
-                if name in pruned:  # its candidates again, from the original weights and t
-                    Candidates(weight, self.threshold, self.scales.get(name)).scatter(
-                        mask, pruned[name].to(torch.uint8))
-                    weight.masked_fill_(mask.bool(), 0)
+                if name in pruned:
+                    chosen = streamed.candidates.positions[pruned[name]].to(torch.int64)
+                    mask.view(-1).index_fill_(0, chosen, 1)
+                    weight.view(-1).index_fill_(0, chosen, 0)
                 file.write(name, weight)
                 masks.write(name, mask)
 
@@ -301,8 +327,13 @@ class StreamingGradProbe:
         """The pruner's own live structures in bytes, by what they are (for measurements)."""
         def size(tensors):
             return sum(t.numel() * t.element_size() for t in tensors)
-        stage = self._loaded.parameters.values() if self._loaded else []
+        stage = self._loaded.tensors().values() if self._loaded else []
+        streamed = self._loaded.weights.values() if self._loaded else []
         return {"stage weights": size(stage),
-                "hidden states": size(h for row in self.hidden for h in row),
-                "candidate positions": size(c.positions for c in self._candidates.values()),
+                "hidden states": self.hidden.nbytes if self.hidden else 0,
+                "candidate positions": size(w.candidates.positions for w in streamed if w.candidates),
                 "gradient records": sum(r.nbytes for r in self.records.values())}
+
+
+def _drop_grad(tensor: torch.Tensor) -> None:
+    tensor.grad = None

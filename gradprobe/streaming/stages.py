@@ -3,7 +3,8 @@
 The structure comes from the model built on the `meta` device (shapes only, no memory): which
 parameters exist, which are prunable, which decoder layer owns each, and which tensors are tied (a
 head sharing the token embedding uses that tensor, under the embedding's name). A loaded stage is
-a set of real modules holding fp32 weights read from the folder; `release` drops them.
+a set of real modules: prunable weights kept as stored and computed with in fp32 a block at a time
+(`streamed_weights`), the rest fp32 Parameters; `release` drops them.
 
 Every parameter is *owned* by exactly one stage, the one that writes it out. A tied head *uses*
 the embedding's tensor without owning it.
@@ -18,6 +19,7 @@ import torch
 
 from ..prunable import model_parameters, prunable_tensors
 from .families import family_of
+from .streamed_weights import StreamedWeight, streamed_forward
 from .weights_folder import WeightsFolder
 
 
@@ -33,15 +35,20 @@ class Stage:
 class LoadedStage:
     """A stage's modules with real weights; `parameters` maps parameter names to the tensors used."""
 
-    def __init__(self, stage: Stage, modules: dict[str, torch.nn.Module], parameters: dict):
-        self.stage, self.modules, self.parameters = stage, modules, parameters
+    def __init__(self, stage: Stage, modules: dict[str, torch.nn.Module], parameters: dict,
+                 weights: dict[str, StreamedWeight]):
+        self.stage, self.modules, self.parameters, self.weights = stage, modules, parameters, weights
 
     @property
     def layer(self) -> torch.nn.Module:
         return self.modules[self.stage.modules[0]]
 
     def release(self) -> None:
-        self.modules, self.parameters = {}, {}
+        self.modules, self.parameters, self.weights = {}, {}, {}
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor the stage computes with, by parameter name: streamed ones as stored."""
+        return {**self.parameters, **{name: w.stored for name, w in self.weights.items()}}
 
 
 class StagedModel:
@@ -80,21 +87,34 @@ class StagedModel:
         return [self._names[id(p)] for path in stage.modules
                 for p in self.meta.get_submodule(path).parameters()]
 
-    def load(self, stage: Stage, dtype: torch.dtype = torch.float32) -> LoadedStage:
-        modules, parameters = {}, {}
+    def load(self, stage: Stage, streamed: set[str] = frozenset()) -> LoadedStage:
+        """The stage's modules with the folder's weights: fp32 Parameters, except the `streamed`
+        names, kept as stored and computed with a block at a time (`streamed_weights`)."""
+        modules, parameters, weights = {}, {}, {}
         for path in stage.modules:
             module = self._build_layer(stage.layer) if stage.layer is not None else \
                 copy.deepcopy(self.meta.get_submodule(path))
             names = {local: self._names[id(p)] for local, p in self.meta.get_submodule(path).named_parameters()}
+            streaming = []
             for local, name in names.items():  # one at a time: each placeholder goes as its tensor comes
-                owner, _, attribute = local.rpartition(".")
-                placeholder = getattr(module.get_submodule(owner), attribute)
-                setattr(module.get_submodule(owner), attribute, torch.nn.Parameter(
-                    self.folder.load(name, dtype), requires_grad=placeholder.requires_grad))
+                owner_path, _, attribute = local.rpartition(".")
+                owner = module.get_submodule(owner_path)
+                if name in streamed:
+                    del owner._parameters[attribute]
+                    weights[name] = StreamedWeight(self.folder.load(name))
+                    setattr(owner, attribute, weights[name].stored)
+                    streaming.append((owner, weights[name]))
+                else:
+                    placeholder = getattr(owner, attribute)
+                    setattr(owner, attribute, torch.nn.Parameter(
+                        self.folder.load(name, torch.float32), requires_grad=placeholder.requires_grad))
+            for owner, weight in streaming:  # after every tensor is in: a Linear's forward takes its bias
+                owner.forward = streamed_forward(owner, weight)
+            del streaming
             module.eval()  # dropout off: these modules are ours, no user mode to keep
             parameters.update({names[local]: p for local, p in module.named_parameters()})
             modules[path] = module
-        return LoadedStage(stage, modules, parameters)
+        return LoadedStage(stage, modules, parameters, weights)
 
     def _build_layer(self, index: int) -> torch.nn.Module:
         """A fresh decoder layer, its parameters left uninitialised (the folder's weights replace them).

@@ -1,0 +1,156 @@
+"""Prunable weights kept as stored (bf16 for a 7B model), computed with in fp32 a chunk at a time.
+
+A Linear's fp32 weight is never whole in memory: its forward converts row blocks of the stored
+weight and multiplies each (`y[:, rows] = x @ W[rows].T`); its backward takes the input gradient
+over column blocks (`g @ W[:, cols]`) and the weight gradient over row blocks (`g[:, rows].T @ x`),
+each block read at the candidates and dropped, so no dense weight gradient exists either. Every
+output element is the same dot product over the same axis as in the whole-matrix call; on this
+machine's BLAS the blocked results are bit-identical to `F.linear` and autograd's formulas
+(`tests/test_gradprobe_streaming_weights.py` checks it). An Embedding gathers the fp32 rows its
+tokens use, and its gradient is summed only over the rows the batch touches (in token order, as
+`embedding_dense_backward` sums them).
+
+In the reduced pass the candidates are multiplied by r in each converted block (the same fp32
+multiply as the baseline's `reduce_candidates`): the stored weights are never changed, so a
+stage's pruned weights are written from them when it is done.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from .candidates import Candidates
+
+BLOCK_BYTES = 16 << 20  # one fp32 block of a weight: the transient the conversion costs
+
+
+class StreamedWeight:
+    """One prunable weight as stored, its candidates, and where its gradient at them goes."""
+
+    def __init__(self, stored: torch.Tensor, candidates: Candidates | None = None,
+                 reduction: float | None = None,
+                 consume: Callable[[torch.Tensor], None] | None = None):
+        self.stored, self.candidates, self.reduction, self.consume = stored, candidates, reduction, consume
+        self.width = stored.shape[1]
+
+    def row_blocks(self) -> Iterator[tuple[int, int]]:
+        yield from _blocks(self.stored.shape[0], self.width)
+
+    def column_blocks(self) -> Iterator[tuple[int, int]]:
+        yield from _blocks(self.width, self.stored.shape[0])
+
+    def rows(self, start: int, end: int) -> torch.Tensor:
+        """W[start:end] in fp32, candidates reduced in the reduced pass."""
+        block = self.stored[start:end].to(torch.float32, copy=True)
+        if self.reduction is not None:
+            positions = self.candidates.in_range(start * self.width, end * self.width) - start * self.width
+            _reduce(block, positions, self.reduction)
+        return block
+
+    def columns(self, start: int, end: int) -> torch.Tensor:
+        """W[:, start:end] in fp32, contiguous, candidates reduced in the reduced pass."""
+        block = self.stored[:, start:end].to(torch.float32, copy=True).contiguous()
+        if self.reduction is not None:
+            flat = self.candidates.in_columns(start, end, self.width)
+            rows, cols = flat // self.width, flat % self.width
+            _reduce(block, rows * (end - start) + cols - start, self.reduction)
+        return block
+
+    def rows_of(self, ids: torch.Tensor) -> torch.Tensor:
+        """Embedding rows `ids` (unique) in fp32, candidates reduced in the reduced pass."""
+        block = self.stored.index_select(0, ids).to(torch.float32)
+        if self.reduction is not None:
+            where, positions = self._candidates_in_rows(ids)
+            _reduce(block, where, self.reduction)
+        return block
+
+    def _candidates_in_rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """For the candidates in rows `ids`: their flat index in W[ids], and their index in the candidates."""
+        slot = torch.full((self.stored.shape[0],), -1, dtype=torch.int64)
+        slot[ids] = torch.arange(ids.numel())
+        positions = self.candidates.positions.to(torch.int64)
+        row_slot = slot[positions // self.width]
+        chosen = torch.nonzero(row_slot >= 0).view(-1)
+        return row_slot[chosen] * self.width + positions[chosen] % self.width, chosen
+
+
+def _blocks(rows: int, width: int) -> Iterator[tuple[int, int]]:
+    step = max(1, BLOCK_BYTES // (4 * max(1, width)))
+    for start in range(0, rows, step):
+        yield start, min(rows, start + step)
+
+
+def _reduce(block: torch.Tensor, positions: torch.Tensor, reduction: float) -> None:
+    flat = block.view(-1)
+    flat.index_put_((positions,), flat.index_select(0, positions) * reduction)
+
+
+class StreamedLinear(torch.autograd.Function):
+    """`F.linear(x, W, b)` with W a StreamedWeight; the weight gradient goes to `W.consume`."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: StreamedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        ctx.weight = weight
+        return torch.cat([F.linear(x, weight.rows(start, end), None if bias is None else bias[start:end])
+                          for start, end in weight.row_blocks()], dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (x,) = ctx.saved_tensors
+        weight = ctx.weight
+        g = grad.reshape(-1, grad.shape[-1])
+        grad_x = None
+        if ctx.needs_input_grad[0]:  # as autograd's mm backward: g @ W, here over column blocks of W
+            grad_x = torch.cat([g.mm(weight.columns(start, end)) for start, end in weight.column_blocks()],
+                               dim=1).view(x.shape)
+        if weight.consume is not None:  # g.T @ x over row blocks, each read at the candidates and dropped
+            x2 = x.reshape(-1, x.shape[-1])
+            values = torch.empty(weight.candidates.count())
+            for start, end in weight.row_blocks():
+                low, high = weight.candidates.range_bounds(start * weight.width, end * weight.width)
+                block = g[:, start:end].t().mm(x2)
+                values[low:high] = block.view(-1).index_select(
+                    0, weight.candidates.positions[low:high] - start * weight.width)
+                del block
+            weight.consume(values)
+        return grad_x, None, None  # bias gradients are never read: biases are not prunable
+
+
+class StreamedEmbedding(torch.autograd.Function):
+    """`F.embedding(ids, W)` with W a StreamedWeight; the weight gradient at candidates to `W.consume`."""
+
+    @staticmethod
+    def forward(ctx, ids: torch.Tensor, weight: StreamedWeight, anchor: torch.Tensor) -> torch.Tensor:
+        used, where = torch.unique(ids, return_inverse=True)
+        ctx.weight, ctx.used = weight, used
+        ctx.save_for_backward(where)
+        return weight.rows_of(used).index_select(0, where.view(-1)).view(*ids.shape, weight.width)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (where,) = ctx.saved_tensors
+        weight = ctx.weight
+        if weight.consume is not None:
+            rows = torch.zeros(ctx.used.numel(), weight.width)  # the used rows of the dense gradient
+            rows.index_add_(0, where.view(-1), grad.reshape(-1, weight.width))  # token order
+            values = torch.zeros(weight.candidates.count())
+            flat, chosen = weight._candidates_in_rows(ctx.used)
+            values[chosen] = rows.view(-1).index_select(0, flat)
+            weight.consume(values)
+        return None, None, None
+
+
+def streamed_forward(module: torch.nn.Module, weight: StreamedWeight) -> Callable:
+    """A forward for `module` (Linear or Embedding) that computes with `weight`."""
+    if isinstance(module, torch.nn.Linear):
+        bias = module.bias
+        return lambda x: StreamedLinear.apply(x, weight, None if bias is None else bias.detach())
+    if isinstance(module, torch.nn.Embedding):
+        # The anchor requires grad so autograd calls backward (ids never do).
+        anchor = torch.zeros((), requires_grad=True)
+        return lambda ids: StreamedEmbedding.apply(ids, weight, anchor)
+    raise ValueError(f"streaming cannot compute {type(module).__name__} from a stored weight "
+                     "(Linear and Embedding only)")
