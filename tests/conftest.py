@@ -45,12 +45,12 @@ def one_error_line(capsys) -> str:
 
 
 def audit_script(folder, args: list[str], cwd) -> tuple[dict, str]:
-    """`auditor run --out FOLDER ARGS` then `auditor report`, each as a user would run them (a
+    """`auditor run --run-dir FOLDER ARGS` then `auditor report`, each as a user would run them (a
     fresh process); returns the run record and the report's markdown."""
     import json
     import subprocess
     import sys
-    for command in (["run", "--out", str(folder), *args],
+    for command in (["run", "--run-dir", str(folder), *args],
                     ["report", str(folder), "-o", str(folder / "report.md")]):
         done = subprocess.run([sys.executable, "-m", "auditor", *command], cwd=cwd,
                               capture_output=True, text=True, timeout=600)

@@ -159,7 +159,7 @@ RUN = [
     (["--out", "run", "script.py"], "already holds a run record"),
     (["--out", "sentinel.txt", "script.py"], "is not a folder"),
     (["--out", "sentinel.txt/sub", "script.py"], "is not a folder"),
-    (["--out", "", "script.py"], "--out is empty"),
+    (["--run-dir", "", "script.py"], "--run-dir is empty"),
     (["--out", f"{UNWRITABLE}/new", "script.py"], "not writable"),
     (["--stage", "no_such_module_here:f", "script.py"], "no module named"),
     (["--stage", "json:no_such_function", "script.py"], "has no attribute"),

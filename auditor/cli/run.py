@@ -71,7 +71,7 @@ def main(args) -> int:
         what = "is not a file" if script.exists() else "does not exist"
         raise UsageError(f"script {args.script!r} {what}; give the path of a Python script")
     if args.out is not None and not args.out.strip():  # Path("") is the current folder
-        raise UsageError("--out is empty; give a folder for the run record, or leave --out out")
+        raise UsageError("--run-dir is empty; give a folder for the run record, or leave --run-dir out")
     name = args.name or script.stem
     console = _console()  # rich is imported here, before the audit, not inside a stage
     saved_path, saved_argv = list(sys.path), list(sys.argv)
@@ -105,7 +105,7 @@ def _run_script(audit, script: Path) -> int:
         audit.__enter__()
     except FileExistsError:
         raise UsageError(f"output folder {str(audit.folder)!r} was taken by another run as this "
-                         "one started; choose a new --out") from None
+                         "one started; choose a new --run-dir") from None
     except OSError as error:  # the folder broke between the checks and now
         raise UsageError(f"cannot write the run record in {str(audit.folder)!r}: "
                          f"{error.strerror or error}") from None
