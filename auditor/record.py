@@ -108,7 +108,7 @@ def check_run_folder(folder: str | os.PathLike) -> Path:
         for name in (EVENTS_FILE, RUN_FILE):
             if (folder / name).exists():
                 raise ValueError(f"output folder {str(folder)!r} already holds a run record "
-                                 f"({name}); choose a new --out")
+                                 f"({name}); choose a new folder (--run-dir)")
         if not os.access(folder, os.W_OK | os.X_OK):
             raise ValueError(f"output folder {str(folder)!r} is not writable")
         return folder
