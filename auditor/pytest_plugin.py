@@ -285,9 +285,9 @@ def _peak(stage: dict, measure: str, floors: dict[str, int] | None = None) -> in
 
 def explain(budget: Budget, record: dict, overruns: list, run_json) -> str:
     lines = [f"memory budget exceeded in {record.get('name')}:"]
-    for limit, stage, peak, reference_peak in overruns:
+    for limit, over, peak, reference_peak in overruns:
         lines.append(f"  {MEASURES[limit.measure][1]} {units.size(peak)} in stage "
-                     f"`{_relative(stage['path'])}` > budget "
+                     f"`{_relative(over['path'])}` > budget "
                      f"{limit.describe(budget.reference, reference_peak)}")
     floor = _floors(record)["live_tensors"]
     if floor and any(limit.measure == "live_tensors" for limit, *_ in overruns):
@@ -336,6 +336,6 @@ def where_it_went(record: dict, stage: dict) -> list[str]:
         lines += [f"  {units.size(site['bytes']):>12}  {site['location']} in {site['function']}"
                   + (f": {site['code']}" if site.get("code") else "") for site in memray["sites"][:TOP]]
     if not lines:
-        lines.append(f"(mark with census=True to see the largest components, memray=True for the "
-                     f"allocation sites)")
+        lines.append("(mark with census=True to see the largest components, memray=True for the "
+                     "allocation sites)")
     return lines

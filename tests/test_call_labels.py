@@ -214,7 +214,7 @@ def test_scans_are_rate_limited_and_find_the_true_root():
 
 def test_auditor_run_label_end_to_end(tmp_path):
     helper = f"stats_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{helper}.py").write_text(textwrap.dedent(f"""
+    (tmp_path / f"{helper}.py").write_text(textwrap.dedent("""
         import torch
         from torch import nn
 

@@ -134,11 +134,11 @@ def test_a_meter_failing_mid_run_is_switched_off(tmp_path):
         warnings.simplefilter("error")  # even warnings as errors never reach the program
         with auditor.Audit(tmp_path / "run", tracemalloc=True) as audit:
             with auditor.stage("traced"):
-                data = [0] * 100_000
+                _data = [0] * 100_000  # kept alive in the stage
             with auditor.stage("stops it"):
                 tracemalloc.stop()  # the program's own call: the probe would read 0 from now on
             with auditor.stage("after"):
-                more = [1] * 100_000
+                _more = [1] * 100_000
     record = audit.record
     assert paths(record) == [("traced", "ok"), ("stops it", "ok"), ("after", "ok")]
     assert record["stages"][0]["py_heap"]["end"] > 0

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import auditor
+from auditor import allocation_sites
 from auditor.probes import memray_trace
 
 MiB = 1 << 20
@@ -52,7 +53,7 @@ def test_the_auditors_own_frames_are_never_a_site():
     auditor_file = memray_trace.AUDITOR + "census.py"
     user_file = __file__
     torch_ops = torch.__file__.replace("__init__.py", "_ops.py")
-    meter = memray_trace._METER
+    meter = allocation_sites._METER
     # made by the auditor, called from the user's code: the auditor's (summed apart)
     assert memray_trace.site_frame([("sweep", auditor_file, 10), ("main", user_file, 5)])[1] == auditor_file
     # a user's operator run through the live-tensor meter's dispatch: the user's

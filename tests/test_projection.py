@@ -16,7 +16,7 @@ import pytest
 import auditor.record
 from auditor.analysis.drivers import shape_of
 from auditor.analysis.projection import fit_shares, project
-from auditor.analysis.projection_validation import NotEnoughMemory, check_fits, validate
+from auditor.jobs.projection_validation import NotEnoughMemory, check_fits, validate
 from auditor.analysis.traced_projection import project_traced
 from auditor.cli import main as cli
 from auditor.jobs.gradprobe import Settings

@@ -22,7 +22,7 @@ def run_folder(tmp_path) -> Path:
     with auditor.Audit(folder, name="three stages"):
         for name in ("load", "work", "save"):
             with auditor.stage(name):
-                kept = bytearray(b"x" * 2_000_000)
+                _kept = bytearray(b"x" * 2_000_000)
     return folder
 
 

@@ -289,7 +289,7 @@ def test_an_older_record_without_the_new_fields_still_renders(by_hand):
         stage.pop("call", None)
         (stage.get("live_tensors") or {}).pop("at_peak", None)
     text = render(old)
-    assert f"in stage `prune_fn`" in table_after(text, "## Summary")[3][1]
+    assert "in stage `prune_fn`" in table_after(text, "## Summary")[3][1]
     assert "unstaged time" not in text and "Alive at the live-tensor high" not in text
     assert row(table_after(text, "## Stages"), "SparseGPT.add_batch × 6")  # folded by name
     old["peak"]["stage"] = old["peak"]["stage_id"] = None

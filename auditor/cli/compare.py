@@ -114,7 +114,7 @@ def main(args) -> int:
 
 def _sides(args):
     from auditor.comparison import Side, Tolerance
-    from auditor.comparison.gradprobe_sides import check_arguments, gradprobe_side, known_variants
+    from auditor.jobs.gradprobe_sides import check_arguments, gradprobe_side, known_variants
     if args.baseline and args.baseline_cmd:
         raise UsageError("give --baseline NAME or --baseline-cmd NAME COMMAND, not both")
     if not args.variant and not args.variant_cmd:

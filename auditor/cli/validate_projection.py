@@ -46,7 +46,7 @@ def main(args) -> int:
     from auditor.cli.run_dir import check_new_run_dir
     check_new_run_dir(args.run_dir)  # small/, target/, calibration/ must not exist yet
     small, target, target_overrides, output = _checked(args)
-    from auditor.analysis.projection_validation import NotEnoughMemory, validate
+    from auditor.jobs.projection_validation import NotEnoughMemory, validate
     from auditor.audit import new_run_folder
     from auditor.renderers.validation_markdown import render
 

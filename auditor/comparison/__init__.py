@@ -17,7 +17,7 @@ Modules, in the order the data flows: `side` (what to run), `launcher` and `meas
 run), `protocol` (what a run may report), `result_files` (comparing results), `runner`
 (alternation), `environment`, `record` (the JSON record), `verdict` (statistics, ratios,
 agreement, verdict). Rendering is in `auditor/renderers/comparison_*.py`; GradProbe variants
-as sides in `gradprobe_sides`.
+as sides in `auditor/jobs/gradprobe_sides.py` (the comparison knows no algorithm).
 """
 from auditor.comparison.measurement import RunFailed
 from auditor.comparison.record import Comparison, ComparisonRecordError

@@ -3,8 +3,8 @@
 
     record = real_audit(Settings(overrides={"hidden": 256}), folder / "small", threads=2)
 
-The comparison itself is analysis (auditor.analysis.projection_validation): it reads the
-records these runs leave and starts no process.
+The validation (auditor.jobs.projection_validation) starts them; the comparison is analysis
+(auditor.analysis.projection_validation): it reads the records these runs leave.
 """
 from __future__ import annotations
 

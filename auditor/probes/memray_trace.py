@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from auditor.allocation_sites import AUDITOR, is_auditor_code, is_program_code
+from auditor.allocation_sites import AUDITOR, is_auditor_code, is_program_code, passes_through
 
 TRACE_FILE = "memray.bin"
 FLAMEGRAPH_FILE = "memray-flamegraph.html"
@@ -207,28 +207,7 @@ def _frame_text(frame) -> str:
     return f"{function} at {filename}:{line}" if line else f"{function} ({filename})"
 
 
-# Frames that only hand an allocation on: torch's operator and module-call plumbing; the
-# live-tensor meter's dispatch mode when it is running the program's operator (every op runs
-# inside it); the wrappers the auditor puts around staged callables (a staged library
-# function's allocations are the caller's).
-_OPERATOR = os.path.join("torch", "_ops.py")
-_PLUMBING = tuple(os.path.join("torch", *parts) for parts in (
-    ("_ops.py",), ("_compile.py",), ("_dynamo", ""), ("nn", "modules", "module.py"), ("utils", "_contextlib.py"),
-    ("utils", "_python_dispatch.py")))
-_METER = os.path.join(AUDITOR, "probes", "live_tensors.py")
-_WRAPPERS = {(os.path.join(AUDITOR, "targets.py"), "staged_call"),
-             (os.path.join(AUDITOR, "stage.py"), "staged")}
-
-
-def passes_through(function: str, filename: str, below_an_operator: bool = True) -> bool:
-    """True for a frame that is plumbing between the code that asked and the allocator.
-    `below_an_operator`: an inner frame is torch's operator call (without it, the meter's
-    dispatch frame is allocating for itself)."""
-    if filename == _METER:
-        return function == "__torch_dispatch__" and below_an_operator
-    if (filename, function) in _WRAPPERS:
-        return True
-    return any(part in filename for part in _PLUMBING)
+_OPERATOR = os.path.join("torch", "_ops.py")  # torch's operator call
 
 
 def write_flamegraph(reader, records, folder: Path) -> str | None:

@@ -20,9 +20,9 @@ def render(record: dict, summary: dict, chart: str | None = None) -> str:
     out += _verdict(summary) + [""]
     out += _setting(record) + [""]
     out += ["## Memory and time per side", "",
-            f"min / median / max over the runs of each side; MiB and seconds. *Peak over loaded* is "
-            f"each run's peak RSS minus its RSS once its inputs were loaded: the algorithm's own "
-            f"overhead.", ""]
+            "min / median / max over the runs of each side; MiB and seconds. *Peak over loaded* is "
+            "each run's peak RSS minus its RSS once its inputs were loaded: the algorithm's own "
+            "overhead.", ""]
     out += _per_side(record, summary) + [""]
     if chart:
         out += [f"![median peak RSS split into loaded and overhead, with min-max whiskers; wall time]({quote(chart)})",

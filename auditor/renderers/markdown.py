@@ -23,10 +23,9 @@ from auditor.analysis import source_paths, stage_groups, unstaged
 from auditor.analysis.component_history import history
 from auditor.analysis.components import (BEYOND_CENSUS, BEYOND_LIVE, UNSEEN_TENSORS, ProjectionView,
                                          at_peak_categories, attribute, census_before, census_order,
-                                         final_stage, is_traced, largest_weights, live_tensor_high, live_tensor_peak,
-                                         peak_at_start,
+                                         final_stage, is_traced, largest_weights, live_tensor_high, peak_at_start,
                                          peak_stage, projection_views, run_weights)
-from auditor.probes.memray_trace import passes_through
+from auditor.allocation_sites import passes_through
 
 SITE_STACK_FRAMES = 3
 MAX_STAGE_ROWS = 300      # rows of the stage table, after folding repeated calls

@@ -1,5 +1,5 @@
 """The projection-validation report (markdown) and its tables, from a validation result alone
-(`auditor.analysis.projection_validation.validate`): the targets met or missed, the peaks,
+(`auditor.jobs.projection_validation.validate`): the targets met or missed, the peaks,
 every stage and every component of the peak stage, real against scaled and traced, and what
 the scaled projection's fit found. `tables(result)` gives the same tables as rows, for the
 terminal.

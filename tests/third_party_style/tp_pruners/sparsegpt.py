@@ -135,7 +135,7 @@ def prune_sparsegpt(model, dataloader, nsamples, seqlen, sparsity=0.5):
 
         def add_batch(name):
             def tmp(_, inp, out):
-                gpts[name].add_batch(inp[0].data, out.data)
+                gpts[name].add_batch(inp[0].data, out.data)  # noqa: F821
             return tmp
 
         handles = []
