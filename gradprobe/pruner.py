@@ -21,7 +21,7 @@ and the model's `.grad` as the last backward left it. Elementwise work runs bloc
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -41,7 +41,8 @@ from .strategies import Strategy, make_strategy
 
 @dataclass(frozen=True)
 class PruneResult:
-    masks: dict[str, torch.Tensor]  # every parameter by name; True = pruned
+    masks: Mapping[str, torch.Tensor]  # every parameter by name; True = pruned (bits unpacked on access
+                                       # for the sparse-state variants: read one mask at a time)
     sparsity: float                 # pruned / prunable elements
     candidates: int
     pruned: int

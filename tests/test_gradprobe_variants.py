@@ -195,7 +195,7 @@ def test_registry_names_every_preset_and_builds_the_right_pruner():
     assert type(make_pruner("baseline", model)) is GradProbe
     lean = make_pruner("lean", model, "wanda", per_layer=True)
     assert isinstance(lean, LowMemoryGradProbe) and lean.strategy.per_layer
-    assert lean.variant == Variant(state="sparse", gradients="in-backward", checkpointing=True)
+    assert lean.variant == Variant(state="sparse", gradients="in-backward", checkpointing=True, rows=True)
     assert PRESETS["low-precision"].storage_dtype == torch.bfloat16
 
 

@@ -6,11 +6,12 @@
 Presets (each a `Variant` of switches over the baseline, run by `LowMemoryGradProbe`):
 
     baseline          the baseline `GradProbe` itself
-    sparse-state      S = candidates' original values only; M_t a bitmask; G0, G1 at candidates
+    sparse-state      S = candidates' original values only; M_t, M_f bitmasks; G0, G1 at candidates
     grad-in-backward  each gradient consumed by a post-accumulate hook, `.grad` dropped at once
     checkpointed      decoder layers recompute their activations in backward
     low-precision     S and G in bf16; unpruned weights stay bit-identical
-    lean              sparse-state + grad-in-backward + checkpointed
+    lean              sparse-state + grad-in-backward + checkpointed, and the head's and token
+                      embedding's gradients folded in by rows, never made whole
     streaming         `gradprobe.streaming` on a temporary weights folder (its memory floor needs
                       the folder API: `python -m gradprobe.streaming prune --weights FOLDER`)
 
@@ -29,7 +30,7 @@ import torch
 
 from ..pruner import GradProbe
 from ..streaming.on_model import StreamingOnModel
-from .packed_mask import PackedMask
+from .packed_mask import PackedMask, PackedMasks
 from .pruner import LowMemoryGradProbe
 from .variant import Variant
 
@@ -38,7 +39,7 @@ PRESETS: dict[str, Variant] = {
     "grad-in-backward": Variant(gradients="in-backward"),
     "checkpointed": Variant(checkpointing=True),
     "low-precision": Variant(storage_dtype=torch.bfloat16),
-    "lean": Variant(state="sparse", gradients="in-backward", checkpointing=True),
+    "lean": Variant(state="sparse", gradients="in-backward", checkpointing=True, rows=True),
 }
 
 VARIANTS: dict[str, Callable[..., GradProbe]] = {
@@ -58,4 +59,4 @@ def make_pruner(name: str, model: torch.nn.Module, strategy="magnitude", per_lay
     return VARIANTS[name](model, strategy, per_layer=per_layer)
 
 
-__all__ = ["VARIANTS", "PRESETS", "Variant", "LowMemoryGradProbe", "PackedMask", "check_variant", "make_pruner"]
+__all__ = ["VARIANTS", "PRESETS", "Variant", "LowMemoryGradProbe", "PackedMask", "PackedMasks", "check_variant", "make_pruner"]

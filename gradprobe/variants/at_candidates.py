@@ -28,6 +28,11 @@ def candidate_chunks(mask: CandidateMask) -> Iterator[tuple[slice, torch.Tensor,
         placed += count
 
 
+def candidates_between(mask: CandidateMask, start: int, stop: int) -> torch.Tensor:
+    """Which of the flattened positions start to stop are candidates (bool, a view where it can be)."""
+    return mask.between(start, stop) if isinstance(mask, PackedMask) else mask.reshape(-1)[start:stop]
+
+
 def _chunks(mask: CandidateMask) -> Iterator[tuple[slice, torch.Tensor]]:
     if isinstance(mask, PackedMask):
         yield from mask.chunks()

@@ -17,23 +17,28 @@ the phases a switch changes:
                        whole-tensor masked_select / masked_scatter_ (their transients are 4x / 2x
                        the tensor).
     gradients="in-backward"  G is updated inside backward and `.grad` dropped at once.
+    rows               ... and the head's and token embedding's gradients are folded in by rows,
+                       never made whole (`row_gradients`).
+    state="sparse"     M_f is kept as bits too; the result's masks unpack one tensor when asked.
     checkpointing      the gradient passes run under `activation_checkpointing`.
     storage_dtype      the baseline's option: dtype of G and of a full S.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
 from ..gradients import gradient_passes
+from ..prunable import element_count
 from ..pruner import GradProbe, PruneResult, holds_exactly
 from .at_candidates import candidate_values, count_candidates, put_candidate_values_, scale_candidates_
 from .candidate_record import CandidateMaxima, final_mask_at_candidates
 from .checkpointing import activation_checkpointing
 from .gradient_hooks import gradients_consumed_in_backward
-from .packed_mask import PackedMask
+from .packed_mask import PackedMask, PackedMasks
+from .row_gradients import gradients_by_rows
 from .variant import Variant
 
 
@@ -83,7 +88,8 @@ class LowMemoryGradProbe(GradProbe):
             return super().record_gradients(batches, loss_fn)
         record = CandidateMaxima(self.prunable, self.candidates, self.storage_dtype)
         if self.variant.gradients == "in-backward":
-            with gradients_consumed_in_backward(self.parameters, record.update):
+            rows = gradients_by_rows(self.model, self.parameters, record) if self.variant.rows else nullcontext(set())
+            with rows as by_rows, gradients_consumed_in_backward(self.parameters, _checked(record.update, by_rows)):
                 for _ in gradient_passes(self.model, batches, loss_fn):
                     pass  # the hooks have read this batch's gradients already
         else:
@@ -106,12 +112,28 @@ class LowMemoryGradProbe(GradProbe):
                 self.candidate_originals[name] = candidate_values(weight, chosen)
             scale_candidates_(weight, chosen, reduction_factor)
 
-    def final_mask(self, name: str, gradient_threshold: float) -> torch.Tensor:
+    def final_mask(self, name: str, gradient_threshold: float) -> torch.Tensor | PackedMask:
         if not self.variant.candidates_first:
             return super().final_mask(name, gradient_threshold)
         return final_mask_at_candidates(self.prunable[name].shape, self.candidates[name],
                                         self.gradients_original[name], self.gradients_reduced[name],
-                                        gradient_threshold)
+                                        gradient_threshold, packed=self.variant.state == "sparse")
+
+    def decide(self, gradient_threshold: float) -> None:
+        if self.variant.state == "full":
+            return super().decide(gradient_threshold)
+        self.masks = {name: self.final_mask(name, gradient_threshold) if name in self.candidates
+                      else PackedMask.zeros(p.shape, p.device) for name, p in self.parameters.items()}
+
+    @torch.no_grad()
+    def apply_masks(self) -> None:
+        if self.variant.state == "full":
+            return super().apply_masks()
+        self.restore_weights()
+        for name in self.candidates:  # a chunk at a time: M_f is never unpacked whole
+            flat = self.prunable[name].view(-1)
+            for where, pruned in self.masks[name].chunks():
+                flat[where].masked_fill_(pruned, 0)
 
     @torch.no_grad()
     def restore_weights(self) -> None:
@@ -126,3 +148,21 @@ class LowMemoryGradProbe(GradProbe):
 
     def candidate_count(self) -> int:
         return sum(count_candidates(mask) for mask in self.candidates.values())
+
+    def _result(self, seconds: float) -> PruneResult:
+        if self.variant.state == "full":
+            return super()._result(seconds)
+        pruned = sum(self.masks[name].count for name in self.candidates)
+        total = element_count(self.prunable)
+        return PruneResult(PackedMasks(self.masks), pruned / total, self.candidate_count(), pruned, total,
+                           seconds)
+
+
+def _checked(update, by_rows: set[str]):
+    """`update`, refusing a whole gradient for a tensor whose rows are folded in already."""
+    def checked(name: str, grad: torch.Tensor | None) -> None:
+        if grad is not None and name in by_rows:
+            raise RuntimeError(f"{name} got a gradient besides its head and embedding uses; "
+                               "row gradients cannot record it: use a variant without rows")
+        update(name, grad)
+    return checked

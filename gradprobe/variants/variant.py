@@ -5,7 +5,7 @@
     Variant(gradients="in-backward")                 grad-in-backward
     Variant(checkpointing=True)                      checkpointed
     Variant(storage_dtype=torch.bfloat16)            low-precision
-    Variant("sparse", "in-backward", True)           lean; add storage_dtype for lean + low precision
+    Variant("sparse", "in-backward", True, rows=True) lean; add storage_dtype for lean + low precision
 """
 from __future__ import annotations
 
@@ -30,6 +30,9 @@ class Variant:
     # dtype of the gradient maxima, and of S when it is full (the baseline's option). A sparse S
     # stays in the weights' own dtype: it is small, and kept candidates are restored from it.
     storage_dtype: torch.dtype = torch.float32
+    # With in-backward gradients: the output head's and token embedding's weight gradients are
+    # folded in by rows (`row_gradients`), so no [vocab, hidden] gradient is ever made.
+    rows: bool = False
 
     def __post_init__(self):
         if self.state not in STATES:
@@ -38,6 +41,8 @@ class Variant:
             raise ValueError(f"gradients must be one of {', '.join(GRADIENTS)}, got {self.gradients!r}")
         if not (isinstance(self.storage_dtype, torch.dtype) and self.storage_dtype.is_floating_point):
             raise ValueError(f"storage dtype must be a floating-point torch dtype, got {self.storage_dtype!r}")
+        if self.rows and self.gradients != "in-backward":
+            raise ValueError("rows=True folds gradients in during backward: it needs gradients='in-backward'")
 
     @property
     def candidates_first(self) -> bool:
