@@ -20,4 +20,5 @@ audit: setup
 		-o reports/gradprobe-tinystories-33m.md
 
 test: setup
+	$(VENV)/bin/ruff check --quiet auditor gradprobe architectures tests benchmarks examples
 	$(VENV)/bin/python -m pytest -q
