@@ -21,4 +21,5 @@ audit: setup
 
 test: setup
 	$(VENV)/bin/ruff check --quiet auditor gradprobe architectures tests benchmarks examples
+	$(VENV)/bin/mypy
 	$(VENV)/bin/python -m pytest -q

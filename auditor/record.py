@@ -136,7 +136,7 @@ class EventLog:
     def __init__(self, folder: Path):
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / EVENTS_FILE
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o666)
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o666)
         self._identity = file_identity(self._fd)
         self._size = 0
         self.lines = 0
@@ -164,7 +164,7 @@ class EventLog:
 
     def _fail(self, error: OSError) -> None:
         self.failure = f"{EVENTS_FILE} could not be written: {error.strerror or error}"
-        if error.errno == errno.EBADF:
+        if error.errno == errno.EBADF or self._fd is None:
             self._fd = None  # not ours any more: never written, truncated nor closed
             return
         try:
@@ -310,7 +310,7 @@ def locate_peak(stages: list[dict], unstaged: list[dict], rss_peak: int | None) 
     found has no children before the peak. RSS rarely falls, so later stretches often equal
     the peak: `peak.stage` (`peak_stage`, the deepest and latest stage equal to it) can then
     name a later stage than `where`, which says where the peak was first reached."""
-    holders = [(s["end_s"], -_depth(s["path"]), s) for s in stages
+    holders: list[tuple[float, float, dict]] = [(s["end_s"], -_depth(s["path"]), s) for s in stages
                if s["status"] != "open" and s["rss"]["peak"] == rss_peak]
     holders += [(u["end_s"], -_depth(u["parent"]) - 0.5, u) for u in unstaged
                 if u["rss"]["peak"] == rss_peak]

@@ -91,7 +91,8 @@ def history(record: dict) -> list[ComponentHistory]:
 
 def _summarise(folded: str, entry: dict, ends: list[dict]) -> ComponentHistory:
     names = set(entry["instances"])
-    series, best = [], (-1, None, 0)
+    series: list[tuple[float, int]] = []
+    best = (-1, "", 0)  # bytes, stage path, instances; every folded component is at some end
     for stage in ends:
         present = [(n, c["bytes"]) for n, c in (stage.get("components") or {}).items() if n in names]
         total = sum(b for _, b in present)

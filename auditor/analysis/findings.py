@@ -330,7 +330,8 @@ def _cycles(record: dict) -> list[Finding]:
 
 def _untracked(record: dict) -> list[Finding]:
     run_peak = (record.get("peak") or {}).get("rss")
-    attribution = attribute(peak_stage(record))
+    at_peak = peak_stage(record)
+    attribution = attribute(at_peak) if at_peak is not None else None
     if not run_peak or attribution is None or attribution.beyond_census is None:
         return []
     beyond = attribution.beyond_census
@@ -355,10 +356,11 @@ def _untracked(record: dict) -> list[Finding]:
 
 def _tensor_gap(record: dict) -> list[Finding]:
     run_peak = (record.get("peak") or {}).get("rss")
-    live, where = live_tensor_high(record)
-    stage = live_tensor_peak(record)[1]
-    if not run_peak:
+    high, metered = live_tensor_high(record), live_tensor_peak(record)
+    if not run_peak or high is None:
         return []
+    live, where = high
+    stage = metered[1] if metered is not None else None
     gap = run_peak - live
     if gap <= TENSOR_GAP_SHARE * run_peak:
         return []
@@ -477,6 +479,8 @@ def saving(finding: Finding, record: dict) -> dict | None:
         names, stage, here = None, evidence["stage"], evidence["transient"]
     else:
         return None
+    if stage is None:
+        return None
     projected = []
     for view in projection_views(record):
         at = view.stages.get(stage)
@@ -486,10 +490,10 @@ def saving(finding: Finding, record: dict) -> dict | None:
             value = at.transient if at.transient is not None and at.transient >= here else None
         else:
             found = [at.components.get(n) for n in names]
-            value = None if any(v is None for v in found) else sum(found)
+            value = None if any(v is None for v in found) else sum(v for v in found if v is not None)
         projected.append({"target": view.target, "method": view.method, "bytes": value})
     basis = ("the transient inside the stage" if names is None else
-             "the evidence's components at stage `" + stage + "`")
+             f"the evidence's components at stage `{stage}`")
     return {"bytes": here, "projected": projected, "basis": basis}
 
 

@@ -97,7 +97,8 @@ def _dtype_factor(record: dict, target_dtype: str | None) -> float:
 def stage_keys(run: dict) -> dict[tuple[str, int], dict]:
     """Finished stages by (path, how many stages of that path came before): a stage called
     several times pairs with the same call in another run of the job."""
-    keyed, seen = {}, {}
+    keyed: dict[tuple[str, int], dict] = {}
+    seen: dict[str, int] = {}
     for stage in run.get("stages") or []:
         if stage.get("status") == "open":
             continue
@@ -281,8 +282,8 @@ def _project_stage(stage: dict, key: tuple, fit: _Fit, dtype_factor: float) -> d
         components[name] = {"category": item["category"], "bytes": item["bytes"],
                             "projected": projected, **how}
     unseen = _unseen(stage)
-    unseen_how = (fit.fitted(unseen, key, _unseen, fallback="activations") if unseen or fit.calibrated
-                  else {"how": "a priori", "shares": {}})
+    unseen_how: dict = (fit.fitted(unseen, key, _unseen, fallback="activations") if unseen or fit.calibrated
+                        else {"how": "a priori", "shares": {}})
     transient = _transient(stage)
     transient_how = fit.fitted(transient, key, _transient, fallback="parameters")
     unseen_projected = fit.grow(unseen, unseen_how["shares"])
@@ -309,7 +310,8 @@ def _peaks_inside_children(measured: list[dict], stages: list[dict]) -> None:
                     and real["start_s"] <= r["start_s"] and (real["end_s"] is None or r["start_s"] <= real["end_s"])]
         meter = (real.get("live_tensors") or {}).get("peak")
         child_peaks = [(r.get("live_tensors") or {}).get("peak") for r, _ in children]
-        if not children or meter is None or None in child_peaks or meter > max(child_peaks):
+        known = [p for p in child_peaks if p is not None]
+        if not children or meter is None or len(known) < len(child_peaks) or meter > max(known):
             continue
         holder = max((p for _, p in children), key=lambda c: c["tensor_peak"])
         stage["peak_in"] = holder["path"]

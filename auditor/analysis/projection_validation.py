@@ -77,9 +77,9 @@ def check_targets(result: dict) -> list[dict]:
         elif target.what == "peak RSS":
             err = error(result["peak"][target.method]["rss"], result["peak"]["real"]["rss"])
         else:
-            errors = [error((s[target.method] or {}).get("tensor_peak"), s["real"]["tensor_peak"])
-                      for s in result["stages"]]
-            errors = [e for e in errors if e is not None]
+            found = [error((s[target.method] or {}).get("tensor_peak"), s["real"]["tensor_peak"])
+                     for s in result["stages"]]
+            errors = [e for e in found if e is not None]
             err = max(errors, key=abs) if errors else None
         checked.append({**asdict(target), "error": err,
                         "met": err is not None and abs(err) <= target.limit})

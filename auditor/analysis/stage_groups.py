@@ -15,6 +15,7 @@ their own under the row of their parent.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from auditor.analysis.unstaged import describe
@@ -22,15 +23,20 @@ from auditor.analysis.unstaged import describe
 _CALL_NUMBER = re.compile(r"#\d+$")
 
 
+def _call(stage: dict) -> dict:
+    """The stage's staged-call fields ({} for a stage that was not a staged call)."""
+    call = stage.get("call")
+    return call if isinstance(call, dict) else {}
+
+
 def fold_key(stage: dict) -> str:
     """What makes calls one row: the staged callable, else the name without `#n`."""
-    call = stage.get("call") if isinstance(stage.get("call"), dict) else {}
-    return call.get("target") or _CALL_NUMBER.sub("", stage["name"])
+    return _call(stage).get("target") or _CALL_NUMBER.sub("", stage["name"])
 
 
 def call_name(stage: dict) -> str:
     """Which call a stage was, for a reader: its label and number, else its name."""
-    call = stage.get("call") if isinstance(stage.get("call"), dict) else {}
+    call = _call(stage)
     if call.get("label"):
         return f"{call['label']} (call {call['index']})" if call.get("index") else str(call["label"])
     return stage["name"]
@@ -79,7 +85,7 @@ class StageRow:
 
     def highest(self, key: str) -> tuple[int | None, dict | None]:
         """The highest `key` peak (rss / live_tensors) among the entries, and the entry holding it."""
-        best = (None, None)
+        best: tuple[int | None, dict | None] = (None, None)
         for entry in self.entries:
             value = (entry.get(key) or {}).get("peak")
             if value is not None and (best[0] is None or value > best[0]):
@@ -88,13 +94,13 @@ class StageRow:
 
     def largest_rise(self) -> int | None:
         """The largest peak - start of any entry."""
-        rises = [(e.get("rss") or {}).get("peak") - (e.get("rss") or {}).get("start")
-                 for e in self.entries if (e.get("rss") or {}).get("peak") is not None
-                 and (e.get("rss") or {}).get("start") is not None]
+        readings = [e.get("rss") or {} for e in self.entries]
+        rises = [rss["peak"] - rss["start"] for rss in readings
+                 if rss.get("peak") is not None and rss.get("start") is not None]
         return max(rises) if rises else None
 
 
-def stage_rows(record: dict, unstaged: list[dict] = ()) -> list[StageRow]:
+def stage_rows(record: dict, unstaged: Sequence[dict] = ()) -> list[StageRow]:
     """The rows in reading order (a parent before its children, siblings by first start)."""
     folded: dict[str, str] = {}     # stage path -> folded path
     rows: dict[str, StageRow] = {}
@@ -115,7 +121,7 @@ def stage_rows(record: dict, unstaged: list[dict] = ()) -> list[StageRow]:
         else:
             row.label = row.stages[0]["name"]
     for item in unstaged:
-        parent = folded.get(item.get("parent")) if item.get("parent") is not None else None
+        parent = folded.get(item["parent"]) if item.get("parent") is not None else None
         depth = rows[parent].depth + 1 if parent in rows else 0
         row = StageRow("unstaged", f"{parent or ''}/(unstaged) {item.get('start_s')}",
                        f"(unstaged) {describe(item)}", depth, interval=item)
@@ -136,9 +142,10 @@ def holds(row: StageRow, record: dict) -> bool:
     peak = record.get("peak") or {}
     where = peak.get("where") if isinstance(peak.get("where"), dict) else None
     if row.kind == "unstaged":
+        interval = row.interval or {}
         return (where is not None and where.get("kind") == "unstaged"
-                and all(row.interval.get(k) == where.get(k) for k in ("parent", "after", "before"))
-                and row.interval["rss"].get("peak") == peak.get("rss"))
+                and all(interval.get(k) == where.get(k) for k in ("parent", "after", "before"))
+                and (interval.get("rss") or {}).get("peak") == peak.get("rss"))
     if where is not None and where.get("kind") == "unstaged":
         return False
     if peak.get("stage_id") is not None:
@@ -161,9 +168,10 @@ def limit(rows: list[StageRow], most: int, record: dict) -> tuple[list[StageRow]
     keep: set[int] = set()
 
     def take(row: StageRow) -> None:
-        while row is not None and id(row) not in keep:
-            keep.add(id(row))
-            row = parent_of[id(row)]
+        at: StageRow | None = row
+        while at is not None and id(at) not in keep:
+            keep.add(id(at))
+            at = parent_of[id(at)]
 
     for row in rows:
         if holds(row, record):

@@ -116,7 +116,8 @@ def _step_stages(record: dict) -> list[dict]:
 def activation_check(record: dict) -> dict | None:
     """Saved-tensor accounting against the live tensors the first forward left behind."""
     saved = (record.get("measured") or {}).get("saved_tensors")
-    forward = (micro_stages(record, 1, "forward") or [None])[0]
+    forwards = micro_stages(record, 1, "forward")
+    forward = forwards[0] if forwards else None
     if not saved or forward is None:
         return None
     accounted = saved["activations"] + saved["autocast weight copies"]
@@ -149,7 +150,7 @@ def calculator_check(record: dict) -> dict | None:
 
 def series(record: dict) -> dict:
     """Each step's peak: live tensors, RSS, and on GPU CUDA allocated."""
-    out = {"live_tensors": [], "rss": [], "cuda_allocated": []}
+    out: dict[str, list] = {"live_tensors": [], "rss": [], "cuda_allocated": []}
     for number in step_numbers(record):
         for key, value in peaks(stage(record, f"step {number}")).items():
             if key in out and value is not None:
@@ -287,7 +288,8 @@ def _float32_bytes(record: dict) -> int | None:
 def _state_bytes(record: dict) -> int | None:
     measured = record.get("measured") or {}
     parts = [measured.get(k) for k in ("parameters", "gradients", "optimizer_state")]
-    return sum(parts) if all(p is not None for p in parts) else None
+    known = [p for p in parts if p is not None]
+    return sum(known) if len(known) == len(parts) else None
 
 
 def sweep_commentary(rows: list[dict], measure: str = "live_tensors") -> list[str]:

@@ -81,7 +81,8 @@ def _holding(record: dict, where: dict | None) -> dict | None:
     matching = [u for u in intervals(record)
                 if where is None or all(u.get(k) == where.get(k) for k in ("parent", "after", "before"))]
     exact = [u for u in matching if u["rss"].get("peak") == rss]
-    return (exact or (matching if where is not None else []) or [None])[0]
+    found = exact or (matching if where is not None else [])
+    return found[0] if found else None
 
 
 def composition(record: dict, interval: dict) -> tuple[str, dict] | None:
@@ -116,7 +117,7 @@ def notable(record: dict) -> list[dict]:
     def worth(item: dict) -> bool:
         rss, live = item["rss"], item.get("live_tensors") or {}
         long = item["end_s"] - item["start_s"]
-        return (peak and (rss.get("peak") or 0) - (rss.get("start") or 0) > NOTABLE_RISE_SHARE * peak
+        return bool(peak and (rss.get("peak") or 0) - (rss.get("start") or 0) > NOTABLE_RISE_SHARE * peak
                 or live_peak and (live.get("peak") or 0) - (live.get("start") or 0) > NOTABLE_RISE_SHARE * live_peak
                 or run_s and long >= max(NOTABLE_TIME_SHARE * run_s, NOTABLE_MIN_S))
 

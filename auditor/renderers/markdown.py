@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from urllib.parse import quote
 
@@ -98,7 +99,7 @@ def _code(value) -> str:
     return "`" + str(value).replace("`", "'").replace("|", "\\|").replace("\n", " ") + "`"
 
 
-def _table(headers: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> str:
+def _table(headers: list[str], rows: list[list[str]], right: AbstractSet[int] = frozenset()) -> str:
     align = ["---:" if i in right else "---" for i in range(len(headers))]
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -153,7 +154,8 @@ def _summary(record: dict, found, views: list[ProjectionView]) -> str:
     rows.append(["RSS at start / end", f"{units.size(process.get('rss_at_start'))} / "
                                        f"{units.size(process.get('rss_at_end'))}"])
     if weights:
-        buffers = attribute(holder).buffers if holder is not None and holder.get("components") is not None else 0
+        attribution = attribute(holder) if holder is not None else None
+        buffers = attribution.buffers if attribution is not None else 0
         note = f"; module buffers {units.size(buffers)} not counted" if buffers else ""
         rows.append(["peak / weights", f"**{units.ratio(peak.get('rss'), weights)}** the weights "
                                        f"({units.size(weights)} of parameters {weights_at}{note})"])
@@ -379,7 +381,8 @@ def _sizes(sizes: list[tuple[int, int]]) -> str:
 
 
 def _instances(items) -> str:
-    rows, total = [], sum(len(i.instances) for i in items)
+    rows: list[list[str]] = []
+    total = sum(len(i.instances) for i in items)
     for item in items:
         for instance in item.instances:
             if len(rows) >= MAX_INSTANCES:
@@ -410,6 +413,8 @@ def _unstaged_peak(record: dict, place: unstaged.PeakPlace) -> str:
         return (f"{title}\n\n{lead} At the interval's live-tensor high (owners from the census at "
                 f"the next stage end):\n\n{_at_peak_table(value)}")
     a = attribute(value)
+    if a is None:
+        return f"{title}\n\n{lead} The record has no composition for it: no live-tensor meter and no census before it."
     rows = [[_code(r.name), _text(r.category), units.size(r.bytes)] for r in a.rows]
     rows.append(["**census total**", "", f"**{units.size(a.census)}**"])
     return (f"{title}\n\n{lead} No live-tensor composition for it; the census at the end of "
@@ -426,7 +431,8 @@ def _live_highs(record: dict, place: unstaged.PeakPlace) -> list[str]:
         chosen.append(holder)
     shown = (place.interval.get("live_tensors") or {}) if place.interval is not None else {}
     for stage in stage_groups.top_live_peaks(record, LIVE_PEAK_STAGES):
-        same = (shown.get("at_peak") and stage["path"] == place.interval.get("parent")
+        same = (shown.get("at_peak") and place.interval is not None
+                and stage["path"] == place.interval.get("parent")
                 and stage["live_tensors"]["peak"] == shown.get("peak"))
         if not same and all(stage is not c for c in chosen):  # not the moment shown above again
             chosen.append(stage)

@@ -30,8 +30,9 @@ def tables(result: dict) -> dict[str, tuple[list[str], list[list[str]]]]:
              [[what, units.size(peak["real"][key])]
               + sum(([units.size(peak[m][key]), _error(peak[m][key], peak["real"][key])] for m in METHODS), [])
               for what, key in (("live tensors", "live_tensors"), ("RSS", "rss"))])
-    stages = (["stage", "real tensors", "scaled", "error", "traced", "error",
-               "real RSS", "scaled", "error", "traced", "error"], [])
+    stages: tuple[list[str], list[list[str]]] = (
+        ["stage", "real tensors", "scaled", "error", "traced", "error",
+         "real RSS", "scaled", "error", "traced", "error"], [])
     for s in result["stages"]:
         row = [s["path"]]
         for key in ("tensor_peak", "rss_peak"):
