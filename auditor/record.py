@@ -20,6 +20,11 @@ Events, in order:
     artifacts       {"files": ..., "probes": ...}: optional files (flamegraph, profiler trace)
                     written after run.json, so a full disk costs them and not the record
 
+Results derived from a finished run live in files of their own beside run.json
+(`DERIVED_FILES`: `calibration.json`, the calibration runs' records; `projections.json`, the
+projections to each target), never in it: run.json stays exactly `assemble(events)`, and each
+derived file can be made again from it. `load` adds them to the record it returns.
+
 A log that cannot be written (disk full) stops at its last whole line; the audit keeps its
 events in memory, still writes run.json if it can, and says so in `event_log`.
 
@@ -84,6 +89,7 @@ from pathlib import Path
 SCHEMA = "auditor.run/1"
 EVENTS_FILE = "events.jsonl"
 RUN_FILE = "run.json"
+DERIVED_FILES = {"calibration": "calibration.json", "projections": "projections.json"}
 REQUIRED = ("schema", "name", "command", "started_at", "device", "environment", "process",
             "stages", "peak")
 STAGE_REQUIRED = ("name", "path", "parent", "status", "start_s", "end_s", "rss")
@@ -356,7 +362,7 @@ def load(path: str | os.PathLike, from_events: bool = False) -> dict:
     if (path.is_dir() or path.name == RUN_FILE) and not (folder / RUN_FILE).exists() \
             and (folder / EVENTS_FILE).exists():
         if from_events:
-            return assembled(folder)
+            return with_derived(assembled(folder), folder)
         raise RunRecordError(_no_run_json(folder))
     if path.is_dir():
         path = path / RUN_FILE
@@ -375,6 +381,25 @@ def load(path: str | os.PathLike, from_events: bool = False) -> dict:
         raise RunRecordError(f"run record {str(path)!r} is {what} ({error.msg} at line "
                              f"{error.lineno})") from None
     validate(record, str(path))
+    return with_derived(record, path.parent)
+
+
+def write_derived(folder: str | os.PathLike, key: str, value) -> None:
+    """A derived result (`DERIVED_FILES`' key) into its own file beside run.json."""
+    write_json_atomically(Path(folder) / DERIVED_FILES[key], value)
+
+
+def with_derived(record: dict, folder: str | os.PathLike) -> dict:
+    """`record` with the derived results found beside it (a field the record itself holds, as
+    older records do, is kept); RunRecordError (one line) for one that cannot be read."""
+    for key, name in DERIVED_FILES.items():
+        path = Path(folder) / name
+        if key in record or not path.exists():
+            continue
+        try:
+            record[key] = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise RunRecordError(f"cannot read {str(path)!r}, derived from the run record: {error}") from None
     return record
 
 

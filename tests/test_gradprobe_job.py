@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from auditor import record as run_record
 from auditor.units import size
 
 TINY = ["--arch", "tinystories-33m", "--layers", "2", "--hidden", "64", "--vocab", "256",
@@ -22,7 +23,13 @@ def test_audits_projects_and_reports(tmp_path):
     done = auditor("gradprobe", *TINY, "--run-dir", str(run_dir), "-o", str(report),
                    "--target", "tinystories-33m")
     assert done.returncode == 0, done.stderr
-    record = json.loads((run_dir / "run.json").read_text())
+    # run.json is the audit's own record, exactly what its event log rebuilds; the projections
+    # and calibration runs derived from it sit beside it, and load() brings them back
+    written = json.loads((run_dir / "run.json").read_text())
+    assert written == run_record.rebuild(run_dir, write=False)
+    assert "projections" not in written and "calibration" not in written
+    assert (run_dir / "projections.json").exists() and (run_dir / "calibration.json").exists()
+    record = run_record.load(run_dir)
     phases = [s["path"] for s in record["stages"] if s["parent"] == "prune"]
     assert phases == [f"prune/GradProbe.{p}" for p in (
         "save_state", "record_original_gradients", "select_candidates", "reduce_candidates",
@@ -47,6 +54,9 @@ def test_audits_projects_and_reports(tmp_path):
     assert "No memray trace" not in sites
     top = record["memray"]["sites"][0]
     assert f"| `{top['function']}` | {size(top['bytes'])} |" in sites.split("\n| 2 |")[0]
+    again = tmp_path / "again.md"  # the report made again from the folder alone
+    assert auditor("report", str(run_dir), "-o", str(again)).returncode == 0
+    assert again.read_text().replace("again-", "report-") == text
 
 
 def test_memray_is_on_by_default_and_no_memray_skips_it():

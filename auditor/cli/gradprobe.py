@@ -131,9 +131,12 @@ def _audit(args, settings, targets, folder: Path, projections: list) -> dict:
 
 
 def _write(record: dict, folder: Path, output: Path) -> None:
-    from auditor.record import write_json_atomically
+    """The derived results beside run.json (which stays the audit's own), then the report."""
+    from auditor.record import DERIVED_FILES, write_derived
     from auditor.renderers.markdown import write_report
-    write_json_atomically(folder / "run.json", record)
+    for key in DERIVED_FILES:
+        if key in record:
+            write_derived(folder, key, record[key])
     write_report(record, output, run_folder=folder)
 
 
