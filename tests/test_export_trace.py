@@ -422,7 +422,7 @@ def test_help_shows_the_defaults_and_an_example(capsys):
     assert exited.value.code == 0
     text = capsys.readouterr().out
     assert "default: chrome-trace" in text and "default: trace.json in the run folder" in text
-    assert "example:" in text and "auditor export runs/" in text and "ui.perfetto.dev" in text
+    assert "examples:" in text and "auditor export runs/" in text and "ui.perfetto.dev" in text
 
 
 # -- bad input ---------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import shlex
 from urllib.parse import quote  # a name with spaces stays one link
 
 from auditor.analysis.source_paths import shown_command
+from auditor.renderers import markdown_text as md
 
 MiB, GiB = 1 << 20, 1 << 30
 DIGEST_CHARS = 12
@@ -87,7 +88,7 @@ def _per_side(record: dict, summary: dict) -> list[str]:
         rows.append([side["name"] + (" (baseline)" if baseline else ""), str(s["runs"]),
                      _spread(s["peak_rss"], MiB), _spread(s["loaded_rss"], MiB), _spread(s["overhead"], MiB),
                      _spread(s["wall_s"], 1, 2), _spread(s["cpu_s"], 1, 2)])
-    return _table(rows, right=range(1, 7))
+    return _aligned(rows, right=range(1, 7))
 
 
 def _against(summary: dict) -> list[str]:
@@ -103,7 +104,7 @@ def _against(summary: dict) -> list[str]:
                      _beyond_noise(v),
                      {True: "yes", False: "no", None: "-"}[a["same_digest"]], differing, tolerance, a["status"],
                      "**FAIL**" if v["verdict"] == "fail" else "ok"])
-    lines = _table(rows, right=range(1, 6))
+    lines = _aligned(rows, right=range(1, 6))
     lines += ["", "Ratios are variant / baseline of the medians (below 1: the variant uses less). A saving "
               "is the baseline's median minus the variant's, in MiB; it counts only beyond the noise "
               "margin (see the rule under the verdict)."]
@@ -147,7 +148,7 @@ def _runs(record: dict) -> list[str]:
                      "-" if not result else f"`{result['digest'][:DIGEST_CHARS]}`",
                      "-" if not result or result["differing_elements"] is None
                      else f"{result['differing_elements']:,}"])
-    return _table(rows, right=[0, 2, 4, 5, 6, 7, 8, 9, 11])
+    return _aligned(rows, right=[0, 2, 4, 5, 6, 7, 8, 9, 11])
 
 
 def _reported(record: dict) -> list[str]:
@@ -164,7 +165,7 @@ def _reported(record: dict) -> list[str]:
         in_mib = "rss" in key.rsplit(".", 1)[-1] or key.endswith("_bytes")
         rows.append([key + (" (MiB)" if in_mib else ""),
                      *[_value(firsts.get(name, {}).get(key), in_mib) for name in names]])
-    return _table(rows, right=range(1, len(names) + 1))
+    return _aligned(rows, right=range(1, len(names) + 1))
 
 
 def _environment(record: dict) -> list[str]:
@@ -182,16 +183,6 @@ def _environment(record: dict) -> list[str]:
 
 
 # -- formatting ------------------------------------------------------------------------------
-
-def _table(rows: list[list[str]], right=()) -> list[str]:
-    right = set(right)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    def line(row):
-        return "| " + " | ".join(cell.rjust(w) if i in right else cell.ljust(w)
-                                 for i, (cell, w) in enumerate(zip(row, widths))) + " |"
-    rule = "|" + "|".join(("-" * (w + 1) + ":") if i in right else "-" * (w + 2) for i, w in enumerate(widths)) + "|"
-    return [line(rows[0]), rule, *[line(row) for row in rows[1:]]]
-
 
 def _spread(spread: dict | None, unit: float, digits: int = 1) -> str:
     if spread is None:
@@ -237,3 +228,8 @@ def _value(value, in_mib: bool = False) -> str:
     if isinstance(value, float):
         return f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.1f}"
     return str(value)
+
+
+def _aligned(rows: list[list[str]], right=()) -> list[str]:
+    """The header row and the rows as a padded table, as lines."""
+    return md.table(rows[0], rows[1:], right, aligned=True).split("\n")

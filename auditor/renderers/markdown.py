@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Set as AbstractSet
 from pathlib import Path
 from urllib.parse import quote
 
@@ -27,6 +26,7 @@ from auditor.analysis.components import (BEYOND_CENSUS, BEYOND_LIVE, UNSEEN_TENS
                                          final_stage, is_traced, largest_weights, live_tensor_high, peak_at_start,
                                          peak_stage, projection_views, run_weights)
 from auditor.allocation_sites import passes_through
+from auditor.renderers import markdown_text as md
 
 SITE_STACK_FRAMES = 3
 MAX_STAGE_ROWS = 300      # rows of the stage table, after folding repeated calls
@@ -70,41 +70,21 @@ def render(record: dict, *, plot: str | None = None, report_folder: Path | None 
     found = findings_module.ordered([f for o in outcomes for f in o.findings])
     views = projection_views(record)
     parts = [
-        f"# Memory report: {_text(record.get('name', 'run'))}",
+        f"# Memory report: {md.text(record.get('name', 'run'))}",
         _banner(record),
         _summary(record, found, views),
         _stages(record),
         _components_section(record, views, components_plot),
         _timeline(plot),
-        _sites(record, report_folder, run_folder),
+        sites_section(record, report_folder, run_folder),
         _findings(found, outcomes, source_paths.code_root(record)),
         _minimum(record),
-        _environment(record),
+        environment_section(record),
     ]
     return "\n\n".join(p for p in parts if p).rstrip() + "\n"
 
 
 # -- pieces --------------------------------------------------------------------------------
-
-def _text(value) -> str:
-    """Plain text safe inside a table cell."""
-    text = str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
-    for char, entity in (("<", "&lt;"), (">", "&gt;"), ("*", "\\*"), ("[", "\\["), ("]", "\\]")):
-        text = text.replace(char, entity)
-    return text
-
-
-def _code(value) -> str:
-    """Inline code safe inside a table cell."""
-    return "`" + str(value).replace("`", "'").replace("|", "\\|").replace("\n", " ") + "`"
-
-
-def _table(headers: list[str], rows: list[list[str]], right: AbstractSet[int] = frozenset()) -> str:
-    align = ["---:" if i in right else "---" for i in range(len(headers))]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
 
 def _banner(record: dict) -> str:
     lines = []
@@ -112,11 +92,11 @@ def _banner(record: dict) -> str:
     if exit_.get("status") == "unfinished":
         lines.append(_unfinished(record, exit_))
     elif exit_.get("status") not in (None, "ok"):
-        error = f": {_text(exit_['error'])}" if exit_.get("error") else ""
-        lines.append(f"> **This run did not end ok ({_text(exit_['status'])}){error}.** Readings stop where it stopped.")
+        error = f": {md.text(exit_['error'])}" if exit_.get("error") else ""
+        lines.append(f"> **This run did not end ok ({md.text(exit_['status'])}){error}.** Readings stop where it stopped.")
     log = record.get("event_log") or {}
     if log.get("state") == "incomplete":
-        lines.append(f"> **The event log is incomplete** ({_text(log.get('reason', 'reason unknown'))}; "
+        lines.append(f"> **The event log is incomplete** ({md.text(log.get('reason', 'reason unknown'))}; "
                      f"{log.get('lines', 0):,} events written): this record was kept in memory and "
                      "written once there was space.")
     if is_traced(record):
@@ -130,12 +110,12 @@ def _unfinished(record: dict, exit_: dict) -> str:
     stages = record["stages"]
     finished = [s for s in stages if s.get("status") != "open"]
     still_open = [s for s in stages if s.get("status") == "open"]
-    how = f" ({_text(exit_['error'])})" if exit_.get("error") else ""
+    how = f" ({md.text(exit_['error'])})" if exit_.get("error") else ""
     got = f"{len(finished):,} of {len(stages):,} stages finished"
     if finished:
-        got += f", the last {_code(finished[-1]['path'])}"
+        got += f", the last {md.code(finished[-1]['path'])}"
     if still_open:
-        got += "; open when it stopped: " + ", ".join(_code(s["path"]) for s in still_open[-5:])
+        got += "; open when it stopped: " + ", ".join(md.code(s["path"]) for s in still_open[-5:])
     return (f"> **This run did not finish**{how}: it was killed or interrupted, or its record "
             f"could not be written. {got}. Readings stop where the event log stops.")
 
@@ -147,7 +127,7 @@ def _summary(record: dict, found, views: list[ProjectionView]) -> str:
     if not weights and largest_weights(record):  # the peak stage's census holds none
         weights, weights_at = largest_weights(record), "the most a census saw"
     holder = peak_stage(record)
-    rows = [["run", _text(record.get("name", "-"))]]
+    rows = [["run", md.text(record.get("name", "-"))]]
     place = unstaged.peak_place(record)
     where = f" {_phrase(place.phrase)}" if place.kind != "unknown" else f" ({_phrase(place.phrase)})"
     rows.append(["peak RSS", f"**{units.size(peak.get('rss'))}**{where}"])
@@ -173,10 +153,10 @@ def _summary(record: dict, found, views: list[ProjectionView]) -> str:
         value = (f"{units.size(view.peak_rss)} peak RSS" if view.peak_rss is not None
                  else "RSS not projected")
         if view.peak_stage:
-            value += f" in stage {_code(view.peak_stage)}"
+            value += f" in stage {md.code(view.peak_stage)}"
         if view.live_tensor_peak is not None:
             value += f"; live tensors {units.size(view.live_tensor_peak)}"
-        rows.append([f"projected ({_text(view.label)})", value])
+        rows.append([f"projected ({md.text(view.label)})", value])
     if not views:
         rows.append(["projections", "none in this record"])
     if "unstaged" in record:
@@ -184,13 +164,13 @@ def _summary(record: dict, found, views: list[ProjectionView]) -> str:
     counts = {s: sum(1 for f in found if f.severity == s) for s in findings_module.SEVERITIES}
     tally = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "none"
     rows.append(["findings", f"{tally} (see [Findings](#findings))"])
-    return "## Summary\n\n" + _table(["measure", "value"], rows)
+    return "## Summary\n\n" + md.table(["measure", "value"], rows)
 
 
 def _phrase(text: str) -> str:
     """A phrase with `code` spans (from analysis) made safe for a table cell."""
     pieces = text.split("`")
-    return "".join(_code(p) if i % 2 else _text(p) for i, p in enumerate(pieces))
+    return "".join(md.code(p) if i % 2 else md.text(p) for i, p in enumerate(pieces))
 
 
 def _unstaged_summary(record: dict, place: unstaged.PeakPlace) -> str:
@@ -242,13 +222,13 @@ def _stages(record: dict) -> str:
                 f"the table to {MAX_STAGE_ROWS} rows; every stage is in the run record's `stages`. "
                 f"Shown: the row holding the peak with its parents, then the shallowest rows, "
                 f"highest peaks first within a depth, each with its parents.")
-    table = _table(headers, rows, right=set(range(2, len(headers) - folded)))
+    table = md.table(headers, rows, right=set(range(2, len(headers) - folded)))
     return "## Stages\n\n" + note + "\n\n" + table + more + _unstaged_note(record)
 
 
 def _stage_row(row: stage_groups.StageRow, record: dict, live: bool, heap: bool, cuda: bool,
                folded: bool) -> list[str]:
-    name = _text(row.label) + (f" × {row.count:,}" if row.kind == "folded" else "")
+    name = md.text(row.label) + (f" × {row.count:,}" if row.kind == "folded" else "")
     if row.kind == "unstaged":
         name = f"*{_phrase(row.label)}*"
     name = INDENT * row.depth + (f"**{name}**" if stage_groups.holds(row, record) else name)
@@ -284,21 +264,21 @@ def _status(row: stage_groups.StageRow) -> str:
         stage = row.stages[0]
         status = stage.get("status", "ok")
         if status == "failed":
-            return "**FAILED**" + (f": {_text(stage['error'])}" if stage.get("error") else "")
-        return "**open** (never finished)" if status == "open" else _text(status)
+            return "**FAILED**" + (f": {md.text(stage['error'])}" if stage.get("error") else "")
+        return "**open** (never finished)" if status == "open" else md.text(status)
     counts = row.statuses
     if set(counts) == {"ok"}:
         return "ok"
     words = {"ok": "ok", "failed": "**FAILED**", "open": "**open**"}
-    return ", ".join(f"{words.get(k, _text(k))} {n:,}" for k, n in counts.items())
+    return ", ".join(f"{words.get(k, md.text(k))} {n:,}" for k, n in counts.items())
 
 
 def _highest_calls(row: stage_groups.StageRow) -> str:
     rss, at = row.highest("rss")
     live, live_at = row.highest("live_tensors")
-    text = f"{_code(stage_groups.call_name(at))}" if at is not None else "-"
+    text = f"{md.code(stage_groups.call_name(at))}" if at is not None else "-"
     if live_at is not None:
-        text += f"; {_code(stage_groups.call_name(live_at))} ({units.size(live)})"
+        text += f"; {md.code(stage_groups.call_name(live_at))} ({units.size(live)})"
     return text
 
 
@@ -333,7 +313,7 @@ def _components_section(record: dict, views: list[ProjectionView], plot: str | N
     before = census_before(record, holder) if peak_at_start(holder) else None
     if before is not None:  # the peak stage frees what made the peak: show it before too
         parts.append(_component_tables(record, before, views, "just before the peak stage",
-                                       f"The peak stage {_code(holder['path'])} reached its peak near its "
+                                       f"The peak stage {md.code(holder['path'])} reached its peak near its "
                                        f"start and ended {units.size(holder['rss']['peak'] - holder['rss']['end'])} "
                                        f"lower, so the census taken just before it began shows what "
                                        f"made the peak."))
@@ -354,12 +334,12 @@ def _over_the_run(record: dict, plot: str | None) -> str:
             "in the live-tensor compositions below.")
     rows = []
     for item in items[:MAX_COMPONENT_ROWS]:
-        rows.append([_code(item.name), _text(item.category), f"{len(item.instances):,}", _sizes(item.sizes),
+        rows.append([md.code(item.name), md.text(item.category), f"{len(item.instances):,}", _sizes(item.sizes),
                      f"{units.size(item.most_at_once)}" + (f" ({_count(item.most_instances_at_once, 'instance')})"
                                                           if len(item.instances) > 1 else "")
-                     + f" at the end of {_code(item.most_at)}",
-                     _code(item.first_stage), _code(item.last_stage)])
-    table = _table(["component", "category", "instances", "bytes per instance", "most alive at once",
+                     + f" at the end of {md.code(item.most_at)}",
+                     md.code(item.first_stage), md.code(item.last_stage)])
+    table = md.table(["component", "category", "instances", "bytes per instance", "most alive at once",
                     "first seen", "last seen"], rows, right={2})
     more = (f"\n\n{len(items) - MAX_COMPONENT_ROWS:,} smaller components are left out; every "
             f"census is in the run record." if len(items) > MAX_COMPONENT_ROWS else "")
@@ -387,11 +367,11 @@ def _instances(items) -> str:
         for instance in item.instances:
             if len(rows) >= MAX_INSTANCES:
                 break
-            rows.append([_code(item.name), _code(instance.name), f"{instance.bytes:,}",
-                         _code(instance.first_stage), _code(instance.last_stage)])
+            rows.append([md.code(item.name), md.code(instance.name), f"{instance.bytes:,}",
+                         md.code(instance.first_stage), md.code(instance.last_stage)])
     more = (f"\n\n{total - len(rows):,} more instances are in the run record's censuses."
             if total > len(rows) else "")
-    table = _table(["component", "instance", "bytes", "first stage end seen", "last stage end seen"],
+    table = md.table(["component", "instance", "bytes", "first stage end seen", "last stage end seen"],
                    rows, right={2})
     return (f"<details><summary>Each instance ({total:,})</summary>\n\n{table}{more}\n\n</details>")
 
@@ -415,12 +395,12 @@ def _unstaged_peak(record: dict, place: unstaged.PeakPlace) -> str:
     a = attribute(value)
     if a is None:
         return f"{title}\n\n{lead} The record has no composition for it: no live-tensor meter and no census before it."
-    rows = [[_code(r.name), _text(r.category), units.size(r.bytes)] for r in a.rows]
+    rows = [[md.code(r.name), md.text(r.category), units.size(r.bytes)] for r in a.rows]
     rows.append(["**census total**", "", f"**{units.size(a.census)}**"])
     return (f"{title}\n\n{lead} No live-tensor composition for it; the census at the end of "
-            f"{_code(value['path'])}, the last before it (an estimate of what was alive: the "
+            f"{md.code(value['path'])}, the last before it (an estimate of what was alive: the "
             f"interval may have made more):\n\n"
-            + _table(["component", "category", "bytes"], rows, right={2}))
+            + md.table(["component", "category", "bytes"], rows, right={2}))
 
 
 def _live_highs(record: dict, place: unstaged.PeakPlace) -> list[str]:
@@ -441,8 +421,8 @@ def _live_highs(record: dict, place: unstaged.PeakPlace) -> list[str]:
         meter = stage["live_tensors"]
         which = "the peak stage" if stage is holder else "a top live-tensor peak"
         call = stage_groups.call_name(stage)
-        label = f" ({_text(call)})" if call != stage["name"] else ""
-        parts.append(f"### Alive at the live-tensor high of {_code(stage['path'])}{label}, {which}\n\n"
+        label = f" ({md.text(call)})" if call != stage["name"] else ""
+        parts.append(f"### Alive at the live-tensor high of {md.code(stage['path'])}{label}, {which}\n\n"
                      f"What was alive at the moment the live-tensor meter was highest inside the stage "
                      f"({units.size(meter.get('peak'))}; {units.size(meter.get('start'))} at its start, "
                      f"{units.size(meter.get('end'))} at its end): every storage alive then, by owner "
@@ -456,25 +436,25 @@ def _at_peak_table(at_peak: dict) -> str:
     total = at_peak.get("bytes")
     rows = []
     for row in at_peak.get("rows") or []:
-        owner = _code(row["owner"]) if row.get("owner") else "-"
-        rows.append([owner, _text(row.get("category") or "other"),
-                     _code(row["created_in"]) if row.get("created_in") else "before the audit or unstaged",
-                     _code(row["op"]) if row.get("op") else "-", f"{row.get('tensors', 0):,}",
+        owner = md.code(row["owner"]) if row.get("owner") else "-"
+        rows.append([owner, md.text(row.get("category") or "other"),
+                     md.code(row["created_in"]) if row.get("created_in") else "before the audit or unstaged",
+                     md.code(row["op"]) if row.get("op") else "-", f"{row.get('tensors', 0):,}",
                      units.size(row["bytes"]), units.share(row["bytes"], total),
                      "yes" if row.get("alive_at_end") else "no, freed before it"])
     if at_peak.get("rows_left_out"):
         rows.append([f"{at_peak['rows_left_out']:,} smaller groups", "", "", "", "",
                      units.size(at_peak.get("bytes_left_out")), units.share(at_peak.get("bytes_left_out"), total), ""])
     rows.append(["**total at the high**", "", "", "", "", f"**{units.size(total)}**", "", ""])
-    table = _table(["owner", "category", "created in", "op", "tensors", "bytes", "share", "alive at the end"],
+    table = md.table(["owner", "category", "created in", "op", "tensors", "bytes", "share", "alive at the end"],
                    rows, right={4, 5, 6})
-    categories = "; ".join(f"{_text(c)} {units.size(b)}" for c, b in at_peak_categories(at_peak))
+    categories = "; ".join(f"{md.text(c)} {units.size(b)}" for c, b in at_peak_categories(at_peak))
     return f"{table}\n\nBy category: {categories or 'none'}."
 
 
 def _component_tables(record: dict, stage: dict, views: list[ProjectionView], which: str,
                       why: str = "") -> str:
-    title = f"### Components {which}: {_code(stage['path'])}"
+    title = f"### Components {which}: {md.code(stage['path'])}"
     a = attribute(stage)
     if a is None:
         return f"{title}\n\nThis stage has no census."
@@ -488,22 +468,22 @@ def _component_tables(record: dict, stage: dict, views: list[ProjectionView], wh
     if why:
         lead = f"{why} {lead}"
     projected = [(v, v.stages.get(stage["path"])) for v in views]
-    headers = ["component", "category", "bytes", "share"] + [f"projected, {_text(v.label)}" for v, _ in projected]
+    headers = ["component", "category", "bytes", "share"] + [f"projected, {md.text(v.label)}" for v, _ in projected]
 
     def proj(get) -> list[str]:
         return [units.size(get(p)) if p is not None else "-" for _, p in projected]
 
-    rows = [[_code(r.name), _text(r.category), units.size(r.bytes), units.share(r.bytes, a.rss_end)]
+    rows = [[md.code(r.name), md.text(r.category), units.size(r.bytes), units.share(r.bytes, a.rss_end)]
             + proj(lambda p, n=r.name: p.components.get(n)) for r in a.rows]
     rows.append(["**census total**", "", f"**{units.size(a.census)}**", units.share(a.census, a.rss_end)]
                 + proj(lambda p: sum(v for v in p.components.values() if v is not None)))
-    rows.append([_text(BEYOND_CENSUS), "", units.size(a.beyond_census), units.share(a.beyond_census, a.rss_end)]
+    rows.append([md.text(BEYOND_CENSUS), "", units.size(a.beyond_census), units.share(a.beyond_census, a.rss_end)]
                 + proj(lambda p: None if p.unseen is None and p.beyond_tensors is None
                        else (p.unseen or 0) + (p.beyond_tensors or 0)))
     if a.unseen is not None:
-        rows.append([INDENT + "of which " + _text(UNSEEN_TENSORS), "", units.size(a.unseen),
+        rows.append([INDENT + "of which " + md.text(UNSEEN_TENSORS), "", units.size(a.unseen),
                      units.share(a.unseen, a.rss_end)] + proj(lambda p: p.unseen))
-        rows.append([INDENT + "of which " + _text(BEYOND_LIVE), "", units.size(a.beyond_live),
+        rows.append([INDENT + "of which " + md.text(BEYOND_LIVE), "", units.size(a.beyond_live),
                      units.share(a.beyond_live, a.rss_end)] + proj(lambda p: p.beyond_tensors))
     rows.append(["**RSS at the stage end**", "", f"**{units.size(a.rss_end)}**",
                  units.share(a.rss_end, a.rss_end)] + proj(lambda p: None))
@@ -512,21 +492,21 @@ def _component_tables(record: dict, stage: dict, views: list[ProjectionView], wh
                     + proj(lambda p: p.transient))
         rows.append(["**peak inside the stage**", "", f"**{units.size(rss['peak'])}**", ""]
                     + proj(lambda p: p.rss_peak))
-    table = _table(headers, rows, right=set(range(2, len(headers))))
-    cat_headers = ["category", "bytes", "share", "x weights"] + [f"projected, {_text(v.label)}" for v, _ in projected]
+    table = md.table(headers, rows, right=set(range(2, len(headers))))
+    cat_headers = ["category", "bytes", "share", "x weights"] + [f"projected, {md.text(v.label)}" for v, _ in projected]
     cat_rows = []
     for category, total in a.categories:
         names = [r.name for r in a.rows if r.category == category]
-        cat_rows.append([_text(category), units.size(total), units.share(total, a.rss_end),
+        cat_rows.append([md.text(category), units.size(total), units.share(total, a.rss_end),
                          units.ratio(total, a.weights)]
                         + proj(lambda p, ns=names: sum(p.components.get(n) or 0 for n in ns)))
-    cat_rows.append([_text(BEYOND_CENSUS), units.size(a.beyond_census),
+    cat_rows.append([md.text(BEYOND_CENSUS), units.size(a.beyond_census),
                      units.share(a.beyond_census, a.rss_end), units.ratio(a.beyond_census, a.weights)]
                     + ["" for _ in projected])
     cat_rows.append(["**RSS at the stage end**", f"**{units.size(a.rss_end)}**",
                      units.share(a.rss_end, a.rss_end), units.ratio(a.rss_end, a.weights)]
                     + ["" for _ in projected])
-    categories = _table(cat_headers, cat_rows, right=set(range(1, len(cat_headers))))
+    categories = md.table(cat_headers, cat_rows, right=set(range(1, len(cat_headers))))
     weights_note = (f"Weights = parameters, {units.size(a.weights)}"
                     + (f" (module buffers, {units.size(a.buffers)}, are counted under weights "
                        f"above but not in the ratio)." if a.buffers else "."))
@@ -543,14 +523,15 @@ def _timeline(plot: str | None) -> str:
             "recorded). Top-level stages are shaded.")
 
 
-def _sites(record: dict, report_folder: Path | None, run_folder: Path | None) -> str:
+def sites_section(record: dict, report_folder: Path | None, run_folder: Path | None,
+                  head: str = "## Top allocation sites at the peak") -> str:
+    """memray's sites alive at its high-water mark (the training-step report titles it its own way)."""
     memray = record.get("memray")
     probe = (record.get("probes") or {}).get("memray") or {}
-    head = "## Top allocation sites at the peak"
     if not memray:
         why = probe.get("reason") or ("memray was off for this run (`auditor run --memray`; `auditor gradprobe` traces unless given --no-memray)"
                                       if probe.get("state") in (None, "off") else f"memray {probe.get('state')}")
-        return f"{head}\n\nNo memray trace: {_text(why)}."
+        return f"{head}\n\nNo memray trace: {md.text(why)}."
     sites = memray.get("sites") or []
     root = source_paths.code_root(record)
     lead = (f"memray's high-water mark: {units.size(memray.get('peak_memory'))} of native allocations "
@@ -564,10 +545,10 @@ def _sites(record: dict, report_folder: Path | None, run_folder: Path | None) ->
         where = source_paths.shown_path(site.get("location", "?"), root)
         if site.get("code"):  # the source line, read when the trace was summarized
             where = f"{where}: {site['code']}"
-        rows.append([str(index), _code(where),
-                     _code(site["function"]) if site.get("function") else "-",
+        rows.append([str(index), md.code(where),
+                     md.code(site["function"]) if site.get("function") else "-",
                      units.size(site.get("bytes")), f"{site.get('allocations', 0):,}", _stack(site, root)])
-    table = _table(["#", "location and line", "function", "bytes", "allocations", "stack (innermost first)"],
+    table = md.table(["#", "location and line", "function", "bytes", "allocations", "stack (innermost first)"],
                    rows, right={0, 3, 4}) if rows else "No allocation was alive at the high-water mark."
     return f"{head}\n\n{lead}\n\n{table}\n\n{_flamegraph_link(memray, report_folder, run_folder)}"
 
@@ -578,12 +559,12 @@ def _memray_stage(memray: dict) -> str:
     basis = memray.get("stage_basis")
     at = f", about {units.seconds(memray['at_s'])} into the audit" if memray.get("at_s") is not None else ""
     if memray.get("stage"):
-        where = f"in stage {_code(memray['stage'])}"
+        where = f"in stage {md.code(memray['stage'])}"
     elif basis:
         where = "in no stage (unstaged time)"
     else:
         return "outside any stage"
-    how = _text(basis) if basis else "the run's RSS-peak stage (an older record: not located by time)"
+    how = md.text(basis) if basis else "the run's RSS-peak stage (an older record: not located by time)"
     return f"{where}{at}; stage found by: {how}"
 
 
@@ -592,15 +573,15 @@ def _flamegraph_link(memray: dict, report_folder: Path | None, run_folder: Path 
     if not name:
         return "No flamegraph was written for this run."
     if run_folder is None or report_folder is None:
-        return f"Flamegraph: {_code(name)} in the run folder."
+        return f"Flamegraph: {md.code(name)} in the run folder."
     target = Path(run_folder) / name
     if _kept_out_of_git(target):  # a link would break for everyone reading the committed report
         folder = os.path.relpath(Path(run_folder).resolve(), Path(report_folder).resolve())
-        return (f"Flamegraph: {_code(name)} in the run folder {_code(folder)}, where the command wrote it; "
+        return (f"Flamegraph: {md.code(name)} in the run folder {md.code(folder)}, where the command wrote it; "
                 "git ignores it (megabytes), so it exists only where the command ran.")
     if not target.exists():
-        return f"Flamegraph: {_code(name)} was not found in the run folder {_code(run_folder)}."
-    return f"Flamegraph of the allocations alive at the peak: [{_text(name)}]({_relative_link(target, report_folder)})."
+        return f"Flamegraph: {md.code(name)} was not found in the run folder {md.code(run_folder)}."
+    return f"Flamegraph of the allocations alive at the peak: [{md.text(name)}]({md.relative_link(target, report_folder)})."
 
 
 def _kept_out_of_git(path: Path) -> bool:
@@ -611,12 +592,6 @@ def _kept_out_of_git(path: Path) -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return done is not None and done.returncode == 0
-
-
-def _relative_link(target: Path, report_folder: Path) -> str:
-    """A markdown link target to `target`, relative to the folder holding the report."""
-    relative = Path(os.path.relpath(Path(target).resolve(), Path(report_folder).resolve())).as_posix()
-    return quote(relative)
 
 
 def _stack(site: dict, root: str | None) -> str:
@@ -635,7 +610,7 @@ def _stack(site: dict, root: str | None) -> str:
     if not shown:
         return "-"
     text = " ← ".join(shown) + (" ← …" if len(frames) > SITE_STACK_FRAMES else "")
-    return ("native: " if native else "") + _text(text)
+    return ("native: " if native else "") + md.text(text)
 
 
 def _function_and_file(frame: str) -> tuple[str, str]:
@@ -650,7 +625,7 @@ def _findings(found, outcomes, code_root: str | None) -> str:
         for f in found:
             shown = {**f.evidence, "memray_site": source_paths.shown_path(f.evidence["memray_site"], code_root)
                      } if f.evidence.get("memray_site") else f.evidence
-            evidence = ", ".join(f"{k.replace('_', ' ')} {_code(v)}" for k, v in shown.items()
+            evidence = ", ".join(f"{k.replace('_', ' ')} {md.code(v)}" for k, v in shown.items()
                                  if k in ("stage", "component", "from_stage", "to_stage", "memray_site") and v)
             lines.append(f"- **{f.severity}** ({f.rule}): {f.statement}" + (f" Evidence: {evidence}." if evidence else ""))
             if f.remedy:
@@ -662,10 +637,10 @@ def _findings(found, outcomes, code_root: str | None) -> str:
         body = "No rule fired on this record."
     rows = []
     for o in outcomes:
-        result = (f"not checked: {_text(o.not_checked)}" if o.not_checked
+        result = (f"not checked: {md.text(o.not_checked)}" if o.not_checked
                   else f"fired ({len(o.findings)})" if o.findings else "silent")
-        rows.append([_code(o.rule.id), _text(o.rule.title), _text(o.rule.threshold), result])
-    rules = _table(["rule", "looks for", "threshold", "result"], rows)
+        rows.append([md.code(o.rule.id), md.text(o.rule.title), md.text(o.rule.threshold), result])
+    rules = md.table(["rule", "looks for", "threshold", "result"], rows)
     note = ("Each finding's remedy is the change that removes it; its saving is an upper bound: "
             "the bytes of the evidence here and, projected, at each target in the record (what "
             "the algorithm still needs of them comes back).")
@@ -690,7 +665,7 @@ def _validated(items) -> str:
     """The measured variants that implement the remedy, with what their comparison measured."""
     parts = []
     for item in items:
-        text = f"variant {_code(item['variant'])}" + (f" ({item['what']})" if item.get("what") else "")
+        text = f"variant {md.code(item['variant'])}" + (f" ({item['what']})" if item.get("what") else "")
         saving = item.get("peak_saving")
         if saving is None:
             text += ", no measured saving"
@@ -704,7 +679,7 @@ def _validated(items) -> str:
     first = items[0]
     where = ", ".join(w for w in (first.get("architecture"),
                                   f"{first['runs']} runs a side" if first.get("runs") else None) if w)
-    source = f" by {_code(first['source'])}" if first.get("source") else ""
+    source = f" by {md.code(first['source'])}" if first.get("source") else ""
     return ("; ".join(parts) + f" (whole-run peak RSS against the baseline, measured{source}"
             + (f": {where}" if where else "") + ").")
 
@@ -718,7 +693,7 @@ def _minimum(record: dict) -> str:
     total = minimum.get("total")
     if total is None:
         total = sum(i.get("bytes") or 0 for i in items)
-    rows = [[_text(i.get("name", "?")), units.size(i.get("bytes")), _text(i.get("why", ""))] for i in items]
+    rows = [[md.text(i.get("name", "?")), units.size(i.get("bytes")), md.text(i.get("why", ""))] for i in items]
     rows.append(["**total**", f"**{units.size(total)}**", ""])
     peak = (record.get("peak") or {}).get("rss")
     gap_rows = [["peak RSS", units.size(peak), units.signed_size(None if peak is None else peak - total),
@@ -729,44 +704,44 @@ def _minimum(record: dict) -> str:
                          units.ratio(live[0], total)])
     else:
         gap_rows.append(["peak live tensors", "not measured", "-", "-"])
-    note = f"\n\n{_text(minimum['note'])}" if minimum.get("note") else ""
-    return (f"{head}\n\n" + _table(["item", "bytes", "why"], rows, right={1}) + note + "\n\n"
-            + _table(["measured", "bytes", "gap to the minimum", "x minimum"], gap_rows, right={1, 2, 3}))
+    note = f"\n\n{md.text(minimum['note'])}" if minimum.get("note") else ""
+    return (f"{head}\n\n" + md.table(["item", "bytes", "why"], rows, right={1}) + note + "\n\n"
+            + md.table(["measured", "bytes", "gap to the minimum", "x minimum"], gap_rows, right={1, 2, 3}))
 
 
-def _environment(record: dict) -> str:
+def environment_section(record: dict, head: str = "## Environment") -> str:
     env = record.get("environment") or {}
     machine = record.get("machine") or {}
-    rows = [["python", _text(env.get("python", "-"))], ["torch", _text(env.get("torch") or "-")],
-            ["transformers", _text(env.get("transformers") or "-")],
-            ["threads", _text(env.get("threads") if env.get("threads") is not None else "-")],
-            ["device", _text(record.get("device", "-"))]]
+    rows = [["python", md.text(env.get("python", "-"))], ["torch", md.text(env.get("torch") or "-")],
+            ["transformers", md.text(env.get("transformers") or "-")],
+            ["threads", md.text(env.get("threads") if env.get("threads") is not None else "-")],
+            ["device", md.text(record.get("device", "-"))]]
     if machine:
-        rows.append(["machine", _text(f"{machine.get('platform', '?')}, {machine.get('cpus', '?')} CPUs, "
+        rows.append(["machine", md.text(f"{machine.get('platform', '?')}, {machine.get('cpus', '?')} CPUs, "
                                       f"{units.size(machine.get('memory_total'))} memory")])
     command = source_paths.shown_command(record.get("command", "-"), source_paths.code_root(record))
-    rows += [["command", _code(command)], ["started at", _text(record.get("started_at", "-"))]]
+    rows += [["command", md.code(command)], ["started at", md.text(record.get("started_at", "-"))]]
     if record.get("finished_at"):
-        rows.append(["finished at", _text(record["finished_at"])])
+        rows.append(["finished at", md.text(record["finished_at"])])
     if record.get("duration_s") is not None:
         rows.append(["audited time", units.seconds(record["duration_s"]) + " (census time excluded)"])
     exit_ = record.get("exit") or {}
     if exit_:
-        rows.append(["exit", _text(exit_.get("status", "-") + (f": {exit_['error']}" if exit_.get("error") else ""))])
+        rows.append(["exit", md.text(exit_.get("status", "-") + (f": {exit_['error']}" if exit_.get("error") else ""))])
     overhead = record.get("audit_overhead_s") or {}
     if overhead:
-        rows.append(["audit overhead", ", ".join(f"{_text(k)} {units.seconds(v)}" for k, v in overhead.items())])
+        rows.append(["audit overhead", ", ".join(f"{md.text(k)} {units.seconds(v)}" for k, v in overhead.items())])
     probe_rows = []
     for name, probe in (record.get("probes") or {}).items():
         probe = probe if isinstance(probe, dict) else {"state": probe}
         detail = probe.get("reason") or probe.get("method") or ""
-        probe_rows.append([_text(name), _text(probe.get("state", "-")), _text(detail)])
+        probe_rows.append([md.text(name), md.text(probe.get("state", "-")), md.text(detail)])
     if not any(s.get("live_tensors") for s in record["stages"]) and "live_tensors" not in (record.get("probes") or {}):
         probe_rows.append(["live tensors", "absent", "no live-tensor meter readings in this record"])
-    parts = ["## Environment", _table(["setting", "value"], rows)]
+    parts = [head, md.table(["setting", "value"], rows)]
     if probe_rows:
-        parts.append("Probes:\n\n" + _table(["probe", "state", "method or reason"], probe_rows))
+        parts.append("Probes:\n\n" + md.table(["probe", "state", "method or reason"], probe_rows))
     warnings = record.get("warnings") or []
-    parts.append("Warnings:\n\n" + "\n".join(f"- {_text(w)}" for w in warnings) if warnings else "Warnings: none.")
+    parts.append("Warnings:\n\n" + "\n".join(f"- {md.text(w)}" for w in warnings) if warnings else "Warnings: none.")
     return "\n\n".join(parts)
 

@@ -12,7 +12,8 @@ from urllib.parse import quote
 
 from auditor import units
 from auditor.analysis import training
-from auditor.renderers.markdown import _code, _environment, _relative_link, _sites, _table, _text
+from auditor.renderers import markdown_text as md
+from auditor.renderers.markdown import environment_section, sites_section
 
 MEASURES = tuple(training.MEASURES.items())
 
@@ -34,20 +35,20 @@ def render(records: list[tuple[dict, Path]], *, command: str, report_folder: Pat
     """The report's markdown; `chart`: the components PNG's path relative to the report."""
     only = [record for record, _ in records]
     architectures = ", ".join(dict.fromkeys(r["workload"]["settings"]["architecture"] for r in only))
-    parts = [f"# Training-step memory: {_text(architectures)}", _intro(only, command),
+    parts = [f"# Training-step memory: {md.text(architectures)}", _intro(only, command),
              _sweep(only), f"![components against the measured peaks]({quote(chart)})" if chart else ""]
     for record, folder in records:
         parts.append(_configuration(record, folder, report_folder))
-    parts.append(_environment(only[0]).replace("## Environment", "## Environment (first configuration)"))
+    parts.append(environment_section(only[0], head="## Environment (first configuration)"))
     return "\n\n".join(p for p in parts if p).rstrip() + "\n"
 
 
 def _intro(records: list[dict], command: str) -> str:
     s = records[0]["workload"]["settings"]
-    return (f"Produced by {_code(command)}: each configuration ran in a fresh process on "
-            f"{_text(records[0].get('device', 'cpu'))}, batch {s['batch_size']}, "
+    return (f"Produced by {md.code(command)}: each configuration ran in a fresh process on "
+            f"{md.text(records[0].get('device', 'cpu'))}, batch {s['batch_size']}, "
             f"{s['accumulation']} micro-batch(es) per step, {s['steps']} steps, optimizer "
-            f"{_code(s['optimizer'])}, synthetic tokens (seed {s['seed']}). Live tensors are counted "
+            f"{md.code(s['optimizer'])}, synthetic tokens (seed {s['seed']}). Live tensors are counted "
             f"storage by storage (exact); peak RSS is the per-stage kernel high-water mark; "
             f"`forward only` is one micro-batch without autograd (inference).")
 
@@ -61,29 +62,29 @@ def _sweep(records: list[dict]) -> str:
     headers += ["saved activations", "full step / forward only"]
     table = []
     for r, record in zip(rows, records):
-        cells = [_text(r["architecture"]), str(r["sequence_length"]), _text(r["precision"])]
+        cells = [md.text(r["architecture"]), str(r["sequence_length"]), md.text(r["precision"])]
         for key, _ in measures:
             cells += [units.size(r.get(f"forward_{key}")), units.size(r.get(f"step_{key}"))]
         cells += [units.size(r["saved_activations"]),
                   units.ratio(r.get("step_live_tensors"), r.get("forward_live_tensors"))]
         if not r["complete"]:
-            cells[2] += f" ({_text(_ending(record))})"
+            cells[2] += f" ({md.text(_ending(record))})"
         table.append(cells)
     right = set(range(3, len(headers)))
     commentary = training.sweep_commentary(rows)
-    text = "\n".join(f"- {_text(line)}" for line in commentary) or "- One configuration: nothing to compare."
+    text = "\n".join(f"- {md.text(line)}" for line in commentary) or "- One configuration: nothing to compare."
     return ("## Peak memory: forward only against the full step\n\n"
-            + _table(headers, table, right) + "\n\n" + text)
+            + md.table(headers, table, right) + "\n\n" + text)
 
 
 def _configuration(record: dict, folder: Path, report_folder: Path | None) -> str:
     s = record["workload"]["settings"]
     result = training.study(record)
-    head = f"## {_text(s['architecture'])}, sequence {s['sequence_length']}, {_text(s['precision'])}"
+    head = f"## {md.text(s['architecture'])}, sequence {s['sequence_length']}, {md.text(s['precision'])}"
     unfinished = None if result["complete"] else _unfinished(record)
     if not result.get("components"):
         return f"{head}\n\n{unfinished}\n\nNo training step finished."
-    parts = [head, unfinished, f"Run record: {_code(folder / 'run.json')}.", _components(result),
+    parts = [head, unfinished, f"Run record: {md.code(folder / 'run.json')}.", _components(result),
              _calculator(result["calculator"]), _steps(record, result), _stability(result),
              _allocations(record, folder, report_folder)]
     return "\n\n".join(p for p in parts if p)
@@ -102,18 +103,18 @@ def _unfinished(record: dict) -> str:
     """The line saying the run did not finish, how it ended and which stages finished."""
     done = [s["path"] for s in record["stages"] if s["status"] == "ok" and s["parent"] is None]
     cut = [s["path"] for s in record["stages"] if s["status"] != "ok"]
-    return (f"**This configuration did not finish: {_text(_ending(record))}.** Finished stages: "
-            f"{', '.join(_code(p) for p in done) or 'none'}"
-            + (f"; cut short: {', '.join(_code(p) for p in cut)}" if cut else "") + ".")
+    return (f"**This configuration did not finish: {md.text(_ending(record))}.** Finished stages: "
+            f"{', '.join(md.code(p) for p in done) or 'none'}"
+            + (f"; cut short: {', '.join(md.code(p) for p in cut)}" if cut else "") + ".")
 
 
 def _components(result: dict) -> str:
     rows = []
     for row in result["components"]:
         exact = "-" if row["exact"] is None else ("yes, to the byte" if row["exact"] else "**no**")
-        rows.append([_text(row["name"]), units.size(row["measured"]), f"{row['measured']:,}",
+        rows.append([md.text(row["name"]), units.size(row["measured"]), f"{row['measured']:,}",
                      f"{row['expected']:,}" if row["expected"] is not None else "-", exact,
-                     _text(row["how"])])
+                     md.text(row["how"])])
     check = result["activation_check"]
     line = ""
     if check:
@@ -124,7 +125,7 @@ def _components(result: dict) -> str:
                 f"({check['relative']:+.3%}), {verdict} the {check['tolerance']:.0%} tolerance "
                 f"(the input ids and the loss account for the rest).")
     return ("### Components of one step\n\n"
-            + _table(["component", "size", "bytes", "expected from the config", "equal", "how"],
+            + md.table(["component", "size", "bytes", "expected from the config", "equal", "how"],
                      rows, right={1, 2, 3}) + line)
 
 
@@ -133,13 +134,13 @@ def _calculator(calc: dict | None) -> str:
         return ""
     if "unavailable" in calc:
         return ("### Activation size from the config\n\n"
-                f"No formula for this model: {_text(calc['unavailable'])}.")
+                f"No formula for this model: {md.text(calc['unavailable'])}.")
     per_layer = calc["saved"]["per_layer"]
     measured = calc["measured_layers"]
     same = all(m == calc["computed_per_layer"] for m in measured)
     return ("### Activation size from the config\n\n"
-            f"One residual-stream tensor: {_text(calc['residual_stream']['derivation'])}.\n\n"
-            f"Saved for backward by one decoder layer ({_text(per_layer['family'])}):\n\n"
+            f"One residual-stream tensor: {md.text(calc['residual_stream']['derivation'])}.\n\n"
+            f"Saved for backward by one decoder layer ({md.text(per_layer['family'])}):\n\n"
             f"```\n{per_layer['derivation']}\n```\n\n"
             f"Measured by the saved-tensor hooks per layer: "
             f"{', '.join(f'{m:,}' for m in measured)} B "
@@ -158,31 +159,30 @@ def _steps(record: dict, result: dict) -> str:
     rows = []
     for index, number in enumerate(result["steps"]):
         cells = [str(number)] + [units.size(series[k][index]) for k, _ in keys]
-        cells.append(_code(training.peak_stage_name(record, number)))
+        cells.append(md.code(training.peak_stage_name(record, number)))
         rows.append(cells)
-    table = _table(["step"] + [f"peak {label}" for _, label in keys] + ["stage of the live-tensor peak"],
+    table = md.table(["step"] + [f"peak {label}" for _, label in keys] + ["stage of the live-tensor peak"],
                    rows, right=set(range(1, len(keys) + 1)))
-    side = _table(["measure", "one-step breakdown (components summed)", "step 1 peak",
+    side = md.table(["measure", "one-step breakdown (components summed)", "step 1 peak",
                    f"peak over {len(result['steps'])} steps"],
                   [[r["measure"], units.size(r["summed"]), units.size(r["first_step"]),
                     units.size(r["all_steps"])] for r in result["one_against_many"]], right={1, 2, 3})
-    lines = "\n".join(f"- {_text(line)}" for line in result["explanations"])
+    lines = "\n".join(f"- {md.text(line)}" for line in result["explanations"])
     return f"### One step against many\n\n{side}\n\nStep by step:\n\n{table}\n\n{lines}"
 
 
 def _stability(result: dict) -> str:
-    lines = [f"- {training.MEASURES[key]}: **{verdict['verdict']}**. {_text(verdict['evidence'])}"
+    lines = [f"- {training.MEASURES[key]}: **{verdict['verdict']}**. {md.text(verdict['evidence'])}"
              for key, verdict in result["stability"].items()]
     return "### Leak, spike or stable\n\n" + "\n".join(lines)
 
 
 def _allocations(record: dict, folder: Path, report_folder: Path | None) -> str:
-    parts = [_sites(record, report_folder, folder).replace("## Top allocation sites at the peak",
-                                                           "### Largest allocations at the peak")]
+    parts = [sites_section(record, report_folder, folder, head="### Largest allocations at the peak")]
     history = (record.get("files") or {}).get("cuda_history")
     if history:
         target = Path(folder) / history
-        link = _relative_link(target, report_folder) if report_folder is not None else str(target)
+        link = md.relative_link(target, report_folder) if report_folder is not None else str(target)
         parts.append(f"CUDA allocation history for https://pytorch.org/memory_viz, allocations labelled "
-                     f"with their stage (`step K/forward`, `backward`, `optimizer`): [{_text(history)}]({link}).")
+                     f"with their stage (`step K/forward`, `backward`, `optimizer`): [{md.text(history)}]({link}).")
     return "\n\n".join(parts)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shlex
 
 from auditor import units
+from auditor.renderers import markdown_text as md
 
 METHODS = ("scaled", "traced")
 
@@ -115,6 +116,7 @@ def _fit(result: dict) -> list[str]:
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    out += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
-    return "\n".join(out)
+    """Cells of numbers and paths: only their pipes need escaping."""
+    return md.table(headers, [[str(c).replace("|", "\\|") for c in row] for row in rows])
+
+

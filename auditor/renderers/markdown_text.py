@@ -1,0 +1,50 @@
+"""The markdown every report is written in: cells made safe, tables, links relative to the
+report. Each renderer (run, training-step, comparison, validation reports) builds on these.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from urllib.parse import quote
+
+
+def text(value) -> str:
+    """Plain text safe inside a table cell."""
+    shown = str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    for char, entity in (("<", "&lt;"), (">", "&gt;"), ("*", "\\*"), ("[", "\\["), ("]", "\\]")):
+        shown = shown.replace(char, entity)
+    return shown
+
+
+def code(value) -> str:
+    """Inline code safe inside a table cell."""
+    return "`" + str(value).replace("`", "'").replace("|", "\\|").replace("\n", " ") + "`"
+
+
+def table(headers: list[str], rows: list[list[str]], right: Iterable[int] = (), aligned: bool = False) -> str:
+    """A table of cells already made safe; `right`: the columns aligned right (numbers).
+    `aligned`: every column padded to its widest cell, for reading as plain text too."""
+    right = set(right)
+    if aligned:
+        return "\n".join(_padded([headers, *rows], right))
+    align = ["---:" if i in right else "---" for i in range(len(headers))]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _padded(rows: list[list[str]], right: set[int]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+
+    def line(row: list[str]) -> str:
+        return "| " + " | ".join(cell.rjust(w) if i in right else cell.ljust(w)
+                                 for i, (cell, w) in enumerate(zip(row, widths))) + " |"
+    rule = "|" + "|".join(("-" * (w + 1) + ":") if i in right else "-" * (w + 2) for i, w in enumerate(widths)) + "|"
+    return [line(rows[0]), rule, *[line(row) for row in rows[1:]]]
+
+
+def relative_link(target: Path, report_folder: Path) -> str:
+    """A markdown link target to `target`, relative to the folder holding the report."""
+    relative = Path(os.path.relpath(Path(target).resolve(), Path(report_folder).resolve())).as_posix()
+    return quote(relative)
