@@ -219,6 +219,8 @@ def test_the_command_writes_the_sweep_report(tmp_path, capsys):
         return [line for line in section.splitlines() if line.startswith(("|", "- "))]
     assert len(sweep(again.read_text())) == 2 + 4 + 4  # head, 4 rows; 2 precision, 2 context sentences
     assert sweep(again.read_text()) == sweep(text)  # in the order the configurations ran
+    # ... and to the byte: the records name the sweep's command line
+    assert again.read_text().replace("again-components", "report-components") == text
 
 
 def test_a_killed_configuration_keeps_its_finished_stages(tmp_path):

@@ -102,7 +102,8 @@ def _sweep(args, runs, output: Path) -> int:
                 advance(f"[{index}/{len(runs)}] {settings.label}, {settings.steps} steps")
                 try:
                     record = audit_in_fresh_process(settings, run, memray=on_cpu and not args.no_memray,
-                                                    cuda_history=not on_cpu)
+                                                    cuda_history=not on_cpu,
+                                                    sweep_command=shlex.join(args.command_line))
                 except RuntimeError as error:
                     record = None
                     print(f"auditor: {error}", file=sys.stderr)

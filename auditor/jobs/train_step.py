@@ -209,12 +209,14 @@ def _first_step(measured: dict) -> dict:
 
 
 def audit(settings: Settings, out, *, memray: bool = False, cuda_history: bool = False,
-          on_step=None, on_stage_end=None) -> dict:
-    """Audit the training steps in this process; the run record (also `out/run.json`)."""
+          on_step=None, on_stage_end=None, sweep_command: str | None = None) -> dict:
+    """Audit the training steps in this process; the run record (also `out/run.json`).
+    `sweep_command`: the `auditor train-step` command line this run is one configuration of
+    (kept in the workload, so the report made again from the records names it)."""
     config = check_settings(settings)
     with Audit(out=out, name=f"train-step {settings.label}", live_tensors=True, memray=memray,
                cuda_history=cuda_history, on_stage_end=on_stage_end) as run:
-        run.annotate("workload", workload(settings, config))
+        run.annotate("workload", {**workload(settings, config), "sweep_command": sweep_command})
         run_workload(settings, run, on_step)
     return run.record
 
@@ -234,7 +236,8 @@ def workload(settings: Settings, config) -> dict:
 
 
 def audit_in_fresh_process(settings: Settings, out, *, memray: bool = False,
-                           cuda_history: bool = False, timeout_s: int = 3600) -> dict:
+                           cuda_history: bool = False, timeout_s: int = 3600,
+                           sweep_command: str | None = None) -> dict:
     """The audit in a new Python process, so its peak RSS owes nothing to earlier work.
 
     A child that dies (out of memory, killed, timed out) still leaves its finished stages:
@@ -243,7 +246,7 @@ def audit_in_fresh_process(settings: Settings, out, *, memray: bool = False,
     `.child.record` holds what finished.
     """
     from auditor.jobs.fresh_process import run_module
-    options = json.dumps({"memray": memray, "cuda_history": cuda_history})
+    options = json.dumps({"memray": memray, "cuda_history": cuda_history, "sweep_command": sweep_command})
     child = run_module("auditor.jobs.train_step", json.dumps(asdict(settings)), str(out), options,
                        run_folder=out, timeout_s=timeout_s)
     if child.record is None:

@@ -44,7 +44,12 @@ def render(records: list[tuple[dict, Path]], *, command: str, report_folder: Pat
 
 
 def _intro(records: list[dict], command: str) -> str:
+    """`command`: what made the report, unless the records name the sweep they all came from
+    (then the report made again from them reads the same)."""
     s = records[0]["workload"]["settings"]
+    sweeps = {r["workload"].get("sweep_command") for r in records}
+    if len(sweeps) == 1 and None not in sweeps:
+        command = sweeps.pop()
     return (f"Produced by {md.code(command)}: each configuration ran in a fresh process on "
             f"{md.text(records[0].get('device', 'cpu'))}, batch {s['batch_size']}, "
             f"{s['accumulation']} micro-batch(es) per step, {s['steps']} steps, optimizer "
