@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from architectures import build_model, make_config
-from auditor.analysis.activation_size import (PRECISIONS, residual_stream, saved_per_layer,
+from architectures.activation_size import (PRECISIONS, residual_stream, saved_per_layer,
                                               saved_total)
 
 TINY = {

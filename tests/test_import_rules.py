@@ -2,7 +2,8 @@
 layer never imports a higher one. Every import statement of the packages is read (those inside
 functions too), so a late import cannot hide a break.
 
-    architectures  model facts (configs, sizes, options), nothing of the auditor
+    architectures  model facts (configs, sizes, options, saved activations), nothing of the
+                   auditor but how sizes are written
     gradprobe      the algorithm; architectures only
     capture        auditor/*.py and auditor/probes/: stages, meters, the record
     analysis       reads records; starts nothing, renders nothing
@@ -32,8 +33,9 @@ FORBIDDEN = {
     "cli": set(),
 }
 ENTRY_POINTS = {"auditor/__main__.py"}  # `python -m auditor` hands over to the cli
-# The one fresh-process runner lives in jobs/ and compare's sides run through it too.
-SHARED = {("comparison", "auditor.jobs.fresh_process")}
+# The one fresh-process runner lives in jobs/ and compare's sides run through it too; sizes
+# are written the same way everywhere (units imports nothing).
+SHARED = {("comparison", "auditor.jobs.fresh_process"), ("architectures", "auditor.units")}
 
 
 def layer(module: str) -> str:

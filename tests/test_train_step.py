@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gc
 import re
+import subprocess
+import sys
 import weakref
 
 import pytest
@@ -162,11 +164,17 @@ def test_one_large_temporary_is_a_spike(tmp_path):
     assert verdict["largest_jump"]["step"] == 4
 
 
-def test_the_command_knows_the_jobs_optimizers_and_precisions():
-    from auditor.analysis.activation_size import PRECISIONS
+def test_the_command_reads_the_jobs_optimizers_and_precisions_without_torch():
+    """One list of each (architectures.activation_size.PRECISIONS, jobs.optimizer_state), read
+    by the command line before torch loads and by the job."""
+    from architectures import activation_size
     from auditor.cli import train_step as command
-    assert set(command.OPTIMIZERS) == set(train_step.OPTIMIZERS)  # listed apart: no torch at start-up
-    assert set(PRECISIONS) == set(train_step.PRECISIONS)
+    assert command.OPTIMIZERS is train_step.OPTIMIZERS
+    assert set(train_step.PRECISIONS) == set(activation_size.PRECISIONS)
+    assert train_step.PRECISIONS["amp-bf16"] == (torch.float32, torch.bfloat16)
+    check = "import sys, auditor.cli.train_step; assert 'torch' not in sys.modules, 'torch loaded'"
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
 
 
 # -- the command --------------------------------------------------------------------------

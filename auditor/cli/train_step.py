@@ -17,14 +17,12 @@ from pathlib import Path
 from architectures.options import (add_device_argument, add_seed_argument, add_sequence_arguments,
                                    add_size_arguments, at_least, check_model_options, finite_float,
                                    positive_number, size_overrides)
-from auditor.analysis.activation_size import PRECISIONS
+from architectures.activation_size import PRECISIONS
 from auditor.cli import UsageError, check_writable_report, examples
 from auditor.cli.progress import StatusLine
 from auditor.cli.report_name import default_report_path, defaults_of
+from auditor.jobs.optimizer_state import OPTIMIZERS
 
-# The job's optimizers (auditor.jobs.train_step.OPTIMIZERS, a test keeps them in step), named here
-# so a wrong one is refused before torch loads.
-OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum")
 
 
 def register(subparsers) -> None:

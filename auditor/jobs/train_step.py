@@ -25,23 +25,13 @@ import torch
 
 import auditor
 from auditor.audit import Audit
+from architectures import activation_size
+from auditor.jobs.optimizer_state import OPTIMIZERS
 from auditor.probes.saved_tensors import SavedTensorLedger, decoder_layers
 
-# precision -> (weights dtype, autocast dtype or None)
-PRECISIONS = {
-    "fp32": (torch.float32, None),
-    "amp-bf16": (torch.float32, torch.bfloat16),
-    "amp-fp16": (torch.float32, torch.float16),
-    "bf16": (torch.bfloat16, None),
-    "fp16": (torch.float16, None),
-}
-# optimizer -> what it keeps per parameter tensor: (copies of the parameter, fp32 scalars)
-OPTIMIZERS = {
-    "adamw": (2, 1),          # exp_avg, exp_avg_sq; step (a float32 scalar tensor)
-    "adam": (2, 1),
-    "sgd": (0, 0),            # no state without momentum
-    "sgd-momentum": (1, 0),   # momentum_buffer
-}
+# precision -> (weights dtype, autocast dtype or None), from the one list of precisions
+PRECISIONS = {name: (getattr(torch, weights), getattr(torch, amp) if amp else None)
+              for name, (weights, amp) in activation_size.PRECISIONS.items()}
 
 
 @dataclass
@@ -222,7 +212,7 @@ def audit(settings: Settings, out, *, memray: bool = False, cuda_history: bool =
 
 
 def workload(settings: Settings, config) -> dict:
-    from auditor.analysis.activation_size import residual_stream, saved_total
+    from architectures.activation_size import residual_stream, saved_total
     kind = torch.device(settings.device).type
     shape = (config, settings.batch_size, settings.sequence_length, settings.precision)
     try:

@@ -40,7 +40,15 @@ from math import prod
 
 from auditor.units import size
 
-PRECISIONS = ("fp32", "amp-bf16", "amp-fp16", "bf16", "fp16")
+# Every precision a training step can run in: (the weights' dtype, the autocast dtype or None),
+# by torch's dtype names. The one list: the train-step job and its command line read it here.
+PRECISIONS = {
+    "fp32": ("float32", None),
+    "amp-bf16": ("float32", "bfloat16"),
+    "amp-fp16": ("float32", "float16"),
+    "bf16": ("bfloat16", None),
+    "fp16": ("float16", None),
+}
 FAMILIES = ("gpt_neo", "mistral", "llama")
 DEVICE_TYPES = ("cpu", "cuda")
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "bool": 1}
