@@ -8,6 +8,8 @@ the same stage is done in the reduced pass.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -58,6 +60,13 @@ class ScratchRecords:
         maxima = {name: read_tensor(stored) for name, stored in read_header(path).items()}
         os.remove(path)  # read once: the scratch folder shrinks as the reduced pass goes
         return maxima
+
+    def open(self, stage_file: str) -> dict[str, Callable[[], torch.Tensor]]:
+        """Like `load`, but each tensor is read when its reader is called; `remove` when done."""
+        return {name: partial(read_tensor, stored) for name, stored in read_header(self._path(stage_file)).items()}
+
+    def remove(self, stage_file: str) -> None:
+        os.remove(self._path(stage_file))
 
     def _path(self, stage_file: str) -> str:
         return os.path.join(self.folder, "G0-" + stage_file)

@@ -51,6 +51,7 @@ from .hidden_states import SpilledStack
 from .result import StreamingResult
 from .safetensors_files import SafetensorsWriter
 from .stages import LoadedStage, Stage, StagedModel
+from .streamed_weights import release_buffers
 from .weights_folder import WeightsFolder
 from .writing import FolderWriter
 
@@ -173,9 +174,11 @@ class StreamingGradProbe:
         counts = {"candidates": 0, "pruned": 0}
 
         def decide(stage: Stage, records: dict[str, CandidateGradients], loaded: LoadedStage) -> None:
-            before = scratch.load(stage.file)
-            pruned = {name: is_pruned(torch.tensor(True), before.pop(name), record.maximum, tau)
+            release_free_memory()  # the backward's blocks: the decision and the writes start from here
+            before = scratch.open(stage.file)  # G0, read one tensor at a time
+            pruned = {name: is_pruned(torch.tensor(True), before.pop(name)(), record.maximum, tau)
                       for name, record in records.items()}  # one bool per candidate
+            scratch.remove(stage.file)
             counts["candidates"] += sum(p.numel() for p in pruned.values())
             counts["pruned"] += sum(int(torch.count_nonzero(p)) for p in pruned.values())
             self._write_stage(loaded, pruned, weights, masks)
@@ -259,6 +262,7 @@ class StreamingGradProbe:
                 del done
         finally:
             loaded.release()
+            release_buffers()
             self._loaded = None
             release_free_memory()
         if backward:
@@ -280,6 +284,7 @@ class StreamingGradProbe:
                 if self.threshold is None:
                     raise RuntimeError("candidates are needed before the threshold is known")
                 weight.candidates = Candidates(weight.stored, self.threshold, self.scales.get(name))
+                weight.threshold, weight.scale = self.threshold, self.scales.get(name)
                 weight.reduction = self.reduction_factor
             if backward:
                 if name not in self.records:
@@ -306,9 +311,8 @@ class StreamingGradProbe:
                 weight = streamed.stored if streamed else self.folder.load(name)  # in its stored dtype
                 mask = torch.zeros(weight.shape, dtype=torch.uint8)
                 if name in pruned:
-                    chosen = streamed.candidates.positions[pruned[name]].to(torch.int64)
-                    mask.view(-1).index_fill_(0, chosen, 1)
-                    weight.view(-1).index_fill_(0, chosen, 0)
+                    streamed.candidates.scatter(mask, pruned[name].to(torch.uint8))
+                    weight.masked_fill_(mask.view(torch.bool), 0)  # 0/1 bytes read as bool: no copy
                 file.write(name, weight)
                 masks.write(name, mask)
 

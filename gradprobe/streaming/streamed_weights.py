@@ -10,9 +10,9 @@ machine's BLAS the blocked results are bit-identical to `F.linear` and autograd'
 tokens use, and its gradient is summed only over the rows the batch touches (in token order, as
 `embedding_dense_backward` sums them).
 
-In the reduced pass the candidates are multiplied by r in each converted block (the same fp32
-multiply as the baseline's `reduce_candidates`): the stored weights are never changed, so a
-stage's pruned weights are written from them when it is done.
+In the reduced pass the candidates are multiplied by r in each converted block (the baseline's
+`reduce_candidates` expression): the stored weights are never changed, so a stage's pruned
+weights are written from them when it is done.
 """
 from __future__ import annotations
 
@@ -27,13 +27,20 @@ BLOCK_BYTES = 16 << 20  # one fp32 block of a weight: the transient the conversi
 
 
 class StreamedWeight:
-    """One prunable weight as stored, its candidates, and where its gradient at them goes."""
+    """One prunable weight as stored, its candidates, and where its gradient at them goes.
 
-    def __init__(self, stored: torch.Tensor, candidates: Candidates | None = None,
-                 reduction: float | None = None,
-                 consume: Callable[[torch.Tensor], None] | None = None):
-        self.stored, self.candidates, self.reduction, self.consume = stored, candidates, reduction, consume
-        self.width = stored.shape[1]
+    In the reduced pass (`reduction` set) each converted block is reduced where its scores are
+    below `threshold` (the candidates, found again from the block's own values), as the baseline's
+    `reduce_candidates` does: `torch.where(score < t, block * r, block)`.
+    """
+
+    def __init__(self, stored: torch.Tensor):
+        self.stored, self.width = stored, stored.shape[1]
+        self.candidates: Candidates | None = None
+        self.consume: Callable[[torch.Tensor], None] | None = None
+        self.reduction: float | None = None
+        self.threshold: float | None = None
+        self.scale: torch.Tensor | None = None  # WANDA's ||X_j||, [1, width]
 
     def row_blocks(self) -> Iterator[tuple[int, int]]:
         yield from _blocks(self.stored.shape[0], self.width)
@@ -42,31 +49,35 @@ class StreamedWeight:
         yield from _blocks(self.width, self.stored.shape[0])
 
     def rows(self, start: int, end: int) -> torch.Tensor:
-        """W[start:end] in fp32, candidates reduced in the reduced pass."""
-        block = self.stored[start:end].to(torch.float32, copy=True)
-        if self.reduction is not None:
-            positions = self.candidates.in_range(start * self.width, end * self.width) - start * self.width
-            _reduce(block, positions, self.reduction)
-        return block
+        """W[start:end] in fp32, reduced in the reduced pass (valid until the next call)."""
+        block = _CONVERTED.take((end - start, self.width)).copy_(self.stored[start:end])
+        return self._reduced(block, self.scale)
 
     def columns(self, start: int, end: int) -> torch.Tensor:
-        """W[:, start:end] in fp32, contiguous, candidates reduced in the reduced pass."""
-        block = self.stored[:, start:end].to(torch.float32, copy=True).contiguous()
-        if self.reduction is not None:
-            flat = self.candidates.in_columns(start, end, self.width)
-            rows, cols = flat // self.width, flat % self.width
-            _reduce(block, rows * (end - start) + cols - start, self.reduction)
-        return block
+        """W[:, start:end] in fp32, contiguous, reduced in the reduced pass (valid until the next call)."""
+        block = _CONVERTED.take((self.stored.shape[0], end - start)).copy_(self.stored[:, start:end])
+        return self._reduced(block, None if self.scale is None else self.scale[:, start:end])
 
     def rows_of(self, ids: torch.Tensor) -> torch.Tensor:
-        """Embedding rows `ids` (unique) in fp32, candidates reduced in the reduced pass."""
-        block = self.stored.index_select(0, ids).to(torch.float32)
-        if self.reduction is not None:
-            where, positions = self._candidates_in_rows(ids)
-            _reduce(block, where, self.reduction)
-        return block
+        """Embedding rows `ids` in fp32, reduced in the reduced pass."""
+        return self._reduced(self.stored.index_select(0, ids).to(torch.float32), self.scale)
 
-    def _candidates_in_rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _reduced(self, block: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+        if self.reduction is None:
+            return block
+        work, factor = _SCORES.take(block.shape), _FACTOR.take(block.shape)
+        torch.abs(block, out=work)  # the score, as TensorScores: |w| (exact in fp32), times the scale
+        if scale is not None:
+            work.mul_(scale)
+        # factor = r at candidates, 1 elsewhere, both exact (m * r + (1 - m) with m = 0 or 1): the
+        # product is the baseline's `block * r` there and the weight itself elsewhere. Float ops
+        # throughout: torch.where on a bool mask costs ~10x these on this CPU.
+        torch.lt(work, self.threshold, out=factor)
+        torch.mul(factor, self.reduction, out=work)
+        factor.neg_().add_(1)
+        return block.mul_(work.add_(factor))
+
+    def candidates_in_rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """For the candidates in rows `ids`: their flat index in W[ids], and their index in the candidates."""
         slot = torch.full((self.stored.shape[0],), -1, dtype=torch.int64)
         slot[ids] = torch.arange(ids.numel())
@@ -76,15 +87,37 @@ class StreamedWeight:
         return row_slot[chosen] * self.width + positions[chosen] % self.width, chosen
 
 
+class _Buffer:
+    """One fp32 buffer reused for every block: allocating a fresh 16 MiB block each time either
+    faults in new pages (when malloc maps it) or leaves hundreds of MiB in the heap (when it does not)."""
+
+    def __init__(self, dtype: torch.dtype = torch.float32):
+        self.dtype = dtype
+        self.tensor = torch.empty(0, dtype=dtype)
+
+    def take(self, shape) -> torch.Tensor:
+        size = shape[0] * shape[1]
+        if self.tensor.numel() < size:
+            self.tensor = torch.empty(size, dtype=self.dtype)
+        return self.tensor[:size].view(shape)
+
+    def free(self) -> None:
+        self.tensor = torch.empty(0, dtype=self.dtype)
+
+
+_CONVERTED, _GRADIENT, _SCORES, _FACTOR = _Buffer(), _Buffer(), _Buffer(), _Buffer()
+
+
+def release_buffers() -> None:
+    """Drop the reused blocks (between stages)."""
+    for buffer in (_CONVERTED, _GRADIENT, _SCORES, _FACTOR):
+        buffer.free()
+
+
 def _blocks(rows: int, width: int) -> Iterator[tuple[int, int]]:
     step = max(1, BLOCK_BYTES // (4 * max(1, width)))
     for start in range(0, rows, step):
         yield start, min(rows, start + step)
-
-
-def _reduce(block: torch.Tensor, positions: torch.Tensor, reduction: float) -> None:
-    flat = block.view(-1)
-    flat.index_put_((positions,), flat.index_select(0, positions) * reduction)
 
 
 class StreamedLinear(torch.autograd.Function):
@@ -111,10 +144,9 @@ class StreamedLinear(torch.autograd.Function):
             values = torch.empty(weight.candidates.count())
             for start, end in weight.row_blocks():
                 low, high = weight.candidates.range_bounds(start * weight.width, end * weight.width)
-                block = g[:, start:end].t().mm(x2)
+                block = torch.mm(g[:, start:end].t(), x2, out=_GRADIENT.take((end - start, x2.shape[1])))
                 values[low:high] = block.view(-1).index_select(
                     0, weight.candidates.positions[low:high] - start * weight.width)
-                del block
             weight.consume(values)
         return grad_x, None, None  # bias gradients are never read: biases are not prunable
 
@@ -137,7 +169,7 @@ class StreamedEmbedding(torch.autograd.Function):
             rows = torch.zeros(ctx.used.numel(), weight.width)  # the used rows of the dense gradient
             rows.index_add_(0, where.view(-1), grad.reshape(-1, weight.width))  # token order
             values = torch.zeros(weight.candidates.count())
-            flat, chosen = weight._candidates_in_rows(ctx.used)
+            flat, chosen = weight.candidates_in_rows(ctx.used)
             values[chosen] = rows.view(-1).index_select(0, flat)
             weight.consume(values)
         return None, None, None
