@@ -289,6 +289,25 @@ def test_projection_columns_scaled_and_traced_side_by_side(built, tmp_path):
     assert "projections | none" not in text
 
 
+def test_an_uncalibrated_scaled_projection_says_so(built):
+    """Without calibration runs the scaled figures rest on assumed drivers: the summary and
+    every saving at the target say so; fitted on calibration runs, they do not."""
+    from auditor.analysis.components import UNCALIBRATED
+    from auditor.analysis.projection import project
+    record = copy.deepcopy(built["pattern"][0])
+    record["workload"] = {"architecture": "tinystories-33m", "overrides": TINY_GPT_NEO, "tokens": 32}
+    record["projections"] = [project(record, "gpt-neo-125m", calibration=[])]
+    text = render(record)
+    assert UNCALIBRATED in row(table_after(text, "## Summary"), "projected (scaled: gpt-neo-125m)")[1]
+    assert "at gpt-neo-125m (scaled, uncalibrated)" in text and "(scaled)" not in text
+    calibration = copy.deepcopy(built["pattern"][0])  # stands in for a calibration run
+    calibration["workload"] = {"architecture": "tinystories-33m", "tokens": 32,
+                               "overrides": {**TINY_GPT_NEO, "layers": 2 * TINY_GPT_NEO["layers"]}}
+    record["projections"] = [project(record, "gpt-neo-125m", calibration=[calibration])]
+    calibrated = render(record)
+    assert UNCALIBRATED not in calibrated and "(scaled, uncalibrated)" not in calibrated
+
+
 def stage_bytes(record, path, name):
     return next(s for s in record["stages"] if s["path"] == path)["components"][name]["bytes"]
 

@@ -224,6 +224,7 @@ class ProjectionView:
     peak_stage: str | None
     live_tensor_peak: int | None
     stages: dict[str, ProjectedStage]
+    caveat: str | None = None  # what the figures rest on, where a reader must not miss it
 
     @property
     def label(self) -> str:
@@ -279,7 +280,21 @@ def _projection_view(item: dict) -> ProjectionView:
     return ProjectionView(method=item.get("method", "scaled"), target=str(item.get("target", "?")),
                           target_dtype=item.get("target_dtype"), peak_rss=peak.get("rss"),
                           peak_stage=peak.get("stage"),
-                          live_tensor_peak=item.get("live_tensor_peak"), stages=stages)
+                          live_tensor_peak=item.get("live_tensor_peak"), stages=stages,
+                          caveat=scaled_caveat(item))
+
+
+UNCALIBRATED = ("uncalibrated: each quantity grown by an assumed driver (transients by parameters, "
+                "unseen tensors by activations), fitted on no run; it can be off by several times, "
+                "so trust the traced projection (a run without --no-trace calibrates this one)")
+
+
+def scaled_caveat(item: dict) -> str | None:
+    """A scaled projection made without calibration runs says so (`fit.runs` empty)."""
+    fit = item.get("fit")
+    if item.get("method", "scaled") != "scaled" or not isinstance(fit, dict):
+        return None
+    return UNCALIBRATED if not fit.get("runs") else None
 
 
 def _traced_run_view(item: dict) -> ProjectionView:

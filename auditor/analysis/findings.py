@@ -25,7 +25,7 @@ from typing import Callable
 
 from auditor import units
 from auditor.analysis import source_paths, unstaged
-from auditor.analysis.components import (BEYOND_CENSUS, attribute, census_order, finished, growers,
+from auditor.analysis.components import (BEYOND_CENSUS, UNCALIBRATED, attribute, census_order, finished, growers,
                                          is_traced, largest_weights, live_tensor_high, live_tensor_peak, peak_stage,
                                          projection_views, weights_bytes)
 
@@ -491,7 +491,8 @@ def saving(finding: Finding, record: dict) -> dict | None:
         else:
             found = [at.components.get(n) for n in names]
             value = None if any(v is None for v in found) else sum(v for v in found if v is not None)
-        projected.append({"target": view.target, "method": view.method, "bytes": value})
+        method = view.method + (", uncalibrated" if view.caveat == UNCALIBRATED else "")
+        projected.append({"target": view.target, "method": method, "bytes": value})
     basis = ("the transient inside the stage" if names is None else
              f"the evidence's components at stage `{stage}`")
     return {"bytes": here, "projected": projected, "basis": basis}

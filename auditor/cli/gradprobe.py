@@ -62,7 +62,9 @@ def register(subparsers) -> None:
     add_device_argument(p)
     p.add_argument("--target", action="append", dest="targets", metavar="ARCH",
                    help=f"architecture to project to (repeatable; default {DEFAULT_TARGETS[0]})")
-    p.add_argument("--no-trace", action="store_true", help="scaled projection only (no traced run)")
+    p.add_argument("--no-trace", action="store_true",
+                   help="scaled projection only: no traced run, and no calibration runs, so the scaled "
+                        "figures are uncalibrated (the report says so)")
     # memray is on by default: it costs about 2 s here and names the lines behind the peak.
     p.add_argument("--memray", dest="memray", action="store_true", default=True,
                    help="trace allocations with memray (the default; kept for old command lines)")
@@ -197,11 +199,13 @@ def _default_output(args, targets: list[str]) -> Path:
 
 
 def _print_summary(record: dict, output: Path, folder: Path) -> None:
+    from auditor.analysis.components import scaled_caveat
     from auditor.units import size
     peak = record["peak"]
     print(f"peak RSS {size(peak['rss'])} in {peak['stage']}")
     for p in record.get("projections", []):
         if p.get("peak"):
+            caveat = scaled_caveat(p)
             print(f"{p['method']:>6} projection to {p['target']}: peak RSS {size(p['peak']['rss'])}, "
-                  f"live tensors {size(p['live_tensor_peak'])}")
+                  f"live tensors {size(p['live_tensor_peak'])}" + (f" ({caveat})" if caveat else ""))
     print(f"report: {output}\nrun record: {folder / 'run.json'}")

@@ -156,6 +156,8 @@ def _summary(record: dict, found, views: list[ProjectionView]) -> str:
             value += f" in stage {md.code(view.peak_stage)}"
         if view.live_tensor_peak is not None:
             value += f"; live tensors {units.size(view.live_tensor_peak)}"
+        if view.caveat:
+            value += f"; **{md.text(view.caveat)}**"
         rows.append([f"projected ({md.text(view.label)})", value])
     if not views:
         rows.append(["projections", "none in this record"])
