@@ -179,11 +179,21 @@ def _write_outputs(args, result, summary: dict) -> None:
             json.dump(summary, out, indent=2)
             out.write("\n")
     if args.masks_out:
-        import torch
-        from safetensors.torch import save_file
-        # A bool tensor viewed as uint8 is the same bytes, 0 or 1: no copy on CPU.
-        save_file({name: mask.to("cpu").view(torch.uint8) for name, mask in result.masks.items()},
-                  args.masks_out)
+        write_masks(result.masks, args.masks_out)
+
+
+def write_masks(masks, path: str) -> None:
+    """The masks as safetensors, one uint8 0/1 tensor per parameter, written one mask at a time:
+    masks kept as bits are unpacked one tensor at a time, never all at once."""
+    import torch
+
+    from .streaming.safetensors_files import SafetensorsWriter
+    packed = getattr(masks, "packed", None)  # PackedMasks: shapes known without unpacking
+    layout = {name: (torch.uint8, tuple((packed or masks)[name].shape)) for name in masks}
+    with SafetensorsWriter(path, layout) as writer:
+        for name in masks:
+            # A bool tensor viewed as uint8 is the same bytes, 0 or 1: no copy on CPU.
+            writer.write(name, masks[name].to("cpu").view(torch.uint8))
 
 
 def check_arguments(args: argparse.Namespace) -> None:

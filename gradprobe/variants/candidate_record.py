@@ -69,7 +69,8 @@ class CandidateRows:
         self.candidates, self.row_length = candidates, shape[1:].numel()
         rows, device = shape[0], _device(candidates)
         counts = torch.zeros(rows + 1, dtype=torch.int64, device=device)
-        step = max(1, CHUNK // max(1, self.row_length))
+        # count_nonzero over a dim makes an int64 per element: a 16th of a chunk keeps that at 2 MiB
+        step = max(1, CHUNK // 16 // max(1, self.row_length))
         for first in range(0, rows, step):
             stop = min(rows, first + step)
             chosen = self._between(first, stop).view(stop - first, self.row_length)

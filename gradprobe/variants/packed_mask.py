@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 
+import numpy as np
 import torch
 
 from ..blocks import BLOCK_ELEMENTS
@@ -21,6 +22,31 @@ CHUNK = BLOCK_ELEMENTS  # a multiple of 8: every chunk starts on a byte boundary
 
 def _bit_values(device: torch.device) -> torch.Tensor:
     return torch.arange(8, dtype=torch.uint8, device=device)
+
+
+def _on_numpy(tensor: torch.Tensor) -> bool:
+    """A plain CPU tensor: numpy packs and unpacks bits ~10x faster than torch's shifts and sums.
+    Fake tensors (traced runs) and other devices take the torch path."""
+    return type(tensor) is torch.Tensor and tensor.device.type == "cpu"
+
+
+def _packed_bits(chunk: torch.Tensor) -> torch.Tensor:
+    """Bool elements packed 8 to a byte, element 8k + i at bit i of byte k; the last byte zero-padded."""
+    if _on_numpy(chunk):
+        return torch.from_numpy(np.packbits(chunk.contiguous().numpy(), bitorder="little"))
+    padded = torch.nn.functional.pad(chunk.to(torch.uint8), (0, -chunk.numel() % 8))
+    # Distinct powers of two: their sum is their bitwise or, and fits in a byte.
+    return (padded.view(-1, 8) << _bit_values(chunk.device)).sum(1, dtype=torch.uint8)
+
+
+def _unpacked_bits(bytes_: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """Elements start to stop of the bits in `bytes_`, as bool."""
+    if _on_numpy(bytes_):
+        unpacked = np.unpackbits(bytes_.numpy(), count=stop, bitorder="little")[start:]
+        return torch.from_numpy(unpacked).view(torch.bool)
+    unpacked = bytes_.unsqueeze(1) >> _bit_values(bytes_.device)
+    unpacked &= 1  # in place, and viewed as bool: one byte per element, not three
+    return unpacked.view(-1)[start:stop].view(torch.bool)
 
 
 class PackedMask:
@@ -41,14 +67,12 @@ class PackedMask:
         so a whole bool mask never exists."""
         numel = torch.Size(shape).numel()
         bits = torch.empty((numel + 7) // 8, dtype=torch.uint8, device=device)
-        shifts, packed, count = _bit_values(device), 0, 0
+        packed, count = 0, 0
         for chunk in chunks:
             if packed % 8:
                 raise ValueError("only the last chunk of a mask may end inside a byte")
-            padded = torch.nn.functional.pad(chunk.to(torch.uint8), (0, -chunk.numel() % 8))
-            # Distinct powers of two: their sum is their bitwise or, and fits in a byte.
             first = packed // 8
-            bits[first:first + padded.numel() // 8] = (padded.view(-1, 8) << shifts).sum(1, dtype=torch.uint8)
+            bits[first:first + (chunk.numel() + 7) // 8] = _packed_bits(chunk)
             packed, count = packed + chunk.numel(), count + int(torch.count_nonzero(chunk))
         if packed != numel:
             raise ValueError(f"chunks give {packed} elements for a mask of {numel}")
@@ -68,9 +92,7 @@ class PackedMask:
     def between(self, start: int, stop: int) -> torch.Tensor:
         """The bool mask of flattened positions start to stop (any two positions)."""
         first = start // 8
-        unpacked = self.bits[first:(stop + 7) // 8].unsqueeze(1) >> _bit_values(self.bits.device)
-        unpacked &= 1  # in place, and viewed as bool: one byte per element, not three
-        return unpacked.view(-1)[start - 8 * first:stop - 8 * first].view(torch.bool)
+        return _unpacked_bits(self.bits[first:(stop + 7) // 8], start - 8 * first, stop - 8 * first)
 
     def unpack(self) -> torch.Tensor:
         """The whole bool mask (for checks and small tensors; the pruner reads `chunks`)."""

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from ..blocks import BLOCK_ELEMENTS
 
-HEAD_CHUNK_ELEMENTS = BLOCK_ELEMENTS  # a head chunk's gradient: 16 MiB in fp32
+HEAD_CHUNK_ELEMENTS = BLOCK_ELEMENTS // 4  # a head chunk's gradient: 4 MiB in fp32
 
 
 @contextmanager
