@@ -126,11 +126,11 @@ def mistral_estimate(threads: int) -> None:
     tokens, batches, passes = 128, 2, 2
     flops = passes * batches * 8 * parameters * tokens  # forward 2NT, recompute 2NT, backward 4NT
     stored = parameters * 2  # bf16
-    reads = stored * (2 + 2 + 3)  # threshold: 2 counting passes; G0: fwd + bwd; G1: fwd + bwd + originals
+    reads = stored * (2 + 2)  # G0: fwd + bwd (t counted on the way); G1: fwd + bwd (written from memory)
     print(f"Mistral-7B: {parameters:,} parameters, {config.num_hidden_layers} layers of {layer // config.num_hidden_layers:,}"
           f"\n  compute: {passes} passes x {batches} batches x 8 x N x {tokens} tokens = {flops / 1e12:.1f} TFLOP;"
           f" fp32 matmul here now {gflops:.0f} GFLOP/s ({threads} threads) -> {flops / gflops / 1e9 / 60:.1f} min"
-          f"\n  reads: bf16 weights ({stored / 1e9:.1f} GB) read 7 times = {reads / 1e9:.0f} GB; at 440 MB/s "
+          f"\n  reads: bf16 weights ({stored / 1e9:.1f} GB) read 4 times = {reads / 1e9:.0f} GB; at 440 MB/s "
           f"{reads / 440e6 / 60:.1f} min if none is in the page cache"
           f"\n  ({load()})\n")
 
@@ -158,11 +158,15 @@ def mistral(weights: str, out: str, threads: int, cleanup: bool) -> None:
 # -- 3. what is resident at a 7B stage's peak, by allocation ----------------------------------------
 
 WHO_ALLOCATED = [  # (function, file) somewhere in the allocation's Python stack -> what it is
+    (("take", "streamed_weights.py"), "fp32 blocks: a weight block converted, its scores, a gradient block (reused)"),
+    (("consume", None), "gradient records at candidates (G max, tied partial sums)"),
+    (("backward", "streamed_weights.py"), "a weight gradient's values at the candidates (one batch)"),
     (("__init__", "candidates.py"), "candidate positions of the stage (int32)"),
     (("gather", "candidates.py"), "a gradient's values gathered at the candidates"),
     ((None, "gradient_records.py"), "gradient records at candidates (G max, tied partial sums)"),
-    (("load", "stages.py"), "stage weights (fp32)"),
+    (("load", "stages.py"), "stage weights (prunable as stored: bf16; norms fp32)"),
     (("backward", None), "backward: parameter gradient being consumed, activation gradients"),
+    ((None, "hidden_states.py"), "hidden states between layers (read back from disk)"),
     (("forward", "pruner.py"), "hidden states between layers"),
     ((None, "families.py"), "activations saved for backward (layer recomputed from its input)"),
 ]

@@ -1,7 +1,8 @@
 """Candidates without a mask: one global threshold t, and each tensor's candidates found on load.
 
 The threshold is found by the baseline's exact counting search (`threshold.candidate_threshold`),
-fed one tensor at a time from disk; a tensor's candidates are then `score < t`, scored by the
+fed one tensor at a time from disk, or, for half-precision weights by magnitude, by one histogram
+of their |w| bit patterns (`HalfMagnitudes`), filled as the first gradient pass loads them; a tensor's candidates are then `score < t`, scored by the
 baseline's own `TensorScores`. Since t is one number, a stage's candidates are found again each
 time the stage is loaded, from its original weights, and dropped with the stage: nothing about
 the candidates of the other stages is kept. While a stage is loaded its candidates are flat

@@ -2,25 +2,30 @@
 
     result = StreamingGradProbe("weights/").prune(batches, out="pruned/", sparsity=0.1)
 
-Only one stage is in memory at a time (the embeddings, one decoder layer, or the head), plus the
-hidden states between layers (one [batch, seq, hidden] tensor per layer and batch) and the
-gradient records at the candidates of the tensors in flight. The gradients are the exact
-full-model gradients, got by checkpointed backpropagation one layer at a time:
+Only one stage is in memory at a time (the embeddings, one decoder layer, or the head), its
+prunable weights as stored (bf16 for a 7B model: half the fp32 size) and computed with in fp32 a
+16 MiB block at a time (`streamed_weights`); the hidden states between layers wait on disk
+(`hidden_states`); the gradient records are kept at the candidates of the tensors in flight. The
+gradients are the exact full-model gradients, got by checkpointed backpropagation one layer at a
+time:
 
     select_candidates          one global threshold t over |w| (magnitude) or |w| * ||X_j|| (WANDA,
-                               norms from a streaming forward): two counting passes over the files
+                               norms from a streaming forward): two counting passes over the files,
+                               or, for half-precision weights by magnitude, one histogram of |w|
+                               bit patterns filled as the G0 pass loads each stage (no pass of its own)
     record_original_gradients  forward, layer by layer, keeping the hidden states between layers;
                                backward from the head down: each layer is loaded again, recomputed
-                               from its saved input, backpropagated from the gradient at its output,
-                               and each parameter gradient is read at the candidates as soon as it
-                               is complete, then freed. G0 of each stage goes to scratch on disk.
-    decide_and_write           the same pass with candidates times r as each stage is loaded (the
+                               from its saved input, backpropagated from the gradient at its output;
+                               each weight gradient is computed a row block at a time and read at the
+                               candidates, so no dense weight gradient exists. G0 goes to scratch.
+    decide_and_write           the same pass with candidates times r in every converted block (the
                                files are never changed); as each stage's G1 is complete: decide
-                               (`decision.is_pruned`), write the stage's pruned weights and masks.
+                               (`decision.is_pruned`), write the stage's pruned weights (from the
+                               stored weights still in memory) and masks.
 
-A stage's candidates are found again from its original weights and t each time it is loaded, and
-dropped with it (`candidates`). Between stages, freed heap memory is handed back to the OS (`heap`), so each stage
-starts from the same RSS.
+A stage's candidates are found again from its stored weights and t each time it is loaded, and
+dropped with it (`candidates`). Between stages, freed heap memory is handed back to the OS (`heap`),
+so each stage starts from the same RSS.
 
 The output folder gets the pruned weights (the stored dtype, one file per stage) with config.json
 and an index, so `from_pretrained` loads it; masks go to one safetensors file, a uint8 0/1 tensor
@@ -283,10 +288,10 @@ class StreamingGradProbe:
             if backward or reducing:
                 if self.threshold is None:
                     raise RuntimeError("candidates are needed before the threshold is known")
-                weight.candidates = Candidates(weight.stored, self.threshold, self.scales.get(name))
                 weight.threshold, weight.scale = self.threshold, self.scales.get(name)
                 weight.reduction = self.reduction_factor
-            if backward:
+            if backward:  # their positions: where the gradient is read, and the masks are written
+                weight.candidates = Candidates(weight.stored, self.threshold, self.scales.get(name))
                 if name not in self.records:
                     self.records[name] = CandidateGradients(weight.candidates.count())
                 weight.consume = self._consumer(name, complete=name in loaded.stage.owns)

@@ -24,6 +24,10 @@ import torch.nn.functional as F
 from .candidates import Candidates
 
 BLOCK_BYTES = 16 << 20  # one fp32 block of a weight: the transient the conversion costs
+# Blocks are a multiple of 512 rows or columns. MKL's results with a long inner dimension (14,336)
+# changed with blocks of 292 (not bit-identical to the whole product) and were identical with
+# 512 and 1024 at every Mistral-7B shape (benchmarks/gradprobe_streaming.py --part exactness).
+ALIGN = 512
 
 
 class StreamedWeight:
@@ -69,13 +73,12 @@ class StreamedWeight:
         torch.abs(block, out=work)  # the score, as TensorScores: |w| (exact in fp32), times the scale
         if scale is not None:
             work.mul_(scale)
-        # factor = r at candidates, 1 elsewhere, both exact (m * r + (1 - m) with m = 0 or 1): the
+        # factor = r at candidates, 1 elsewhere, both exact (r * [score < t] + [score >= t]): the
         # product is the baseline's `block * r` there and the weight itself elsewhere. Float ops
-        # throughout: torch.where on a bool mask costs ~10x these on this CPU.
+        # throughout: torch.where on a bool mask costs ~5x these on this CPU.
         torch.lt(work, self.threshold, out=factor)
-        torch.mul(factor, self.reduction, out=work)
-        factor.neg_().add_(1)
-        return block.mul_(work.add_(factor))
+        torch.ge(work, self.threshold, out=work)
+        return block.mul_(torch.add(work, factor, alpha=self.reduction, out=factor))
 
     def candidates_in_rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """For the candidates in rows `ids`: their flat index in W[ids], and their index in the candidates."""
@@ -115,7 +118,7 @@ def release_buffers() -> None:
 
 
 def _blocks(rows: int, width: int) -> Iterator[tuple[int, int]]:
-    step = max(1, BLOCK_BYTES // (4 * max(1, width)))
+    step = max(ALIGN, BLOCK_BYTES // (4 * max(1, width)) // ALIGN * ALIGN)
     for start in range(0, rows, step):
         yield start, min(rows, start + step)
 
