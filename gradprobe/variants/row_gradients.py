@@ -10,7 +10,7 @@ such gradient exists:
                the head's input; a hook on the logits takes dL/dlogits and makes the weight's
                gradient a vocabulary chunk at a time, `grad.t().mm(input)` as autograd does, with
                every chunk the same number of rows (the last one overlaps), so each element is the
-               same dot product, bit for bit (tests/test_row_gradients.py checks it).
+               same dot product, bit for bit (tests/test_gradprobe_variants_rows.py checks it).
     embedding  an autograd function whose backward makes only the rows the batch read, with
                autograd's own kernel (`embedding_dense_backward`) on the rows renumbered 0..k-1.
     tied       a row both touch is the head's part plus the embedding's, one IEEE addition as in
@@ -29,6 +29,9 @@ import torch.nn.functional as F
 from ..blocks import BLOCK_ELEMENTS
 
 HEAD_CHUNK_ELEMENTS = BLOCK_ELEMENTS // 4  # a head chunk's gradient: 4 MiB in fp32
+# At least this many rows a chunk: a one-row chunk is a matrix-vector product, whose kernel sums in
+# another order than the matrix product's (MKL: different bits at 1 row, the same from 16 up).
+MIN_HEAD_CHUNK_ROWS = 16
 
 
 @contextmanager
@@ -131,7 +134,7 @@ class RowSplit:
     def head_part(self, grad: torch.Tensor, inputs: torch.Tensor) -> None:
         grad = grad.reshape(-1, grad.shape[-1])
         vocab = grad.shape[1]
-        step = min(vocab, max(1, HEAD_CHUNK_ELEMENTS // inputs.shape[1]))
+        step = min(vocab, max(MIN_HEAD_CHUNK_ROWS, HEAD_CHUNK_ELEMENTS // inputs.shape[1]))
         stash = None if self.rows is None else inputs.new_empty(self.rows.shape[0], inputs.shape[1])
         for start in range(0, vocab, step):
             first = min(start, vocab - step)  # every chunk `step` rows: the same kernel, the same bits
