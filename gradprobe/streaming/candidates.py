@@ -127,6 +127,14 @@ class Candidates:
                  + torch.repeat_interleave(low, lengths, output_size=count))
         return self.positions.index_select(0, index).to(torch.int64)
 
+    def mark(self, mask: torch.Tensor, chosen: torch.Tensor, step: int = 1 << 20) -> None:
+        """mask[candidate] = 1 where `chosen` (one bool per candidate), a million at a time (the
+        int64 index that indexing makes is then 8 MiB, not 8 bytes per candidate)."""
+        flat = mask.view(-1)
+        for start in range(0, self.count(), step):
+            positions = self.positions[start:start + step][chosen[start:start + step]]
+            flat.index_fill_(0, positions.to(torch.int64), 1)
+
     def scatter(self, target: torch.Tensor, values: torch.Tensor) -> None:
         """Put `values` (one per candidate, in `gather`'s order) into `target` at the candidates."""
         target.view(-1).index_put_((self.positions,), values)

@@ -181,12 +181,18 @@ class StreamingGradProbe:
         def decide(stage: Stage, records: dict[str, CandidateGradients], loaded: LoadedStage) -> None:
             release_free_memory()  # the backward's blocks: the decision and the writes start from here
             before = scratch.open(stage.file)  # G0, read one tensor at a time
-            pruned = {name: is_pruned(torch.tensor(True), before.pop(name)(), record.maximum, tau)
-                      for name, record in records.items()}  # one bool per candidate
-            scratch.remove(stage.file)
-            counts["candidates"] += sum(p.numel() for p in pruned.values())
-            counts["pruned"] += sum(int(torch.count_nonzero(p)) for p in pruned.values())
+
+            def pruned(name: str) -> torch.Tensor | None:
+                """One bool per candidate of `name` (None: not prunable); its G1 record freed."""
+                if name not in records:
+                    return None
+                chosen = is_pruned(torch.tensor(True), before[name](), records.pop(name).maximum, tau)
+                counts["candidates"] += chosen.numel()
+                counts["pruned"] += int(torch.count_nonzero(chosen))
+                return chosen
+
             self._write_stage(loaded, pruned, weights, masks)
+            scratch.remove(stage.file)
 
         self.reduction_factor = reduction_factor
         try:
@@ -261,6 +267,7 @@ class StreamingGradProbe:
             release_free_memory()  # what finding the candidates left in the heap
             self.progress(Moment("loaded", stage.name))
             yield loaded
+            release_buffers()
             if backward:  # finished while its weights are here: the reduced pass writes them
                 done = {name: self.records.pop(name) for name in stage.owns if name in self.prunable}
                 self.stage_done(stage, done, loaded)
@@ -306,20 +313,26 @@ class StreamingGradProbe:
 
     # -- output ---------------------------------------------------------------------------------
 
-    def _write_stage(self, loaded: LoadedStage, pruned: dict[str, torch.Tensor], weights: FolderWriter,
-                     masks: SafetensorsWriter) -> None:
-        """The stage's weights as stored, pruned ones zeroed (in place: the stage is done); its masks."""
+    def _write_stage(self, loaded: LoadedStage, pruned: Callable[[str], torch.Tensor | None],
+                     weights: FolderWriter, masks: SafetensorsWriter) -> None:
+        """The stage's weights as stored, pruned ones zeroed (in place: the stage is done); its masks.
+
+        One tensor at a time: decided, written, and its transients handed back before the next.
+        """
         stage = loaded.stage
         with weights.stage_file(stage) as file:
             for name in stage.owns:
                 streamed = loaded.weights.get(name)
                 weight = streamed.stored if streamed else self.folder.load(name)  # in its stored dtype
                 mask = torch.zeros(weight.shape, dtype=torch.uint8)
-                if name in pruned:
-                    streamed.candidates.scatter(mask, pruned[name].to(torch.uint8))
+                chosen = pruned(name)
+                if chosen is not None:
+                    streamed.candidates.mark(mask, chosen)
                     weight.masked_fill_(mask.view(torch.bool), 0)  # 0/1 bytes read as bool: no copy
                 file.write(name, weight)
                 masks.write(name, mask)
+                del weight, mask, chosen
+                release_free_memory()
 
     def _check_output(self, out: str) -> None:
         if os.path.abspath(out) == os.path.abspath(self.folder.path):

@@ -108,12 +108,13 @@ class _Buffer:
         self.tensor = torch.empty(0, dtype=self.dtype)
 
 
-_CONVERTED, _GRADIENT, _SCORES, _FACTOR = _Buffer(), _Buffer(), _Buffer(), _Buffer()
+_CONVERTED, _GRADIENT, _FACTOR = _Buffer(), _Buffer(), _Buffer()
+_SCORES = _GRADIENT  # never in use together: scores while converting, gradient blocks after
 
 
 def release_buffers() -> None:
-    """Drop the reused blocks (between stages)."""
-    for buffer in (_CONVERTED, _GRADIENT, _SCORES, _FACTOR):
+    """Drop the reused blocks (when a stage's computing is over)."""
+    for buffer in (_CONVERTED, _GRADIENT, _FACTOR):
         buffer.free()
 
 
