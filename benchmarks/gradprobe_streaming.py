@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/gradprobe_streaming.py --part tinystories [--runs 2] [--threads 2]
     .venv/bin/python benchmarks/gradprobe_streaming.py --part mistral-7b [--weights DIR] [--cleanup]
     .venv/bin/python benchmarks/gradprobe_streaming.py --part layer-breakdown
+    .venv/bin/python benchmarks/gradprobe_streaming.py --part exactness
 
 1. TinyStories-33M (fp32, seq 128, batch 1, 2 batches, s = 0.1, r = 0.1, tau = 2.0, magnitude):
    the baseline CLI (`python -m gradprobe`) and the streaming CLI (`python -m gradprobe.streaming
@@ -15,6 +16,10 @@
    Mistral-7B's width with 2 decoder layers (every stage is exactly a 7B stage; only the hidden
    states between layers are fewer), under memray; the allocations alive at the heap's high-water
    mark, grouped by the pruner's function that made them.
+
+4. Bit-exactness of the blocked fp32 compute at every Mistral-7B weight shape: the streamed Linear
+   (bf16 weight converted and multiplied in blocks of rows or columns, reduced or not) against
+   `F.linear` and autograd on the whole fp32 weight.
 
 Peak RSS is the kernel's high-water mark of the pruning process (ru_maxrss). Wall times are noisy
 when other jobs share the machine's two cores; the load average is printed with each part.
@@ -213,9 +218,47 @@ def layer_breakdown(threads: int) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+# -- 4. blocked fp32 compute from bf16 weights against the whole-matrix calls, at 7B shapes ------------
+
+def exactness(threads: int) -> None:
+    """StreamedLinear (blocks of rows/columns) against F.linear and autograd, bit for bit."""
+    import torch
+    import torch.nn.functional as F
+
+    from gradprobe.streaming.candidates import Candidates
+    from gradprobe.streaming.streamed_weights import StreamedLinear, StreamedWeight
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    t = 0.0036  # about 10% of N(0, 0.02) weights
+    print("| weight [out, in] | reduced | row blocks | column blocks | output | input gradient | "
+          "weight gradient at candidates |\n|---|---|---|---|---|---|---|")
+    for shape in [(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (32000, 4096)]:
+        stored = (torch.randn(shape) * 0.02).to(torch.bfloat16)
+        for reduction in (None, 0.1):
+            weight = StreamedWeight(stored)
+            weight.candidates, weight.threshold, weight.reduction = Candidates(stored, t), t, reduction
+            received = []
+            weight.consume = received.append
+            x = torch.randn(1, 128, shape[1], requires_grad=True)
+            y = StreamedLinear.apply(x, weight, None)
+            whole = stored.float()
+            if reduction:
+                whole = torch.where(whole.abs() < t, whole * reduction, whole)  # reduce_candidates
+            whole.requires_grad_()
+            x_ = x.detach().clone().requires_grad_()
+            expected = F.linear(x_, whole)
+            grad = torch.randn_like(y)
+            y.backward(grad)
+            expected.backward(grad)
+            same = [torch.equal(y, expected), torch.equal(x.grad, x_.grad),
+                    torch.equal(received[0], whole.grad[stored.float().abs() < t])]
+            print(f"| {list(shape)} | {reduction or 'no'} | {len(list(weight.row_blocks()))} | "
+                  f"{len(list(weight.column_blocks()))} | " + " | ".join("identical" if s else "DIFFERENT" for s in same) + " |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["tinystories", "mistral-7b", "estimate", "layer-breakdown"],
+    parser.add_argument("--part", choices=["tinystories", "mistral-7b", "estimate", "layer-breakdown", "exactness"],
                         required=True)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
@@ -228,6 +271,8 @@ def main() -> int:
         tinystories(args.runs, args.threads)
     elif args.part == "estimate":
         mistral_estimate(args.threads)
+    elif args.part == "exactness":
+        exactness(args.threads)
     elif args.part == "layer-breakdown":
         layer_breakdown(args.threads)
     else:

@@ -51,7 +51,7 @@ from ..pruner import check_settings
 from ..strategies import _hook_input_norms
 from .candidates import HALF_DTYPES, Candidates, HalfMagnitudes, global_threshold
 from .gradient_records import CandidateGradients, ScratchRecords
-from .heap import release_free_memory
+from .heap import keep_large_blocks_out_of_the_heap, release_free_memory
 from .hidden_states import SpilledStack
 from .result import StreamingResult
 from .safetensors_files import SafetensorsWriter
@@ -106,6 +106,7 @@ class StreamingGradProbe:
         batches = list(CalibrationBatches(loader, num_batches))  # token ids: small
         loss_fn = loss_fn or causal_lm_loss
         masks_out = masks_out or os.path.join(out, "masks.safetensors")
+        keep_large_blocks_out_of_the_heap()
         start = time.perf_counter()
         os.makedirs(out, exist_ok=True)
         scratch_folder = self.scratch = tempfile.mkdtemp(prefix="gradprobe-scratch-", dir=scratch or out)
@@ -261,6 +262,7 @@ class StreamingGradProbe:
     def resident(self, stage: Stage, backward: bool = False):
         """The stage loaded (reduced in the reduced pass), hooked if backward; finished, then dropped."""
         loaded = self._loaded = self.model.load(stage, self.prunable)
+        self.model.prefetch(self.model.following(stage, backward))  # read from disk while this computes
         try:
             self._count(loaded)
             self._prepare(loaded, backward)  # (a loop here would keep its last tensor alive)

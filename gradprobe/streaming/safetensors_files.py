@@ -62,9 +62,9 @@ def read_header(path: str) -> dict[str, StoredTensor]:
     return stored
 
 
-def read_tensor(stored: StoredTensor) -> torch.Tensor:
-    """The tensor's bytes read straight into a fresh tensor of its stored dtype."""
-    tensor = torch.empty(stored.shape, dtype=stored.dtype)
+def read_tensor(stored: StoredTensor, into: torch.Tensor | None = None) -> torch.Tensor:
+    """The tensor's bytes read straight into a fresh tensor of its stored dtype (or `into`)."""
+    tensor = torch.empty(stored.shape, dtype=stored.dtype) if into is None else into
     buffer = tensor.view(-1).view(torch.uint8).numpy()  # a byte view: numpy has no bfloat16
     with open(stored.path, "rb") as file:
         file.seek(stored.offset)

@@ -36,14 +36,17 @@ class LoadedStage:
     """A stage's modules with real weights; `parameters` maps parameter names to the tensors used."""
 
     def __init__(self, stage: Stage, modules: dict[str, torch.nn.Module], parameters: dict,
-                 weights: dict[str, StreamedWeight]):
+                 weights: dict[str, StreamedWeight], on_release=None):
         self.stage, self.modules, self.parameters, self.weights = stage, modules, parameters, weights
+        self._on_release = on_release
 
     @property
     def layer(self) -> torch.nn.Module:
         return self.modules[self.stage.modules[0]]
 
     def release(self) -> None:
+        if self._on_release is not None:
+            self._on_release(self.weights)
         self.modules, self.parameters, self.weights = {}, {}, {}
 
     def tensors(self) -> dict[str, torch.Tensor]:
@@ -69,6 +72,7 @@ class StagedModel:
         self.stages = self._cut_into_stages()
         self.layers_loaded, self.most_layers_resident = 0, 0
         self._resident_layers: weakref.WeakSet = weakref.WeakSet()
+        self._released: dict[tuple, list[torch.Tensor]] = {}
 
     @property
     def embeddings(self) -> Stage:
@@ -91,6 +95,7 @@ class StagedModel:
         """The stage's modules with the folder's weights: fp32 Parameters, except the `streamed`
         names, kept as stored and computed with a block at a time (`streamed_weights`)."""
         modules, parameters, weights = {}, {}, {}
+        reusable, self._released = self._released, {}  # the last stage's weight tensors, by shape
         for path in stage.modules:
             module = self._build_layer(stage.layer) if stage.layer is not None else \
                 copy.deepcopy(self.meta.get_submodule(path))
@@ -101,7 +106,7 @@ class StagedModel:
                 owner = module.get_submodule(owner_path)
                 if name in streamed:
                     del owner._parameters[attribute]
-                    weights[name] = StreamedWeight(self.folder.load(name))
+                    weights[name] = StreamedWeight(self.folder.load(name, into=self._reused(name, reusable)))
                     setattr(owner, attribute, weights[name].stored)
                     streaming.append((owner, weights[name]))
                 else:
@@ -114,7 +119,28 @@ class StagedModel:
             module.eval()  # dropout off: these modules are ours, no user mode to keep
             parameters.update({names[local]: p for local, p in module.named_parameters()})
             modules[path] = module
-        return LoadedStage(stage, modules, parameters, weights)
+        del reusable  # what this stage did not reuse is freed now
+        return LoadedStage(stage, modules, parameters, weights, self._release)
+
+    def _reused(self, name: str, reusable: dict) -> torch.Tensor | None:
+        stored = self.folder.stored_tensor(name)
+        tensors = reusable.get((stored.dtype, tuple(stored.shape)))
+        return tensors.pop() if tensors else None
+
+    def _release(self, weights: dict[str, StreamedWeight]) -> None:
+        """A released stage's stored weights, kept for the next load of the same shapes: reading
+        into tensors whose pages are already in memory saves faulting in 416 MiB per 7B layer."""
+        for weight in weights.values():
+            self._released.setdefault((weight.stored.dtype, tuple(weight.stored.shape)), []).append(weight.stored)
+
+    def following(self, stage: Stage, backward: bool) -> Stage | None:
+        """The stage a pass loads after `stage`: embeddings, layers up, head; then layers down, embeddings."""
+        index = self.stages.index(stage) + (-1 if backward else 1)
+        return self.stages[index] if 0 <= index < len(self.stages) else None
+
+    def prefetch(self, stage: Stage | None) -> None:
+        if stage is not None:
+            self.folder.prefetch(self.uses(stage))
 
     def _build_layer(self, index: int) -> torch.nn.Module:
         """A fresh decoder layer, its parameters left uninitialised (the folder's weights replace them).

@@ -43,10 +43,20 @@ class WeightsFolder:
         config._attn_implementation = "eager"  # as `architectures.build_model`: deterministic on CPU
         return config
 
-    def load(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """One tensor, in its stored dtype or converted (the stored copy is freed at once)."""
-        tensor = read_tensor(self.stored[name])
+    def load(self, name: str, dtype: torch.dtype | None = None, into: torch.Tensor | None = None) -> torch.Tensor:
+        """One tensor, in its stored dtype or converted (the stored copy is freed at once);
+        `into`: a tensor of the stored dtype and shape to read it into (no new pages to fault in)."""
+        tensor = read_tensor(self.stored[name], into)
         return tensor if dtype is None else tensor.to(dtype)
+
+    def prefetch(self, names: list[str]) -> None:
+        """Ask the kernel to read these tensors into the page cache now, in the background."""
+        if not hasattr(os, "posix_fadvise"):
+            return
+        for name in names:
+            stored = self.stored[name]
+            with open(stored.path, "rb") as file:
+                os.posix_fadvise(file.fileno(), stored.offset, stored.nbytes, os.POSIX_FADV_WILLNEED)
 
     def check_matches(self, shapes: dict[str, tuple[int, ...]]) -> None:
         """Every parameter the config implies is here, with its shape; ValueError says which is not."""
