@@ -110,23 +110,6 @@ class Candidates:
         low, high = torch.searchsorted(self.positions, bounds).tolist()
         return low, high
 
-    def in_range(self, start: int, end: int) -> torch.Tensor:
-        """The flat positions in [start, end), as int64 indices."""
-        low, high = self.range_bounds(start, end)
-        return self.positions[low:high].to(torch.int64)
-
-    def in_columns(self, start: int, end: int, width: int) -> torch.Tensor:
-        """The flat positions of the candidates in columns [start, end) of a `width`-wide matrix, int64."""
-        rows = torch.arange(self.weight.shape[0], dtype=torch.int64) * width
-        low = torch.searchsorted(self.positions, (rows + start).to(self.positions.dtype))
-        high = torch.searchsorted(self.positions, (rows + end).to(self.positions.dtype))
-        lengths = high - low  # each row's candidates in the columns are one run of `positions`
-        offsets = torch.cumsum(lengths, 0) - lengths
-        count = int(lengths.sum())
-        index = (torch.arange(count) - torch.repeat_interleave(offsets, lengths, output_size=count)
-                 + torch.repeat_interleave(low, lengths, output_size=count))
-        return self.positions.index_select(0, index).to(torch.int64)
-
     def mark(self, mask: torch.Tensor, chosen: torch.Tensor, step: int = 1 << 20) -> None:
         """mask[candidate] = 1 where `chosen` (one bool per candidate), a million at a time (the
         int64 index that indexing makes is then 8 MiB, not 8 bytes per candidate)."""

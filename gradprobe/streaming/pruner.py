@@ -119,6 +119,8 @@ class StreamingGradProbe:
             counts = self.decide_and_write(batches, loss_fn, reduction_factor, gradient_threshold,
                                            ScratchRecords(scratch_folder), out, masks_out)
         finally:
+            self.model.drop_released()
+            release_free_memory()
             shutil.rmtree(scratch_folder, ignore_errors=True)
         prunable = sum(torch.Size(self.model.shapes[n]).numel() for n in self.model.prunable)
         return StreamingResult(out, masks_out, counts["pruned"] / prunable, counts["candidates"],

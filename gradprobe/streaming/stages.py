@@ -133,6 +133,10 @@ class StagedModel:
         for weight in weights.values():
             self._released.setdefault((weight.stored.dtype, tuple(weight.stored.shape)), []).append(weight.stored)
 
+    def drop_released(self) -> None:
+        """Free the last released stage's weight tensors (kept for the next load otherwise)."""
+        self._released = {}
+
     def following(self, stage: Stage, backward: bool) -> Stage | None:
         """The stage a pass loads after `stage`: embeddings, layers up, head; then layers down, embeddings."""
         index = self.stages.index(stage) + (-1 if backward else 1)
