@@ -1,4 +1,5 @@
-"""Candidates as a bitmask: one bit per weight, 8 to a byte, instead of a 1-byte bool per weight.
+"""Candidates (M_t) and final masks (M_f) as bitmasks: one bit per weight, 8 to a byte, instead of a
+1-byte bool per weight.
 
 Why a bitmask and not an index list: a bitmask costs P/8 bytes for P weights whatever the
 sparsity s; an index list costs 4 bytes per candidate (int32; 8 for int64), 4*s*P. The list is
