@@ -10,6 +10,8 @@ and milliseconds, before anything is imported, built or written.
     add_threads_argument(parser)      --threads N
     finite_float                      the type of every float option: nan and inf are refused
     check_model_options(args)         ValueError (one line) for anything the run could not take
+    HelpFormatter, examples           every command's help: defaults shown, an example block
+    installed_version()               the installed distribution's version, for --version
 """
 from __future__ import annotations
 
@@ -130,3 +132,31 @@ def check_device(device: str | None) -> None:
         if index >= torch.cuda.device_count():
             raise ValueError(f"--device {device}: there are {torch.cuda.device_count()} CUDA devices "
                              f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and examples as written; every option's default shown where it has one
+    (not for flags, and not where its help already says it)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        shown = not (default is None or isinstance(default, bool) or default == []
+                     or default is argparse.SUPPRESS)
+        if action.option_strings and "default" not in text and shown:
+            text += " (default: %(default)s)"
+        return text
+
+
+def examples(*lines: str) -> str:
+    """An epilog's examples block: each line a command as typed."""
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def installed_version() -> str:
+    """The installed distribution's version (pyproject.toml's), or say it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("memory-auditor")
+    except PackageNotFoundError:
+        return "(not installed: run from a source tree)"

@@ -21,9 +21,10 @@ import os
 import sys
 import time
 
-from architectures.options import (add_device_argument, add_seed_argument, add_sequence_arguments,
-                                   add_size_arguments, add_threads_argument, check_model_options,
-                                   finite_float, size_overrides)
+from architectures.options import (HelpFormatter, add_device_argument, add_seed_argument,
+                                   add_sequence_arguments, add_size_arguments, add_threads_argument,
+                                   check_model_options, examples, finite_float, installed_version,
+                                   size_overrides)
 
 from . import settings
 
@@ -70,12 +71,17 @@ def check_pruning_arguments(args, architecture_option: str = "arch") -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineErrors(prog="gradprobe", description="Prune a causal LM with GradProbe or one of its variants.")
+    parser = OneLineErrors(prog="gradprobe", description="Prune a causal LM with GradProbe or one of its variants.",
+                           formatter_class=HelpFormatter,
+                           epilog=examples("gradprobe --arch tinystories-33m --variant lean",
+                                           "gradprobe --arch ./my-checkpoint --strategy wanda --masks-out masks.safetensors"))
+    parser.add_argument("--version", action="version", version=f"gradprobe {installed_version()}")
     parser.add_argument("--arch", default="tinystories-33m",
                         help="architecture name (random weights) or local checkpoint folder")
     add_size_arguments(parser)
     add_pruning_arguments(parser)
-    parser.add_argument("--strategy", choices=settings.STRATEGIES, default="magnitude")
+    parser.add_argument("--strategy", choices=settings.STRATEGIES, default="magnitude",
+                        help="how candidates are scored: |w| (magnitude) or |w| times input norms (wanda)")
     parser.add_argument("--per-layer", action="store_true", help="one threshold per tensor")
     parser.add_argument("--storage-dtype", choices=settings.STORAGE_DTYPES,
                         help="dtype of the saved state and gradient records (default: the variant's, "

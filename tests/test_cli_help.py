@@ -42,3 +42,13 @@ def test_output_options_have_one_spelling():
     assert {"-o", "--output"} <= {o for a in commands["report"]._actions for o in a.option_strings}
     run = commands["run"].parse_args(["--run-dir", "runs/x", "script.py"])
     assert run.out == "runs/x" == commands["run"].parse_args(["--out", "runs/x", "script.py"]).out
+
+
+def test_gradprobe_explains_itself_too():
+    from gradprobe.cli import build_parser as gradprobe_parser
+    parser = gradprobe_parser()
+    silent = [a.option_strings[0] for a in parser._actions if a.option_strings and not a.help]
+    assert silent == []
+    text = " ".join(parser.format_help().split())
+    assert "examples: gradprobe --arch" in text and "(default: magnitude)" in text
+    assert "(default: None)" not in text

@@ -13,6 +13,8 @@ import os
 import sys
 from functools import partial
 
+from architectures.options import HelpFormatter, examples, installed_version  # noqa: F401 (the commands' shared help)
+
 SUBCOMMANDS = ["run", "gradprobe", "train_step", "report", "rebuild", "compare", "validate_projection", "export"]
 
 
@@ -60,34 +62,6 @@ def check_file_writable(output, where: str) -> None:
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         raise UsageError(f"{message}; see '{self.prog} --help'")
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Descriptions and examples as written; every option's default shown where it has one
-    (not for flags, and not where its help already says it)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        default = action.default
-        shown = not (default is None or isinstance(default, bool) or default == []
-                     or default is argparse.SUPPRESS)
-        if action.option_strings and "default" not in text and shown:
-            text += " (default: %(default)s)"
-        return text
-
-
-def examples(*lines: str) -> str:
-    """An epilog's examples block: each line a command as typed."""
-    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
-
-
-def installed_version() -> str:
-    """The installed distribution's version (pyproject.toml's), or say it is not installed."""
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version("memory-auditor")
-    except PackageNotFoundError:
-        return "(not installed: run from a source tree)"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -40,7 +40,8 @@ VARIANT_REMEDIES = {
                          "at the candidates", ("model.grad", "pruner.gradients_original",
                                                "pruner.gradients_reduced"), ()),
     "checkpointed": ("decoder layers recompute their activations in backward", (), ("transient-spike",)),
-    "lean": ("sparse-state + grad-in-backward + checkpointed",
+    "lean": ("sparse-state + grad-in-backward + checkpointed, and the head's and token embedding's "
+             "gradients folded in by rows (no vocabulary-sized gradient); final masks kept as bits",
              ("pruner.saved_state", "pruner.candidate_originals", "pruner.gradients_original",
               "pruner.gradients_reduced", "pruner.candidates", "model.grad"), ()),
 }
