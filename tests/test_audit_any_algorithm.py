@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import audit_script
 
+pytestmark = pytest.mark.slow  # module fixtures run real audits (15-26 s)
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 HIDDEN, INTERMEDIATE, SAMPLES, LENGTH, LAYERS, VOCAB = 256, 688, 8, 128, 2, 32000

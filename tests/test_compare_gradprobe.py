@@ -23,6 +23,7 @@ pytestmark = pytest.mark.skipif(bool(_missing_flags()), reason=f"gradprobe's CLI
                                 "(auditor compare runs GradProbe sides through them)")
 
 
+@pytest.mark.slow
 def test_lean_against_the_baseline_gives_identical_masks(tmp_path, monkeypatch, capsys):
     # A local gradprobe/ (an upstream clone, say) must not be what the sides run.
     monkeypatch.chdir(tmp_path)

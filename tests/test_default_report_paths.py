@@ -75,6 +75,7 @@ def test_a_scaled_down_gradprobe_audit_leaves_the_committed_report_alone(tmp_pat
     assert (tmp_path / written).is_file() and f"report: {written}" in done.stdout
 
 
+@pytest.mark.slow
 def test_a_scaled_down_training_step_leaves_the_committed_report_alone(tmp_path):
     committed = _committed_copy(tmp_path, ["train-step-tinystories-33m.md"])
     done = auditor(tmp_path, "train-step", *SMALL, "--steps", "1", "--no-memray")

@@ -18,6 +18,7 @@ def auditor(*args, cwd=None):
                           text=True, cwd=cwd, timeout=600)
 
 
+@pytest.mark.slow
 def test_audits_projects_and_reports(tmp_path):
     report, run_dir = tmp_path / "report.md", tmp_path / "run"
     done = auditor("gradprobe", *TINY, "--run-dir", str(run_dir), "-o", str(report),

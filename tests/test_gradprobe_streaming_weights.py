@@ -24,8 +24,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture
 def small_blocks(monkeypatch):
-    """Blocks of 512 rows or columns (the alignment kept), so the weights here are split."""
+    """Blocks of 512 rows or columns (the alignment kept), so the weights here are split; each block
+    reduced in chunks of a few rows, the last one shorter."""
     monkeypatch.setattr(streamed_weights, "BLOCK_BYTES", 4 * 600 * 512)
+    monkeypatch.setattr(streamed_weights, "REDUCE_CHUNK", 600 * 7)
 
 
 def streamed(stored, threshold, reduction=None, scale=None):

@@ -75,6 +75,7 @@ def test_a_configuration_killed_by_sigkill_shows_how_it_ended_and_its_finished_s
     assert "### Components of one step" in text  # step 1's components are kept
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_train_step_gives_a_partial_report_and_exit_130(tmp_path):
     runs, out = tmp_path / "runs", tmp_path / "report.md"
     done = ctrl_c(["train-step", *TINY, "--seq-len", "8", "--steps", "100000", "--no-memray",
@@ -107,6 +108,7 @@ def test_a_run_dir_holding_that_configuration_is_refused_and_never_rendered_agai
 
 # -- gradprobe -----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_ctrl_c_during_gradprobe_gives_a_partial_report_and_exit_130(tmp_path):
     run, out = tmp_path / "run", tmp_path / "report.md"
     done = ctrl_c(["gradprobe", *TINY, "--seq-len", "16", "--batches", "100000", "--no-trace",
@@ -168,6 +170,7 @@ def test_outputs_that_cannot_be_used_are_refused_before_any_work(tmp_path, capsy
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before  # nothing written
 
 
+@pytest.mark.slow
 def test_a_killed_calibration_child_still_gives_the_audited_runs_report_and_says_how(tmp_path, capsys):
     run, out = tmp_path / "run", tmp_path / "report.md"
     killer = threading.Thread(target=lambda: os.kill(

@@ -21,6 +21,8 @@ from auditor.analysis.traced_projection import project_traced
 from auditor.cli import main as cli
 from auditor.jobs.gradprobe import Settings
 
+pytestmark = pytest.mark.slow  # module fixtures run real audits (15-26 s)
+
 SMALL = dict(layers=1, hidden=64, vocab=4096, heads=4, max_positions=256)
 TARGET = dict(SMALL, layers=4, hidden=128)
 GRADIENT_STAGES = ("prune/GradProbe.record_original_gradients", "prune/GradProbe.record_reduced_gradients")

@@ -199,6 +199,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, expected):
     assert expected in one_error_line(capsys)
 
 
+@pytest.mark.slow
 def test_the_command_writes_the_sweep_report(tmp_path, capsys):
     out = tmp_path / "report.md"
     overrides = ["--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "256"]
@@ -231,6 +232,7 @@ def test_the_command_writes_the_sweep_report(tmp_path, capsys):
     assert again.read_text().replace("again-components", "report-components") == text
 
 
+@pytest.mark.slow
 def test_a_killed_configuration_keeps_its_finished_stages(tmp_path):
     settings = tiny(steps=100_000)  # far more than the time allowed
     record = train_step.audit_in_fresh_process(settings, tmp_path / "run", timeout_s=20)
