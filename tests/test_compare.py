@@ -90,11 +90,14 @@ def test_measures_a_200_mib_difference_and_agrees(workdir, capsys):
     assert variant["noise"]["measured"] < 5 * MiB  # two runs a side: their spread is measured
     assert variant["agreement"]["status"] == "identical" and variant["agreement"]["same_digest"]
     assert variant["peak_ratio"] == pytest.approx(small["peak_rss"]["median"] / big["peak_rss"]["median"])
+    assert variant["wall_ratio"] == pytest.approx(small["wall_s"]["median"] / big["wall_s"]["median"])
+    assert variant["cpu_ratio"] == pytest.approx(small["cpu_s"]["median"] / big["cpu_s"]["median"])
     markdown = out.read_text()
     assert "**Verdict: pass.**" in markdown and "](big-vs-small.png)" in markdown
     assert f"How a saving is counted: {summary['rule']}" in markdown and "| yes " in markdown
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Load average" in markdown and cmd("--digest", "d1") in markdown
+    assert re.search(rf"\| +{variant['wall_ratio']:.3f} \|", markdown)  # time, from the same round
     assert re.search(r"ok small: .*saves (19[4-9]|20[0-6])\.\d MiB", capsys.readouterr().err)
 
 

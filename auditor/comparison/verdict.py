@@ -117,6 +117,9 @@ def _judge(name: str, base: dict, stats: dict, agreed: dict, tolerance_source: s
     claims = noise is not None and noise["status"] == "saves"
     judged = {"name": name, "tolerance_source": tolerance_source, "agreement": agreed,
               "peak_ratio": _ratio(peak, base_peak), "overhead_ratio": _ratio(over, base_over),
+              # time, side by side in the same alternating round (so under the same load)
+              "wall_ratio": _ratio(_median(stats["wall_s"]), _median(base["wall_s"])),
+              "cpu_ratio": _ratio(_median(stats["cpu_s"]), _median(base["cpu_s"])),
               "peak_saving": None if peak is None or base_peak is None else base_peak - peak,
               "overhead_saving": None if over is None or base_over is None else base_over - over,
               "claims_saving": claims, "noise": noise}

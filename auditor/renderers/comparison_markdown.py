@@ -92,20 +92,23 @@ def _per_side(record: dict, summary: dict) -> list[str]:
 
 
 def _against(summary: dict) -> list[str]:
-    rows = [["variant", "peak ratio", "overhead ratio", "peak saving", "overhead saving", "noise margin",
+    rows = [["variant", "peak ratio", "overhead ratio", "wall ratio", "CPU ratio", "peak saving",
+             "overhead saving", "noise margin",
              "saving beyond noise", "same digest", "differing elements", "tolerance", "agreement", "verdict"]]
     for v in summary["variants"]:
         a = v["agreement"]
         differing = "-" if a["differing_elements"] is None else (
             f"{a['differing_elements']:,}" + (f" of {a['total_elements']:,}" if a["total_elements"] else ""))
         tolerance = a["tolerance"] + ("" if v["tolerance_source"] == "default" else f" ({v['tolerance_source']})")
-        rows.append([v["name"], _ratio(v["peak_ratio"]), _ratio(v["overhead_ratio"]),
+        rows.append([v["name"], _ratio(v["peak_ratio"]), _ratio(v.get("overhead_ratio")),
+                     _ratio(v.get("wall_ratio")), _ratio(v.get("cpu_ratio")),
                      _mib(v["peak_saving"]), _mib(v["overhead_saving"]), _mib((v.get("noise") or {}).get("margin")),
                      _beyond_noise(v),
                      {True: "yes", False: "no", None: "-"}[a["same_digest"]], differing, tolerance, a["status"],
                      "**FAIL**" if v["verdict"] == "fail" else "ok"])
-    lines = _aligned(rows, right=range(1, 6))
-    lines += ["", "Ratios are variant / baseline of the medians (below 1: the variant uses less). A saving "
+    lines = _aligned(rows, right=range(1, 8))
+    lines += ["", "Ratios are variant / baseline of the medians (below 1: the variant uses less; time ratios "
+              "come from the same alternating round, so from the same load). A saving "
               "is the baseline's median minus the variant's, in MiB; it counts only beyond the noise "
               "margin (see the rule under the verdict)."]
     repeatable = summary["baseline_repeatable"]
