@@ -313,10 +313,16 @@ def test_a_transient_peak_stays_out_of_the_counter_series(finished):
 def test_the_run_peak_is_a_global_instant_at_the_end_of_its_stage(exported):
     record, trace = exported
     (peak,) = [e for e in events(trace, "i") if e["name"] == "peak RSS"]
-    holder = next(s for s in record["stages"] if s["id"] == record["peak"]["stage_id"])
-    assert peak["s"] == "g" and peak["ts"] == pytest.approx(us(holder["end_s"]), abs=NS)
-    assert (peak["args"]["rss"], peak["args"]["stage"]) == (record["peak"]["rss"], record["peak"]["stage"])
-    assert "not the instant" in peak["args"]["time"]
+    holder = next((s for s in record["stages"] if s["id"] == record["peak"]["stage_id"]), None)
+    if holder is None and record["peak"].get("stage") is not None:  # an older record: by path
+        holder = next((s for s in record["stages"] if s["path"] == record["peak"]["stage"]), None)
+    assert peak["s"] == "g" and peak["args"]["rss"] == record["peak"]["rss"]
+    if holder is not None:
+        assert peak["ts"] == pytest.approx(us(holder["end_s"]), abs=NS)
+        assert peak["args"]["stage"] == record["peak"]["stage"] and "not the instant" in peak["args"]["time"]
+    else:  # the peak fell in time no stage covers (RSS can peak while the audit ends)
+        assert peak["ts"] == pytest.approx(us(run_end(record)), abs=NS)
+        assert "in no finished stage" in peak["args"]["time"]
     assert ("memray" in peak["args"]) == bool(record.get("memray"))
 
 
