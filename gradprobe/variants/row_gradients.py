@@ -159,10 +159,11 @@ class RowSplit:
 
     def _arrived(self, part: str, rows: torch.Tensor | None) -> None:
         self.done[part] = rows
-        if set(self.done) != self.expected or self.rows is None:
+        if set(self.done) != self.expected or self.rows is None or not len(self.rows):
             return
         parts = [self.done[p] for p in ("head", "embedding") if p in self.done]
         full = parts[0] if len(parts) == 1 else parts[0] + parts[1]  # one addition: order-free
-        for place in range(self.rows.shape[0]):
-            row = int(self.rows[place])
-            self.record.update_rows(self.name, row, full[place:place + 1])
+        # one update per run of consecutive rows (not per row: a long batch reads thousands)
+        breaks = (torch.nonzero(self.rows[1:] - self.rows[:-1] != 1).squeeze(1) + 1).tolist()
+        for low, high in zip([0, *breaks], [*breaks, self.rows.shape[0]]):
+            self.record.update_rows(self.name, int(self.rows[low]), full[low:high])
