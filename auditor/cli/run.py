@@ -22,6 +22,7 @@ import traceback
 import warnings
 from pathlib import Path
 
+from architectures.options import add_size_arguments, size_overrides
 from auditor.cli import UsageError, examples
 from auditor.record import EVENTS_FILE
 
@@ -31,7 +32,9 @@ def register(subparsers) -> None:
         "run", help="run a Python script under audit",
         description="Run SCRIPT as `python SCRIPT ARGS` would, under audit; write DIR/run.json.",
         epilog=examples("auditor run --live-tensors --stage mylib.prune:prune_layer prune.py --sparsity 0.5",
-                        "auditor run --memray --run-dir runs/prune-1 prune.py") + "\n\n"
+                        "auditor run --memray --run-dir runs/prune-1 prune.py",
+                        "auditor run --target llama-2-7b --model-from mylib.models:get_llm "
+                        "--stage mylib.prune:prune_layer prune.py") + "\n\n"
                "Exit status: the script's own (a record that cannot be written is a warning);\n"
                "130 after Ctrl-C and 143 after SIGTERM (128 + the signal, as a shell shows a\n"
                "process that signal ended), with a record saying 'interrupted'.")
@@ -55,6 +58,18 @@ def register(subparsers) -> None:
                         help="record a torch.profiler trace with memory, stages as ranges, in "
                              "DIR/profiler (tensorboard --logdir DIR/profiler)")
     parser.add_argument("--name", help="run name (default: the script's name)")
+    projection = parser.add_argument_group(
+        "projection to a target model (traced: the script again, on fake tensors)")
+    projection.add_argument("--target", metavar="ARCH",
+                            help="project the run to this architecture (a name, or a checkpoint "
+                                 "folder's config); needs --model-from; turns on --census and "
+                                 "--live-tensors")
+    add_size_arguments(projection, prefix="target-", scale="target: ")
+    projection.add_argument("--target-dtype", choices=("float32", "bfloat16", "float16"),
+                            help="the target model's dtype (default: the dtype the script built)")
+    projection.add_argument("--model-from", metavar="MODULE:FUNCTION",
+                            help="the script's function that builds its model: in the projection "
+                                 "it returns the target model instead (the script is unmodified)")
     parser.add_argument("script", nargs="?", metavar="SCRIPT", help="the Python script to run")
     parser.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
                         help="the script's own arguments (options after SCRIPT are the script's)")
@@ -64,6 +79,8 @@ def register(subparsers) -> None:
 def main(args) -> int:
     from auditor.audit import Audit
     from auditor.call_labels import resolve_hook
+    from auditor.jobs.script_projection import Program, plan_for
+    from auditor.model_from import ModelFrom
     if args.script is None:
         raise UsageError("run needs a script: auditor run [options] SCRIPT [ARGS...]")
     script = Path(args.script)
@@ -73,22 +90,26 @@ def main(args) -> int:
     if args.out is not None and not args.out.strip():  # Path("") is the current folder
         raise UsageError("--run-dir is empty; give a folder for the run record, or leave --run-dir out")
     name = args.name or script.stem
+    target = _target_model(args)
     console = _console()  # rich is imported here, before the audit, not inside a stage
     saved_path, saved_argv = list(sys.path), list(sys.argv)
-    sys.path[0:1] = [str(script.resolve().parent)]  # what `python SCRIPT` puts first
+    script_folder = str(script.resolve().parent)
+    sys.path[0:1] = [script_folder]  # what `python SCRIPT` puts first
     sys.argv = [args.script, *args.args]
     try:
         try:
             stage_label = resolve_hook(args.label) if args.label is not None else None
+            model_from = ModelFrom(args.model_from) if args.model_from else contextlib.nullcontext()
             audit = Audit(args.out, name, memray=args.memray, tracemalloc=args.tracemalloc,
-                          census=args.census, live_tensors=args.live_tensors,
+                          census=args.census or target is not None,
+                          live_tensors=args.live_tensors or target is not None,
                           cuda_history=args.cuda_history, torch_profiler=args.torch_profiler,
                           stage_targets=args.stages, command=shlex.join(args.command_line),
                           on_stage_end=lambda entry: _progress(console, entry),
                           stage_label=stage_label)
         except ValueError as error:
             raise UsageError(str(error)) from None
-        with _one_line_warnings(console):
+        with _one_line_warnings(console), model_from:  # patched before the stages wrap it
             status = _run_script(audit, script)
     finally:
         sys.path[:], sys.argv = saved_path, saved_argv
@@ -96,7 +117,66 @@ def main(args) -> int:
         _summary(console, audit)
     except (OSError, ValueError):  # the script closed stderr: nowhere left to print
         pass
+    if target is not None:
+        program = Program(script=str(script.resolve()), args=list(args.args), cwd=os.getcwd(),
+                          path=[script_folder])
+        _project(console, audit, status, plan_for(audit.record or {}, program, args.model_from,
+                                                  target, args.stages, args.label))
     return status
+
+
+def _target_model(args):
+    """The projection's target (None without --target); UsageError for options that cannot be."""
+    from auditor.model_from import TargetModel
+    overrides = size_overrides(args, "target-")
+    if args.target is None:
+        if overrides or args.target_dtype:
+            raise UsageError("--target-* options need --target ARCH, the model to project to")
+        return None
+    if not args.model_from:
+        raise UsageError("--target needs --model-from MODULE:FUNCTION, the script's function that "
+                         "builds its model (the projection gives the target's model there)")
+    import architectures
+    try:
+        architectures.config_fields(args.target, **overrides)
+    except architectures.UnknownArchitecture as error:
+        raise UsageError(f"--target: {error}") from None
+    return TargetModel(args.target, overrides, args.target_dtype)
+
+
+def _project(console, audit, status: int, plan) -> None:
+    """The traced projection after the real run; a failure is a warning, never the exit status."""
+    from auditor.jobs.script_projection import project_program
+    from auditor.record import write_derived
+    what = f"projection to {plan.target.describe()}"
+    if audit.record is None or status != 0:
+        console.print(f"auditor: {what} skipped: the script did not finish (exit status {status})",
+                      markup=False)
+        return
+    console.print(f"auditor: {what}: tracing the script on fake tensors", markup=False)
+    folder = audit.folder / f"target-{_slug(plan.target.describe())}"
+    try:
+        projection = project_program(audit.record, plan, folder)
+        write_derived(audit.folder, "projections", [projection])
+    except (RuntimeError, OSError, ValueError) as error:
+        console.print(f"auditor: warning: {what} failed: {error}", markup=False, soft_wrap=True)
+        return
+    _projection_summary(console, audit, projection)
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "-" for c in text).strip("-")
+
+
+def _projection_summary(console, audit, projection: dict) -> None:
+    peak = projection["peak"]
+    console.print(f"traced projection to {projection['target']}: peak live tensors "
+                  f"{mib(projection['live_tensor_peak'])}, peak RSS {mib(peak['rss'])} in stage "
+                  f"{peak['stage']}" + (f" ({projection['incomplete']}; later stages not projected)"
+                                         if projection.get("incomplete") else ""),
+                  markup=False, soft_wrap=True)
+    console.print(f"per stage and component: auditor report {audit.folder}", markup=False,
+                  soft_wrap=True)
 
 
 def _run_script(audit, script: Path) -> int:

@@ -14,6 +14,8 @@ ended); 2 bad input, or the target would not fit; 130 Ctrl-C.
 """
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -26,7 +28,10 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("validate-projection", help="check the projections against a real held-out run",
                               description=__doc__.split("\n\n")[0],
                               epilog=examples("auditor validate-projection --arch tinystories-33m --layers 1 "
-                                              "--target tinystories-33m --target-layers 8"))
+                                              "--target tinystories-33m --target-layers 8",
+                                              "auditor validate-projection --model-from pruning.tiny_llama:build_llama "
+                                              "--stage pruning.hessian:HessianStat.add_batch --target llama-2-7b "
+                                              "--target-layers 2 --target-hidden 512 examples/prune_tiny_llama.py"))
     p.add_argument("--arch", default="tinystories-33m", help="architecture audited at the small scale")
     add_size_arguments(p, scale="small scale: ")
     p.add_argument("--target", default="tinystories-33m", metavar="ARCH", help="held-out architecture")
@@ -39,25 +44,47 @@ def register(subparsers) -> None:
                    help="kept free below the available memory (default 1GiB)")
     p.add_argument("--run-dir", help="folder for every run (default: a new folder under runs/)")
     p.add_argument("-o", "--output", help="markdown report (default: validation.md in the run folder)")
+    program = p.add_argument_group(
+        "a program of your own instead of GradProbe (SCRIPT runs unmodified; its model is swapped)")
+    program.add_argument("--model-from", metavar="MODULE:FUNCTION",
+                         help="the script's function that builds its model; the held-out runs get "
+                              "the --target model there")
+    program.add_argument("--stage", metavar="TARGET", action="append", default=[], dest="stages",
+                         help="stage every call of module:function or module:Class.method (repeatable)")
+    program.add_argument("script", nargs="?", metavar="SCRIPT", help="the program's Python script")
+    program.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's own arguments")
     p.set_defaults(handler=main)
 
 
 def main(args) -> int:
     from auditor.cli.run_dir import check_new_run_dir
     check_new_run_dir(args.run_dir)  # small/, target/, calibration/ must not exist yet
+    program = _checked_program(args)
     small, target, target_overrides, output = _checked(args)
     from auditor.jobs.projection_validation import NotEnoughMemory, validate
     from auditor.audit import new_run_folder
     from auditor.renderers.validation_markdown import render
 
-    folder = Path(args.run_dir) if args.run_dir else new_run_folder(f"validate-{args.arch}-to-{target}")
+    name = Path(args.script).stem if program else args.arch
+    folder = Path(args.run_dir) if args.run_dir else new_run_folder(f"validate-{name}-to-{Path(target).name}")
     output = output or folder / "validation.md"
     console = _console()
+    available = _size(args.available, "--available") if args.available else None
+
+    def progress(text: str) -> None:
+        console.print(f"[dim]auditor:[/] {text}", highlight=False)
     try:
-        result = validate(small, target, target_overrides, folder, threads=args.threads,
-                          available=_size(args.available, "--available") if args.available else None,
-                          margin=_size(args.margin, "--margin"),
-                          progress=lambda text: console.print(f"[dim]auditor:[/] {text}", highlight=False))
+        if program is not None:
+            from auditor.jobs.program_validation import validate_program
+            from auditor.model_from import TargetModel
+            result = validate_program(program, args.model_from, TargetModel(target, target_overrides),
+                                      args.stages, folder, threads=args.threads or 1,
+                                      available=available, margin=_size(args.margin, "--margin"),
+                                      progress=progress)
+        else:
+            result = validate(small, target, target_overrides, folder, threads=args.threads,
+                              available=available, margin=_size(args.margin, "--margin"),
+                              progress=progress)
     except NotEnoughMemory as error:
         raise UsageError(str(error)) from None
     except KeyboardInterrupt:
@@ -70,6 +97,34 @@ def main(args) -> int:
     output.write_text(render(result, args.command_line))
     _print(result, output)
     return 0 if all(t["met"] for t in result["targets"]) else 1
+
+
+def _checked_program(args):
+    """The program to validate (None: GradProbe), its script and --model-from checked."""
+    if args.script is None and not args.model_from:
+        if args.stages:
+            raise UsageError("--stage applies to a program of your own: give --model-from and SCRIPT")
+        return None
+    if args.script is None or not args.model_from:
+        raise UsageError("a program of your own needs both --model-from MODULE:FUNCTION and SCRIPT")
+    script = Path(args.script)
+    if not script.is_file():
+        raise UsageError(f"script {args.script!r} {'is not a file' if script.exists() else 'does not exist'}")
+    from auditor.jobs.script_projection import Program
+    from auditor.model_from import check
+    from auditor.targets import resolve
+    folder = str(script.resolve().parent)
+    saved = list(sys.path)
+    sys.path.insert(0, folder)  # as the script will import them
+    try:
+        check(args.model_from)
+        for stage in args.stages:
+            resolve(stage)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    finally:
+        sys.path[:] = saved
+    return Program(script=str(script.resolve()), args=list(args.args), cwd=os.getcwd(), path=[folder])
 
 
 def _checked(args):

@@ -14,6 +14,11 @@ from auditor.renderers import markdown_text as md
 METHODS = ("scaled", "traced")
 
 
+def _methods(result: dict) -> tuple[str, ...]:
+    """The projections the result has (a program of the user's is projected by tracing alone)."""
+    return tuple(m for m in METHODS if m in result["peak"])
+
+
 def _error(projected, real) -> str:
     if projected is None or not real:
         return "-"
@@ -27,25 +32,26 @@ def tables(result: dict) -> dict[str, tuple[list[str], list[list[str]]]]:
                  f"{t['error']:+.2%}" if t["error"] is not None else "-",
                  "yes" if t["met"] else "NO"] for t in result["targets"]])
     peak = result["peak"]
-    peaks = (["peak", "real", "scaled", "error", "traced", "error"],
+    methods = _methods(result)
+    pairs = sum(([m, "error"] for m in methods), [])
+    peaks = (["peak", "real", *pairs],
              [[what, units.size(peak["real"][key])]
-              + sum(([units.size(peak[m][key]), _error(peak[m][key], peak["real"][key])] for m in METHODS), [])
+              + sum(([units.size(peak[m][key]), _error(peak[m][key], peak["real"][key])] for m in methods), [])
               for what, key in (("live tensors", "live_tensors"), ("RSS", "rss"))])
     stages: tuple[list[str], list[list[str]]] = (
-        ["stage", "real tensors", "scaled", "error", "traced", "error",
-         "real RSS", "scaled", "error", "traced", "error"], [])
+        ["stage", "real tensors", *pairs, "real RSS", *pairs], [])
     for s in result["stages"]:
         row = [s["path"]]
         for key in ("tensor_peak", "rss_peak"):
             real = s["real"][key]
             row.append(units.size(real))
-            for m in METHODS:
+            for m in methods:
                 value = (s[m] or {}).get(key)
                 row += [units.size(value), _error(value, real)]
         stages[1].append(row)
-    components = (["component", "category", "real", "scaled", "error", "traced", "error"],
+    components = (["component", "category", "real", *pairs],
                   [[c["name"], c["category"], units.size(c["real"])]
-                   + sum(([units.size(c[m]), _error(c[m], c["real"])] for m in METHODS), [])
+                   + sum(([units.size(c[m]), _error(c[m], c["real"])] for m in methods), [])
                    for c in result["components"]])
     return {"targets": targets, "peaks": peaks, "stages": stages, "components": components}
 
@@ -58,10 +64,7 @@ def render(result: dict, command: list[str] | None = None) -> str:
     out += [f"Audited for real at **{small['label']}** ({small['parameters']:,} parameters), "
             f"projected to **{target['label']}** ({target['parameters']:,} parameters, a "
             f"**{result['scale_up']:.1f}x** scale-up in parameters), which then ran for real, "
-            f"held out. GradProbe variant `{small['settings']['variant']}`, strategy "
-            f"`{small['settings']['strategy']}`, sequence {small['settings']['sequence_length']}, "
-            f"batch {small['settings']['batch_size']}, {small['settings']['batches']} batches, "
-            f"sparsity {small['settings']['sparsity']}.", ""]
+            f"held out. {_what_ran(small)}", ""]
     low, high = result.get("scale_up_range", (4, 20))
     if not low <= result["scale_up"] <= high:
         out += [f"Note: the targets are stated for a {low:g}x to {high:g}x scale-up; this one is "
@@ -78,12 +81,28 @@ def render(result: dict, command: list[str] | None = None) -> str:
     out += ["## Stages", "", "Peak inside each stage, real against projected.", "", _table(*made["stages"]), ""]
     out += [f"## Components at the end of `{result['components_stage']}` (the real run's peak stage)", "",
             _table(*made["components"]), ""]
-    out += ["## What the scaled projection fitted", ""] + _fit(result) + [""]
+    if "scaled" in result["projections"]:
+        out += ["## What the scaled projection fitted", ""] + _fit(result) + [""]
     out += ["## Runs", "", f"- small (real): `{small['run']}`", f"- held-out target (real): `{target['run']}`",
             f"- every run of this validation: `{result['folder']}`",
             f"- memory available when checked: {units.size(result['available'])} "
             f"(margin {units.size(result['margin'])})"]
     return "\n".join(out).rstrip() + "\n"
+
+
+def _what_ran(small: dict) -> str:
+    if "program" in small:  # a program of the user's, its model swapped at --model-from
+        program = small["program"]
+        ran = shlex.join([program["script"].rsplit("/", 1)[-1], *program["args"]]) if program.get("script") \
+            else f"{program['function']}()"
+        return (f"Program `{ran}`, unmodified; its model built by `{small['model_from']}` (replaced "
+                "by the target's in the held-out runs); stages: "
+                + (", ".join(f"`{t}`" for t in small["stages"]) or "none") + ". No scaled projection: "
+                "its drivers are fitted for GradProbe's state, so a program is projected by tracing.")
+    settings = small["settings"]
+    return (f"GradProbe variant `{settings['variant']}`, strategy `{settings['strategy']}`, sequence "
+            f"{settings['sequence_length']}, batch {settings['batch_size']}, {settings['batches']} "
+            f"batches, sparsity {settings['sparsity']}.")
 
 
 def _fit(result: dict) -> list[str]:

@@ -1,0 +1,143 @@
+"""The audited run and each of its projections side by side: per stage, repeated calls folded
+(`HessianStat.add_batch` x 112 audited, x 1,792 at the target), and per component, instances
+folded (`HessianStat.H`: 14 audited, 224 at the target).
+
+    for side in side_by_side(record):
+        side.label, side.stages, side.components, side.notes
+
+A stage's figures are the highest over its calls (live-tensor peak, RSS peak); a component's
+are the most its instances held together at one stage end, as in the report's components
+over the run. Stages and components the target has and the audited run lacks (a loop that
+runs once per layer has more calls) are listed too.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from auditor.analysis.component_history import fold_component
+
+_CALL_NUMBER = re.compile(r"#\d+(?=/|$)")
+
+
+@dataclass
+class StageSide:
+    name: str            # the stage path, call numbers dropped
+    depth: int
+    audited_calls: int = 0
+    target_calls: int = 0
+    audited_tensor_peak: int | None = None
+    target_tensor_peak: int | None = None
+    audited_rss_peak: int | None = None
+    target_rss_peak: int | None = None
+
+
+@dataclass
+class ComponentSide:
+    name: str
+    category: str
+    audited: int = 0          # most alive at once at one stage end
+    target: int | None = None
+    audited_instances: int = 0
+    target_instances: int = 0
+
+
+@dataclass
+class SideBySide:
+    method: str
+    target: str
+    stages: list[StageSide] = field(default_factory=list)
+    components: list[ComponentSide] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the figures rest on
+
+    @property
+    def label(self) -> str:
+        return f"{self.method}: {self.target}"
+
+
+def folded_path(path: str) -> str:
+    return _CALL_NUMBER.sub("", path)
+
+
+def side_by_side(record: dict) -> list[SideBySide]:
+    """One per projection of the record that has per-stage figures."""
+    return [_side(record, item) for item in record.get("projections") or []
+            if isinstance(item, dict) and isinstance(item.get("stages"), list)]
+
+
+def _side(record: dict, projection: dict) -> SideBySide:
+    side = SideBySide(method=str(projection.get("method", "scaled")),
+                      target=str(projection.get("target", "?")), notes=_notes(projection))
+    side.stages = _stages(record, projection)
+    side.components = _components(record, projection)
+    return side
+
+
+def _notes(projection: dict) -> list[str]:
+    notes = []
+    if projection.get("incomplete"):
+        notes.append(f"{projection['incomplete']}: the stages after it are not projected")
+    if projection.get("not_projected"):
+        notes.append(str(projection["not_projected"]))
+    dependent = projection.get("data_dependent_ops") or {}
+    if dependent and not projection.get("estimates"):
+        ops = ", ".join(f"{op} x {n:,}" for op, n in dependent.items())
+        notes.append(f"value-dependent sizes ({ops}) were traced as empty: the figures are a "
+                     "lower bound")
+    return notes
+
+
+def _stages(record: dict, projection: dict) -> list[StageSide]:
+    rows: dict[str, StageSide] = {}
+    for stage in record.get("stages") or []:
+        if stage.get("status") == "open":
+            continue
+        row = _row(rows, stage["path"])
+        row.audited_calls += 1
+        row.audited_tensor_peak = _most(row.audited_tensor_peak,
+                                        (stage.get("live_tensors") or {}).get("peak"))
+        row.audited_rss_peak = _most(row.audited_rss_peak, (stage.get("rss") or {}).get("peak"))
+    for stage in projection["stages"]:
+        row = _row(rows, stage["path"])
+        row.target_calls += 1
+        row.target_tensor_peak = _most(row.target_tensor_peak, stage.get("tensor_peak"))
+        row.target_rss_peak = _most(row.target_rss_peak, stage.get("rss_peak"))
+    return list(rows.values())
+
+
+def _row(rows: dict[str, StageSide], path: str) -> StageSide:
+    name = folded_path(path)
+    if name not in rows:
+        rows[name] = StageSide(name=name, depth=name.count("/"))
+    return rows[name]
+
+
+def _most(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def _components(record: dict, projection: dict) -> list[ComponentSide]:
+    found: dict[str, ComponentSide] = {}
+    for stage in record.get("stages") or []:
+        _fold_stage_end(found, stage.get("components") or {}, "audited", lambda c: c.get("bytes") or 0)
+    for stage in projection["stages"]:
+        _fold_stage_end(found, stage.get("components") or {}, "target",
+                        lambda c: c.get("projected") or 0)
+    return sorted(found.values(), key=lambda c: -max(c.target or 0, c.audited))
+
+
+def _fold_stage_end(found: dict[str, ComponentSide], components: dict, side: str, size) -> None:
+    totals: dict[str, tuple[int, int]] = {}
+    for name, item in components.items():
+        folded = fold_component(name)
+        if folded not in found:
+            found[folded] = ComponentSide(folded, str(item.get("category", "other")))
+        total, count = totals.get(folded, (0, 0))
+        totals[folded] = (total + size(item), count + 1)
+    for folded, (total, count) in totals.items():
+        item = found[folded]
+        if side == "audited":
+            item.audited, item.audited_instances = max(item.audited, total), max(item.audited_instances, count)
+        else:
+            item.target = max(item.target or 0, total)
+            item.target_instances = max(item.target_instances, count)

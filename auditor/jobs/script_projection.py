@@ -1,0 +1,154 @@
+"""A program's traced projection: the audited program run again, unmodified, in a fresh process,
+on fake tensors, with the target's model where it builds its own (auditor.model_from).
+
+    plan = Plan(program=Program(script="prune.py", args=["--sparsity", "0.5"]),
+                model_from="lib:build_model", target=TargetModel("mistral-7b"),
+                stages=["lib:prune_layer"])
+    projection = project_program(record, plan, folder / "target-mistral-7b")
+
+The traced run has the real run's stage targets, so its stages pair with the real run's by
+path, and `auditor.analysis.traced_projection` makes the projection: tensors measured exactly
+at the target's shapes, the process beyond tensors taken from the real run. The program runs a
+second time: `AUDITOR_TRACED=1` is set in its environment, so a program that writes results
+can skip that (fake tensors have no values to write). A traced run that ends in an error still
+gives the stages it finished; the projection says which, and that the rest is not projected.
+"""
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from auditor.model_from import TargetModel
+
+TRACED_ENV = "AUDITOR_TRACED"
+
+
+@dataclass
+class Program:
+    """A script (`python SCRIPT ARGS` in `cwd`) or a function called with no arguments
+    (`module:function`, imported with `path` first on sys.path)."""
+    script: str | None = None
+    args: list[str] = field(default_factory=list)
+    function: str | None = None
+    cwd: str = "."
+    path: list[str] = field(default_factory=list)
+
+    def run(self) -> None:
+        if self.script is not None:
+            sys.argv = [self.script, *self.args]
+            try:
+                runpy.run_path(self.script, run_name="__main__")
+            except SystemExit as done:
+                if done.code not in (None, 0):
+                    raise
+            return
+        from auditor.targets import import_named
+        module, _, qualname = (self.function or "").partition(":")
+        function: object = import_named(module, "program")
+        for part in qualname.split("."):
+            function = getattr(function, part)
+        function()  # type: ignore[operator]
+
+
+@dataclass
+class Plan:
+    """One run of the program in a fresh process: traced (fake tensors) or real, with the
+    target's model in place of its own, or (no target) its own model, observed."""
+    program: Program
+    model_from: str
+    target: TargetModel | None
+    observed: list[dict] = field(default_factory=list)  # the real run's model_from calls
+    stages: list[str] = field(default_factory=list)
+    label: str | None = None
+    name: str = "program"
+    data_dependent_sizes: dict | None = None  # the real run's, for value-dependent sizes
+    traced: bool = True
+    threads: int = 1
+
+
+def plan_for(record: dict, program: Program, model_from: str, target: TargetModel,
+             stages: list[str], label: str | None = None) -> Plan:
+    """The traced run's plan from the real run's record (its model_from calls, its name)."""
+    observed = (record.get("model_from") or {}).get("calls") or []
+    return Plan(program=program, model_from=model_from, target=target, observed=observed,
+                stages=list(stages), label=label, name=f"{record.get('name', 'program')}-traced",
+                data_dependent_sizes=record.get("data_dependent_sizes"))
+
+
+def project_program(record: dict, plan: Plan, folder: Path, timeout_s: int = 3600) -> dict:
+    """The traced projection of the program to `plan.target`; RuntimeError (one line) when the
+    traced run finished no stage."""
+    from auditor.analysis.traced_projection import project_traced
+    if not plan.observed:
+        raise RuntimeError(f"--model-from {plan.model_from} was never called in the real run: "
+                           "nothing tells where the program builds its model")
+    other = next((c for c in plan.observed if c.get("returned") != "module"), None)
+    if other is not None:
+        raise RuntimeError(f"--model-from {plan.model_from} returned a {other.get('class', '?')} in "
+                           "the real run, not a torch.nn.Module: there is no model to replace")
+    if plan.target is None or not plan.traced:
+        raise ValueError("a projection needs a traced plan with a target model")
+    child = run_program(plan, folder, timeout_s)
+    traced = child.record
+    if traced is None or not child.stages:
+        raise RuntimeError(child.failure(f"traced run at {plan.target.describe()}"))
+    projection = project_traced(record, traced)
+    projection["target"] = plan.target.describe()
+    projection["model_from"] = plan.model_from
+    projection["run_folder"] = folder.name
+    if not child.ok:  # what it finished is projected; the rest is said to be missing
+        projection["incomplete"] = child.failure("the traced run")
+    return projection
+
+
+def run_program(plan: Plan, folder: Path, timeout_s: int = 3600):
+    """The plan's run in a fresh process (its RSS owes nothing to ours); the ChildRun, with
+    the run record it left (rebuilt from its events if it died)."""
+    from auditor.jobs.fresh_process import run_module
+    return run_module("auditor.jobs.script_projection", json.dumps(asdict(plan)), str(folder),
+                      run_folder=folder, timeout_s=timeout_s,
+                      env={TRACED_ENV: "1"} if plan.traced else None)
+
+
+def _from_json(data: dict) -> Plan:
+    target = TargetModel(**data["target"]) if data.get("target") else None
+    return Plan(**{**data, "program": Program(**data["program"]), "target": target})
+
+
+def _main(plan: Plan, folder: Path) -> None:
+    import torch
+
+    from auditor.audit import Audit
+    from auditor.call_labels import resolve_hook
+    from auditor.model_from import ModelFrom
+    torch.set_num_threads(plan.threads)
+    program = plan.program
+    folder = folder.resolve()  # the program may change folder
+    os.chdir(program.cwd)
+    sys.path[0:0] = program.path
+    label = resolve_hook(plan.label) if plan.label else None
+    target = plan.target
+    with ModelFrom(plan.model_from, target, plan.observed):  # before the stages wrap it
+        with Audit(folder, plan.name, census=True, live_tensors=True, traced=plan.traced,
+                   stage_targets=plan.stages, stage_label=label,
+                   command=shlex_join(program)) as audit:
+            if target is not None:
+                audit.annotate("workload", {"architecture": target.architecture,
+                                            "overrides": target.overrides, "dtype": target.dtype,
+                                            "model_from": plan.model_from})
+            program.run()
+
+
+def shlex_join(program: Program) -> str:
+    import shlex
+    if program.script is not None:
+        return shlex.join(["python", program.script, *program.args])
+    return f"{program.function}()"
+
+
+if __name__ == "__main__":  # python -m auditor.jobs.script_projection PLAN_JSON FOLDER
+    _main(_from_json(json.loads(sys.argv[1])), Path(sys.argv[2]))

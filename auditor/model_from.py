@@ -1,0 +1,145 @@
+"""The function that builds the audited program's model (`--model-from lib:get_llm`): observed
+in the real run, replaced by the target's model in the projection's run.
+
+This is how any program is projected without editing it. Research scripts build their model
+in a function of their own (`get_llm(name)`, `build_llama(layers, hidden)`, a `from_pretrained`
+wrapper). Named, that function is
+
+- observed in the real run: what each call returned (class, dtype, device, parameters, train
+  mode) becomes the record's `model_from`;
+- replaced in the target's run: each call returns `architectures.build_model(target)` in the
+  observed dtype, device and mode, and the original is never called (under a traced run the
+  weights are fake tensors: a 7B model costs nothing).
+
+Everything else runs unchanged: the program's calibration data, loops and state are the real
+run's, at the target's model shapes. The function is patched where it lives and in the
+modules that imported it by name (auditor.name_bindings), as stage targets are, so it must be
+named before the program imports it by name (the command line does this).
+
+    with ModelFrom("pruning.tiny_llama:build_llama") as seen:           # real run
+        main()
+    with ModelFrom("pruning.tiny_llama:build_llama", TargetModel("llama-2-7b"), seen.calls):
+        main()                                                          # under a traced Audit
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+from dataclasses import asdict, dataclass, field
+
+from auditor import name_bindings
+from auditor.stage import active_audit
+from auditor.targets import Target, resolve
+
+
+@dataclass(frozen=True)
+class TargetModel:
+    """The model a projection runs the program on: an architecture name or checkpoint folder,
+    size overrides (`layers`, `hidden`...), and a dtype (default: the one the program built)."""
+    architecture: str
+    overrides: dict = field(default_factory=dict)
+    dtype: str | None = None
+
+    def describe(self) -> str:
+        sizes = ", ".join(f"{k} {v}" for k, v in self.overrides.items())
+        return self.architecture + (f" ({sizes})" if sizes else "")
+
+
+def check(spec: str) -> Target:
+    """The named function, or ValueError with a one-line message about `--model-from`."""
+    try:
+        target = resolve(spec)
+    except ValueError as error:
+        raise ValueError(str(error).replace("stage target", "--model-from", 1)) from None
+    if isinstance(target.owner, type):
+        raise ValueError(f"--model-from {spec!r} is a method; name the module-level function "
+                         "that builds the model (module:function)")
+    return target
+
+
+class ModelFrom:
+    """Patches the model-building function for a `with` block: observing it (no `target`) or
+    replacing its calls by the target's model (`target`, with the real run's `observed` calls)."""
+
+    def __init__(self, spec: str, target: TargetModel | None = None,
+                 observed: list[dict] | None = None):
+        self.spec, self.target = spec, target
+        self._target = check(spec)
+        self.calls: list[dict] = []  # what each call returned (observed) or built (replaced)
+        self._observed = list(observed or [])
+        if target is not None and not self._observed:
+            raise ValueError(f"--model-from {spec!r} was never called in the real run: there is "
+                             "no model to replace")
+        self._saved: object = None
+        self._copies: list = []
+
+    def __enter__(self) -> "ModelFrom":
+        owner, name = self._target.owner, self._target.attribute
+        original = vars(owner)[name]
+        wrapper = self._replacing(original) if self.target else self._observing(original)
+        self._saved = original
+        setattr(owner, name, wrapper)
+        if isinstance(owner, types.ModuleType) and inspect.isfunction(original):
+            self._copies = name_bindings.rebind(original, wrapper, skip=vars(owner))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        name_bindings.restore(self._copies)
+        self._copies = []
+        setattr(self._target.owner, self._target.attribute, self._saved)
+
+    def _observing(self, original):
+        @functools.wraps(original)
+        def observed(*args, **kwargs):
+            model = original(*args, **kwargs)
+            self._note(describe_model(model))
+            return model
+        return observed
+
+    def _replacing(self, original):
+        @functools.wraps(original)
+        def replaced(*args, **kwargs):
+            seen = self._observed[min(len(self.calls), len(self._observed) - 1)]
+            if "class" not in seen or seen.get("returned") != "module":
+                raise TypeError(f"--model-from {self.spec} returned a {seen.get('class', '?')} in "
+                                "the real run, not a torch.nn.Module: it cannot be replaced by a model")
+            model = build(self.target, seen)
+            self._note({**describe_model(model), "replaces": seen})
+            return model
+        return replaced
+
+    def _note(self, call: dict) -> None:
+        self.calls.append(call)
+        audit = active_audit()
+        if audit is not None:  # the record says what the program ran on, call by call
+            audit.annotate("model_from", {"function": self.spec, "calls": self.calls,
+                                          **({"target": asdict(self.target)} if self.target else {})})
+
+
+def describe_model(model) -> dict:
+    """What a projection needs to build the same kind of model at another size."""
+    import torch
+    if not isinstance(model, torch.nn.Module):
+        return {"returned": "other", "class": type(model).__qualname__}
+    parameters = list(model.parameters())
+    first = parameters[0] if parameters else None
+    config = getattr(model, "config", None)
+    return {"returned": "module", "class": type(model).__qualname__,
+            "dtype": str(first.dtype).removeprefix("torch.") if first is not None else "float32",
+            "device": str(first.device) if first is not None else "cpu",
+            "training": model.training,
+            "parameters": sum(p.numel() for p in parameters),
+            "model_type": getattr(config, "model_type", None)}
+
+
+def build(target: TargetModel, seen: dict):
+    """The target's model, as the program's own was: dtype, device, train or eval mode."""
+    import torch
+
+    import architectures
+    dtype = getattr(torch, target.dtype or seen.get("dtype") or "float32")
+    device = "cpu" if str(seen.get("device", "cpu")).startswith("meta") else seen.get("device", "cpu")
+    model = architectures.build_model(target.architecture, dtype=dtype, device=device,
+                                      **target.overrides)
+    return model.train(bool(seen.get("training", False)))
