@@ -1,16 +1,26 @@
 """Traced runs: real code on shapes only, so a 7B model's memory is measured on a small machine.
 
-    with traced() as trace:
+    with traced(observed_sizes=real_record["data_dependent_sizes"]) as trace:
         model = build_model("mistral-7b")          # fake tensors: nothing is allocated
         prune(model)
-    trace.data_dependent                           # outputs whose size depended on values
+    trace.estimates.entries()                      # each data-dependent site: ratio, source
 
 Inside, every tensor is a `FakeTensor` (torch's FakeTensorMode): operators compute output
 shapes and dtypes without touching memory. Code that reads a value back (`.item()`, `int(t)`,
 a comparison in Python) gets 0 / 0.0 / False, so value-driven control flow takes one fixed
-path. Operators whose output *size* depends on values (boolean indexing, `nonzero`,
-`masked_select`) return empty results: their bytes are a lower bound, and each is counted
-in `data_dependent` so a report can say so.
+path; a count (`count_nonzero`, a bool tensor's `sum`) reads back its estimate instead.
+
+Operators whose output *size* depends on values (boolean indexing, `nonzero`,
+`masked_select`, `bincount`) are sized by `auditor.data_dependent.SizeEstimates`: the real
+run's ratio at the same call site, else a fraction the program declared, else empty (the
+site is then listed as unknown). Every such call is also counted in `data_dependent`.
+
+Estimated sizes can disagree with sizes the program computed another way (a slice bounded by
+a cumulative sum of counts, whose values a fake tensor does not have). Outputs of estimated
+sizes are marked (and what is made from them at another size, as their storages'); when an
+operator fails on mismatched shapes and one of its inputs is marked, it is run again with
+the marked inputs resized to the unmarked ones', and the site's `conflicts` counts it. The
+program's own arithmetic wins; the record says where that happened.
 """
 from __future__ import annotations
 
@@ -21,6 +31,12 @@ import torch
 from torch._subclasses import FakeTensorMode
 from torch._subclasses.fake_tensor import DynamicOutputShapeException
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.weak import WeakIdKeyDictionary
+
+from auditor.allocation_sites import caller_site
+from auditor.data_dependent import (COUNTING, NO_SITE, SizeEstimates, counts_elements, op_name,
+                                    selection)
 
 aten = torch.ops.aten
 
@@ -28,42 +44,111 @@ aten = torch.ops.aten
 class ValueFreeMode(TorchDispatchMode):
     """Answers the questions a fake tensor cannot: its values and value-dependent sizes."""
 
-    def __init__(self) -> None:
+    def __init__(self, estimates: SizeEstimates | None = None) -> None:
         super().__init__()
         self.data_dependent: Counter = Counter()
+        self.estimates = estimates or SizeEstimates()
+        self._counts = WeakIdKeyDictionary()     # a count's fake scalar -> its estimate
+        self._estimated = WeakIdKeyDictionary()  # storages whose size rests on an estimate
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is aten._local_scalar_dense.default:
-            dtype = args[0].dtype
-            return False if dtype == torch.bool else (0.0 if dtype.is_floating_point else 0)
+            return self._value(args[0])
         if func is aten.bincount.default:  # its size is max(minlength, largest value + 1)
             self.data_dependent[str(func)] += 1
-            return torch.zeros(kwargs.get("minlength", args[2] if len(args) > 2 else 0),
-                               dtype=torch.int64)
+            minlength = kwargs.get("minlength", args[2] if len(args) > 2 else 0)
+            return torch.zeros(self.estimates.bins(func, args[0], minlength), dtype=torch.int64)
         try:
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
         except DynamicOutputShapeException:
             self.data_dependent[str(func)] += 1
-            return _empty_result(func, args)
+            return self._estimated_result(func, args)
+        except RuntimeError as error:
+            out = self._reconciled(func, args, kwargs, error)
+        if func in COUNTING and counts_elements(func, args) and out.dim() == 0:
+            self._counts[out] = self.estimates.count(func, args[0], args[0].numel())
+        elif self._estimated:
+            self._propagate(args, kwargs, out)
+        return out
 
+    def _value(self, scalar: torch.Tensor):
+        count = self._counts.get(scalar)
+        if count is not None:
+            return count
+        dtype = scalar.dtype
+        return False if dtype == torch.bool else (0.0 if dtype.is_floating_point else 0)
 
-def _empty_result(func, args) -> torch.Tensor:
-    source = args[0]
-    if func is aten.nonzero.default:
-        return torch.empty((0, source.dim()), dtype=torch.long)
-    if func is aten.index.Tensor:  # boolean masks consume as many dims as they have
-        consumed = sum(i.dim() if i is not None and i.dtype == torch.bool else 1 for i in args[1])
-        return torch.empty((0, *source.shape[consumed:]), dtype=source.dtype)
-    if func is aten.masked_select.default:
-        return torch.empty(0, dtype=source.dtype)
-    raise NotImplementedError(f"cannot trace {func}: its output size depends on tensor values")
+    def _estimated_result(self, func, args) -> torch.Tensor:
+        sized = selection(func, args, {})
+        if sized is None:
+            raise NotImplementedError(f"cannot trace {func}: its output size depends on tensor "
+                                      "values, in a form auditor.data_dependent does not estimate")
+        mask, numel, dim = sized
+        count = self.estimates.count(func, mask, numel)
+        source = args[0]
+        if func is aten.nonzero.default:
+            out = torch.empty((count, source.dim()), dtype=torch.long)
+        elif func is aten.masked_select.default:
+            out = torch.empty(count, dtype=source.dtype)
+        else:  # a boolean index consumes as many dims as it has
+            shape = (*source.shape[:dim], count, *source.shape[dim + mask.dim():])
+            out = torch.empty(shape, dtype=source.dtype)
+        if count:
+            self._mark(out)
+        return out
+
+    # -- marks, and estimates that disagree with the program -------------------------------
+
+    def _mark(self, tensor: torch.Tensor) -> None:
+        self._estimated[tensor.untyped_storage()] = True
+
+    def _is_marked(self, item) -> bool:
+        return isinstance(item, torch.Tensor) and item.untyped_storage() in self._estimated
+
+    def _propagate(self, args, kwargs, out) -> None:
+        """A new output of another size than every unmarked input, made from a marked one,
+        rests on the estimate too (in-place results and views keep their storage's mark)."""
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if not any(self._is_marked(t) for t in inputs):
+            return
+        shapes = {tuple(t.shape) for t in inputs if not self._is_marked(t)}
+        storages = {t.untyped_storage() for t in inputs}
+        for item in tree_flatten(out)[0]:
+            if (isinstance(item, torch.Tensor) and tuple(item.shape) not in shapes
+                    and item.untyped_storage() not in storages):
+                self._mark(item)
+
+    def _reconciled(self, func, args, kwargs, error: RuntimeError):
+        """Run `func` again with its marked inputs resized to an unmarked input's leading size;
+        `error` again when no input is marked or that does not help."""
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.dim()]
+        plain = [t for t in tensors if not self._is_marked(t)]
+        if func is aten.expand.default and self._is_marked(args[0]):  # to a size the program computed
+            self.estimates.conflict(caller_site() or NO_SITE, op_name(func))
+            return args[0].new_empty_strided(args[1], [0] * len(args[1]))  # a view's bytes: none new
+        if not plain or len(plain) == len(tensors):
+            raise error
+
+        def resized(item):
+            if not isinstance(item, torch.Tensor) or not item.dim() or not self._is_marked(item):
+                return item
+            like = next((t for t in plain if t.dim() == item.dim()), plain[0])
+            return item.new_empty((like.shape[0], *item.shape[1:]))
+        try:
+            out = func(*tree_map(resized, args), **tree_map(resized, kwargs))
+        except RuntimeError:
+            raise error from None
+        self.estimates.conflict(caller_site() or NO_SITE, op_name(func))
+        return out
 
 
 @contextlib.contextmanager
-def traced():
-    """Run the body on fake tensors; yields the ValueFreeMode (its `data_dependent` counts)."""
-    value_free = ValueFreeMode()
+def traced(observed_sizes: list[dict] | None = None, estimate_sizes: bool = True):
+    """Run the body on fake tensors; yields the ValueFreeMode (`data_dependent` counts,
+    `estimates`). `observed_sizes`: a real run's `data_dependent_sizes`; `estimate_sizes=False`
+    makes every data-dependent size empty (the lower bound)."""
+    value_free = ValueFreeMode(SizeEstimates(observed_sizes, estimate_sizes))
     with FakeTensorMode(allow_non_fake_inputs=True), value_free:
         yield value_free
 

@@ -1,0 +1,267 @@
+"""Data-dependent sizes: outputs whose size depends on tensor values, observed in a real run
+and estimated in a traced one.
+
+    with auditor.Audit(out="runs/small", record_sizes=True) as run:       # real, small model
+        prune(model)
+    sizes = run.record["data_dependent_sizes"]
+    with auditor.Audit(out="runs/7b", traced=True, observed_sizes=sizes):  # fake, 7B model
+        prune(build_7b())
+
+`nonzero`, `masked_select`, boolean indexing and `bincount` make outputs sized by values, and a
+count read back into Python (`int(torch.count_nonzero(mask))`, `mask.sum().item()`) sizes
+whatever the program allocates with it. Fake tensors have no values, so a traced run alone
+can only make these empty. The real run at the audited scale knows each size: per call site
+(the program's innermost frame, `auditor.allocation_sites`) and operator it records how many
+elements came out per element that went in (`SizeRecorder`), and the traced run sizes each
+output at the same site as that ratio times its own input (`SizeEstimates`).
+
+The ratio kept is the aggregate, total output over total input across the site's calls: it
+is what makes the traced run's total bytes right when the target makes the same kind of calls
+on more elements (the largest ratio would size every chunk of a mask as its densest one; the
+last is whichever chunk came last). The smallest and largest are kept beside it.
+
+Where no real run observed a site, a ratio the program declares is used instead:
+
+    with auditor.expect_fraction(0.1):      # about a tenth of the weights become candidates
+        candidates = weights[scores < threshold]
+
+(a no-op outside traced runs). Otherwise the output is empty and the site is listed as
+unknown: a traced record says which of its sizes rest on what, never silently.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from auditor.allocation_sites import caller_site
+
+aten = torch.ops.aten
+
+OBSERVED, DECLARED, UNKNOWN = "observed", "declared", "unknown"
+NO_SITE = "(no frame of the program)"
+# Operators whose output size depends on values, and the counts a program reads back.
+SIZED_BY_VALUES = (aten.nonzero.default, aten.masked_select.default, aten.index.Tensor,
+                   aten.bincount.default)
+COUNTING = (aten.count_nonzero.default, aten.sum.default)
+READ_BACK = aten._local_scalar_dense.default
+WATCHED = frozenset((*SIZED_BY_VALUES, *COUNTING, READ_BACK))
+
+_declared = threading.local()
+
+
+@contextlib.contextmanager
+def expect_fraction(fraction: float):
+    """Declare that value-dependent selections in the body keep about `fraction` of their
+    input; a traced run uses it where the real run observed nothing at that site."""
+    if not 0.0 <= float(fraction) <= 1.0:
+        raise ValueError(f"expect_fraction takes a fraction from 0 to 1, not {fraction!r}")
+    stack = _declared.__dict__.setdefault("stack", [])
+    stack.append(float(fraction))
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def declared_fraction() -> float | None:
+    stack = getattr(_declared, "stack", None)
+    return stack[-1] if stack else None
+
+
+def op_name(func) -> str:
+    return func._schema.name
+
+
+def selection(func, args, kwargs) -> tuple[torch.Tensor, int, int] | None:
+    """(the mask or input the size is taken from, its element count, the output dim sized by
+    it) for a value-sized call this module can estimate; None for any other form."""
+    if func is aten.index.Tensor:
+        indices = args[1]
+        given = [i for i in indices if i is not None]
+        if len(given) != 1 or given[0].dtype not in (torch.bool, torch.uint8):
+            return None
+        return given[0], given[0].numel(), _position(indices)
+    source = args[0]
+    if func is aten.masked_select.default:
+        return args[1], torch.broadcast_shapes(source.shape, args[1].shape).numel(), 0
+    return source, source.numel(), 0
+
+
+def _position(indices) -> int:
+    """How many leading dims are left whole (None) before the one boolean index."""
+    return next(i for i, index in enumerate(indices) if index is not None)
+
+
+def counts_elements(func, args) -> bool:
+    """A whole-tensor count a program may read back: count_nonzero, or sum over a bool tensor."""
+    return func is aten.count_nonzero.default or (args[0].dtype is torch.bool and len(args) == 1)
+
+
+class SiteSizes:
+    """One site's calls of one operator: elements in and out, summed; smallest and largest ratio."""
+    __slots__ = ("calls", "input_numel", "output_numel", "largest", "low", "high")
+
+    def __init__(self) -> None:
+        self.calls = self.input_numel = self.output_numel = self.largest = 0
+        self.low, self.high = math.inf, 0.0
+
+    def add(self, numel_in: int, numel_out: int) -> None:
+        self.calls += 1
+        self.input_numel += numel_in
+        self.output_numel += numel_out
+        self.largest = max(self.largest, numel_out)
+        if numel_in:
+            ratio = numel_out / numel_in
+            self.low, self.high = min(self.low, ratio), max(self.high, ratio)
+
+    def entry(self, site: str, op: str) -> dict:
+        ratio = self.output_numel / self.input_numel if self.input_numel else 0.0
+        return {"site": site, "op": op, "calls": self.calls, "input_numel": self.input_numel,
+                "output_numel": self.output_numel, "largest_output": self.largest, "ratio": ratio,
+                "min_ratio": self.low if self.calls and self.low != math.inf else None,
+                "max_ratio": self.high if self.calls else None}
+
+
+class SizeRecorder(TorchDispatchMode):
+    """A real run's data-dependent sizes, per (site, operator). Does work for `WATCHED` only:
+    one set lookup for every other operator."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sites: dict[tuple[str, str], SiteSizes] = {}
+        self._counts = WeakIdKeyDictionary()  # a count's scalar -> (site, op, elements counted)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in WATCHED:
+            self._note(func, args, out)
+        return out
+
+    def _note(self, func, args, out) -> None:
+        if func is READ_BACK:
+            counted = self._counts.get(args[0])
+            if counted is not None:
+                site, op, numel = counted
+                self._site(site, op).add(numel, int(out))
+        elif func in COUNTING:
+            if counts_elements(func, args) and out.dim() == 0:
+                self._counts[out] = (caller_site() or NO_SITE, op_name(func), args[0].numel())
+        else:
+            sized = selection(func, args, {})
+            if sized is not None:
+                _, numel, dim = sized
+                made = out.numel() if func is aten.bincount.default else out.shape[dim]
+                self._site(caller_site() or NO_SITE, op_name(func)).add(numel, made)
+
+    def _site(self, site: str, op: str) -> SiteSizes:
+        sizes = self.sites.get((site, op))
+        if sizes is None:
+            sizes = self.sites[site, op] = SiteSizes()
+        return sizes
+
+    def entries(self) -> list[dict]:
+        """The record's `data_dependent_sizes`, largest output first."""
+        found = [sizes.entry(site, op) for (site, op), sizes in self.sites.items()]
+        return sorted(found, key=lambda e: -e["output_numel"])
+
+
+class SizeEstimates:
+    """A traced run's sizing of data-dependent outputs: the real run's ratio at the same site,
+    else the declared fraction, else empty (unknown). `estimate=False`: every such size empty
+    (the lower bound a traced figure's estimated part is measured against).
+
+    One mask read twice gets one count (its tensor, or an equal view of its storage), so a count
+    read back and the selection it sizes agree, as they do in a real run."""
+
+    def __init__(self, observed: list[dict] | None = None, estimate: bool = True):
+        self.observed = {(e["site"], e["op"]): e for e in observed or ()}
+        self.estimate = estimate
+        self.sites: dict[tuple[str, str], dict] = {}
+        self._by_tensor = WeakIdKeyDictionary()   # mask -> count
+        self._by_storage = WeakIdKeyDictionary()  # mask's storage -> {(offset, shape, stride): count}
+
+    def count(self, func, mask: torch.Tensor, numel: int) -> int:
+        """Elements out of a value-sized call of `func` on `numel` elements (`mask` decides)."""
+        site, op = caller_site() or NO_SITE, op_name(func)
+        entry = self._entry(site, op)
+        known = self._remembered(mask)
+        if known is None:
+            ratio = entry["ratio"]
+            known = 0 if ratio is None else min(numel, max(0, round(ratio * numel)))
+            self._remember(mask, known)
+        return self._made(entry, numel, known)
+
+    def bins(self, func, values: torch.Tensor, minlength: int) -> int:
+        """bincount's length: it follows the largest value, not the input's size, so the
+        largest length the real run saw at the site (at least `minlength`)."""
+        entry = self._entry(caller_site() or NO_SITE, op_name(func))
+        seen = (self.observed.get((entry["site"], entry["op"])) or {}).get("largest_output", 0)
+        return self._made(entry, values.numel(), max(minlength, seen if self.estimate else 0))
+
+    @staticmethod
+    def _made(entry: dict, numel: int, made: int) -> int:
+        entry["calls"] += 1
+        entry["input_numel"] += numel
+        entry["output_numel"] += made
+        return made
+
+    def conflict(self, site: str, op: str) -> None:
+        """An estimated size met a size the program computed otherwise (see tracing)."""
+        key = (site, op)
+        self.sites.setdefault(key, {"site": site, "op": op, "calls": 0, "input_numel": 0,
+                                    "output_numel": 0, "ratio": None, "source": None, "conflicts": 0})
+        self.sites[key]["conflicts"] += 1
+
+    def _entry(self, site: str, op: str) -> dict:
+        entry = self.sites.get((site, op))
+        if entry is None or entry["source"] is None:
+            ratio, source = self._ratio(site, op)
+            base = {"site": site, "op": op, "calls": 0, "input_numel": 0, "output_numel": 0,
+                    "conflicts": 0} if entry is None else entry
+            base.update(ratio=ratio, source=source)
+            entry = self.sites[site, op] = base
+        return entry
+
+    def _ratio(self, site: str, op: str) -> tuple[float | None, str]:
+        if not self.estimate:
+            return None, UNKNOWN
+        if (site, op) in self.observed:
+            return self.observed[site, op]["ratio"], OBSERVED
+        declared = declared_fraction()
+        if declared is not None:
+            return declared, DECLARED
+        return None, UNKNOWN
+
+    def _remembered(self, mask: torch.Tensor) -> int | None:
+        known = self._by_tensor.get(mask)
+        if known is None:
+            views = self._views(mask)
+            known = views.get(_geometry(mask)) if views is not None else None
+        return known
+
+    def _remember(self, mask: torch.Tensor, count: int) -> None:
+        self._by_tensor[mask] = count
+        try:
+            storage = mask.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        self._by_storage.setdefault(storage, {})[_geometry(mask)] = count
+
+    def _views(self, mask: torch.Tensor) -> dict | None:
+        try:
+            return self._by_storage.get(mask.untyped_storage())
+        except (RuntimeError, NotImplementedError):
+            return None
+
+    def entries(self) -> list[dict]:
+        """Every data-dependent site the traced run met, with its ratio and where it came from."""
+        return sorted(self.sites.values(), key=lambda e: -e["output_numel"])
+
+
+def _geometry(t: torch.Tensor) -> tuple:
+    return t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype
