@@ -182,3 +182,27 @@ def test_bad_projection_options_are_one_line_and_exit_2(tmp_path, monkeypatch, c
     assert main(["run", "--run-dir", "out", *args]) == 2
     assert message in one_error_line(capsys)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_python_api_projects_a_function(program, tmp_path):
+    from auditor.jobs.script_projection import audit_and_project
+    script, module = program
+    (tmp_path / f"{module}_main.py").write_text(textwrap.dedent(f"""
+        import torch
+        from {module} import get_llm, prune
+
+        def main():
+            prune(get_llm(), [torch.randint(0, 256, (1, 16))])
+    """))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        record = audit_and_project(f"{module}_main:main", model_from=f"{module}:get_llm",
+                                   target=TARGET_MODEL, stages=[f"{module}:prune"], run_dir=tmp_path / "api")
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop(f"{module}_main", None)
+    (projection,) = record["projections"]
+    assert projection["target"] == TARGET_MODEL.describe()
+    assert projection["live_tensor_peak"] > 4 * architectures.count_parameters(
+        TARGET_MODEL.architecture, **TARGET_MODEL.overrides)
+    assert auditor.load(tmp_path / "api")["projections"] == [projection]

@@ -146,7 +146,7 @@ def _target_model(args):
 
 def _project(console, audit, status: int, plan) -> None:
     """The traced projection after the real run; a failure is a warning, never the exit status."""
-    from auditor.jobs.script_projection import project_program
+    from auditor.jobs.script_projection import project_program, traced_folder
     from auditor.record import write_derived
     what = f"projection to {plan.target.describe()}"
     if audit.record is None or status != 0:
@@ -154,7 +154,7 @@ def _project(console, audit, status: int, plan) -> None:
                       markup=False)
         return
     console.print(f"auditor: {what}: tracing the script on fake tensors", markup=False)
-    folder = audit.folder / f"target-{_slug(plan.target.describe())}"
+    folder = traced_folder(audit.folder, plan.target)
     try:
         projection = project_program(audit.record, plan, folder)
         write_derived(audit.folder, "projections", [projection])
@@ -162,10 +162,6 @@ def _project(console, audit, status: int, plan) -> None:
         console.print(f"auditor: warning: {what} failed: {error}", markup=False, soft_wrap=True)
         return
     _projection_summary(console, audit, projection)
-
-
-def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "-" for c in text).strip("-")
 
 
 def _projection_summary(console, audit, projection: dict) -> None:

@@ -105,6 +105,12 @@ def project_program(record: dict, plan: Plan, folder: Path, timeout_s: int = 360
     return projection
 
 
+def traced_folder(run_folder: Path, target: TargetModel) -> Path:
+    """Where a run's traced run at `target` goes: `RUN/target-llama-2-7b-layers-4`."""
+    slug = "".join(c if c.isalnum() or c in "._-" else "-" for c in target.describe())
+    return Path(run_folder) / ("target-" + "-".join(p for p in slug.split("-") if p))
+
+
 def run_program(plan: Plan, folder: Path, timeout_s: int = 3600):
     """The plan's run in a fresh process (its RSS owes nothing to ours); the ChildRun, with
     the run record it left (rebuilt from its events if it died)."""
@@ -152,3 +158,31 @@ def shlex_join(program: Program) -> str:
 
 if __name__ == "__main__":  # python -m auditor.jobs.script_projection PLAN_JSON FOLDER
     _main(_from_json(json.loads(sys.argv[1])), Path(sys.argv[2]))
+
+
+def audit_and_project(program, *, model_from: str, target: str | TargetModel, stages=(),
+                      run_dir: str | os.PathLike | None = None, name: str | None = None,
+                      **audit_options) -> dict:
+    """The Python API: audit `program()` here (census and live tensors on), then trace it at
+    `target` in a fresh process; returns the run record with its projection (also written
+    to RUN_DIR/projections.json, so `auditor report RUN_DIR` shows it).
+
+    `program`: a module-level function with no arguments, or "module:function"; the fresh
+    process imports it with this process's sys.path. RuntimeError (one line) when the traced
+    run fails; the real run's record is written before.
+    """
+    from auditor.audit import Audit
+    from auditor.model_from import ModelFrom
+    from auditor.record import write_derived
+    spec = program if isinstance(program, str) else f"{program.__module__}:{program.__qualname__}"
+    target = target if isinstance(target, TargetModel) else TargetModel(target)
+    call = Program(function=spec, cwd=os.getcwd(), path=[p for p in sys.path if p])
+    with ModelFrom(model_from):
+        with Audit(run_dir, name or spec.rpartition(":")[2], census=True, live_tensors=True,
+                   stage_targets=list(stages), **audit_options) as audit:
+            call.run()
+    record = audit.record
+    projection = project_program(record, plan_for(record, call, model_from, target, list(stages)),
+                                 traced_folder(audit.folder, target))
+    write_derived(audit.folder, "projections", [projection])
+    return {**record, "projections": [projection]}
