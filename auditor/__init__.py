@@ -10,8 +10,9 @@ events.jsonl and run.json) -> analysis -> renderers. Nothing here knows what is 
     record = auditor.load("runs/x")
 """
 from auditor.audit import Audit, AuditorWarning
+from auditor.expected_fraction import expect_fraction
 from auditor.record import RunRecordError, load, rebuild
 from auditor.stage import active_audit, mark, stage, track
 
-__all__ = ["Audit", "AuditorWarning", "RunRecordError", "active_audit", "load", "mark",
-           "rebuild", "stage", "track"]
+__all__ = ["Audit", "AuditorWarning", "RunRecordError", "active_audit", "expect_fraction", "load",
+           "mark", "rebuild", "stage", "track"]

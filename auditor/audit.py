@@ -104,14 +104,25 @@ class Audit:
                  memray: bool = False, tracemalloc: bool = False, census: bool = False,
                  cuda_history: bool = False, live_tensors: bool = False, traced: bool = False,
                  torch_profiler: bool = False, stage_targets=(), command: str | None = None,
-                 on_stage_end=None, stage_label=None):
+                 on_stage_end=None, stage_label=None, record_sizes: bool = False,
+                 observed_sizes: list | None = None, estimate_sizes: bool = True):
         """Validates everything (ValueError, one line) and creates nothing until entered.
 
         `stage_label(target_name, args, kwargs) -> str | None` names what each call of a staged
-        callable worked on (auditor.call_labels); None keeps the default label."""
+        callable worked on (auditor.call_labels); None keeps the default label.
+
+        Data-dependent sizes (auditor.data_dependent): `record_sizes` (a real run) records each
+        value-sized operator's output/input ratio per call site in the record's
+        `data_dependent_sizes`; a traced run sizes those outputs by `observed_sizes` (that field
+        of a real run's record), else by fractions the program declares, and `estimate_sizes=False`
+        makes them all empty (the lower bound its estimated bytes are measured against)."""
         if stage_label is not None and not callable(stage_label):
             raise ValueError(f"stage_label should be a function (target_name, args, kwargs) -> "
                              f"str | None, not a {type(stage_label).__name__}")
+        if observed_sizes is not None and not isinstance(observed_sizes, list):
+            raise ValueError("observed_sizes should be a real run's data_dependent_sizes (a list), "
+                             f"not a {type(observed_sizes).__name__}")
+        self._observed_sizes, self._estimate_sizes = observed_sizes, estimate_sizes
         self.stage_label = stage_label
         self.name = name or "audit"
         self._chosen_folder = out is None  # ours to name: claimed on entry, renamed on a clash
@@ -122,7 +133,8 @@ class Audit:
         # measured; the live-tensor meter and a census of fake storages come with it.
         self.options = dict(memray=memray, tracemalloc=tracemalloc, census=census,
                             cuda_history=cuda_history, live_tensors=live_tensors or traced,
-                            traced=traced, torch_profiler=torch_profiler)
+                            traced=traced, torch_profiler=torch_profiler,
+                            record_sizes=record_sizes and not traced)
         self.command = command if command is not None else shlex.join([sys.executable, *sys.argv])
         self.on_stage_end = on_stage_end
         self.record: dict | None = None
@@ -230,9 +242,15 @@ class Audit:
         probes["traced"] = {"state": "off"}
         if self.options["traced"]:  # before the meter: the meter must see fake tensors
             from auditor.tracing import traced
-            self._tracing = traced()
+            self._tracing = traced(self._observed_sizes, self._estimate_sizes)
             self._value_free = self._tracing.__enter__()
-            probes["traced"] = {"state": "on", "method": "FakeTensorMode, values read as 0"}
+            probes["traced"] = {"state": "on", "method": "FakeTensorMode, values read as 0, "
+                                "data-dependent sizes estimated (auditor.data_dependent)"}
+        self._sizes = None  # the real run's data-dependent sizes, before the meter (modes nest)
+        if self.options["record_sizes"]:
+            from auditor.data_dependent import SizeRecorder
+            self._sizes = SizeRecorder()
+            self._sizes.__enter__()
         probes["live_tensors"] = {"state": "off"}
         self._live = None  # the live-tensor meter, while it runs: its at_peak sets
         if self.options["live_tensors"]:
@@ -624,12 +642,17 @@ class Audit:
             self._emit({"event": "annotation", "key": key, "value": value}, durable=True)
 
     def _stop_tracing(self) -> None:
+        if getattr(self, "_sizes", None) is not None:
+            self._sizes.__exit__(None, None, None)
+            self._emit({"event": "annotation", "key": "data_dependent_sizes", "value": self._sizes.entries()})
+            self._sizes = None
         if getattr(self, "_tracing", None) is None:
             return
         self._tracing.__exit__(None, None, None)
         self._tracing = None
         self._emit({"event": "annotation", "key": "traced",
-                    "value": {"data_dependent_ops": dict(self._value_free.data_dependent)}})
+                    "value": {"data_dependent_ops": dict(self._value_free.data_dependent),
+                              "estimated_sizes": self._value_free.estimates.entries()}})
 
     def numbered(self, name: str) -> str:
         """`name` for the first call, then `name#2`, `name#3`... (staged targets)."""

@@ -30,15 +30,14 @@ unknown: a traced record says which of its sizes rest on what, never silently.
 """
 from __future__ import annotations
 
-import contextlib
 import math
-import threading
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from auditor.allocation_sites import caller_site
+from auditor.expected_fraction import declared_fraction, expect_fraction  # noqa: F401
 
 aten = torch.ops.aten
 
@@ -50,28 +49,6 @@ SIZED_BY_VALUES = (aten.nonzero.default, aten.masked_select.default, aten.index.
 COUNTING = (aten.count_nonzero.default, aten.sum.default)
 READ_BACK = aten._local_scalar_dense.default
 WATCHED = frozenset((*SIZED_BY_VALUES, *COUNTING, READ_BACK))
-
-_declared = threading.local()
-
-
-@contextlib.contextmanager
-def expect_fraction(fraction: float):
-    """Declare that value-dependent selections in the body keep about `fraction` of their
-    input; a traced run uses it where the real run observed nothing at that site."""
-    if not 0.0 <= float(fraction) <= 1.0:
-        raise ValueError(f"expect_fraction takes a fraction from 0 to 1, not {fraction!r}")
-    stack = _declared.__dict__.setdefault("stack", [])
-    stack.append(float(fraction))
-    try:
-        yield
-    finally:
-        stack.pop()
-
-
-def declared_fraction() -> float | None:
-    stack = getattr(_declared, "stack", None)
-    return stack[-1] if stack else None
-
 
 def op_name(func) -> str:
     return func._schema.name

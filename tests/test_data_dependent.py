@@ -13,7 +13,7 @@ import auditor
 from auditor.analysis.estimated_bytes import estimate_note, estimated_bytes
 from auditor.analysis.traced_projection import project_traced
 from auditor.audit import Audit
-from auditor.data_dependent import expect_fraction
+from auditor import expect_fraction
 
 WIDTH = 64
 
