@@ -290,7 +290,10 @@ UNCALIBRATED = ("uncalibrated: each quantity grown by an assumed driver (transie
 
 
 def scaled_caveat(item: dict) -> str | None:
-    """A scaled projection made without calibration runs says so (`fit.runs` empty)."""
+    """A projection of an algorithm that cannot be projected says why (`not_projected`); a scaled
+    projection made without calibration runs says so (`fit.runs` empty)."""
+    if item.get("not_projected"):
+        return str(item["not_projected"])
     fit = item.get("fit")
     if item.get("method", "scaled") != "scaled" or not isinstance(fit, dict):
         return None

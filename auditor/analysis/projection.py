@@ -62,6 +62,9 @@ def project(record: dict, target: str, target_dtype: str | None = None,
     `calibration`: traced run records of the same job at other small shapes (default: the
     record's own `calibration` field, if any); without them nothing is fitted.
     """
+    refused = refusal(record, "scaled", target)
+    if refused is not None:
+        return refused
     audited = audited_shape(record)
     batch = audited.batch
     tokens = target_tokens or audited.tokens
@@ -83,6 +86,16 @@ def project(record: dict, target: str, target_dtype: str | None = None,
         "live_tensor_peak": max((s["tensor_peak"] for s in stages), default=None),
         "fit": fit.summary(runs),
     }
+
+
+def refusal(record: dict, method: str, target: str) -> dict | None:
+    """For a run whose algorithm says it cannot be projected (the record's `not_projected`, a
+    sentence saying why), the projection that says so and holds no number; else None."""
+    why = record.get("not_projected")
+    if not why:
+        return None
+    return {"method": method, "target": target, "target_dtype": None, "not_projected": str(why),
+            "stages": [], "peak": None, "live_tensor_peak": None}
 
 
 def _dtype_factor(record: dict, target_dtype: str | None) -> float:

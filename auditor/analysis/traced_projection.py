@@ -11,6 +11,10 @@ from __future__ import annotations
 
 
 def project_traced(record: dict, traced_record: dict) -> dict:
+    from auditor.analysis.projection import refusal
+    refused = refusal(record, "traced", traced_record["workload"]["architecture"])
+    if refused is not None:  # an algorithm that cannot be traced: its traced run holds no work
+        return refused
     real = {s["path"]: s for s in record["stages"]}
     stages = [_stage(s, real.get(s["path"])) for s in traced_record["stages"]
               if s.get("status") != "open"]

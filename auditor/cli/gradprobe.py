@@ -204,7 +204,9 @@ def _print_summary(record: dict, output: Path, folder: Path) -> None:
     peak = record["peak"]
     print(f"peak RSS {size(peak['rss'])} in {peak['stage']}")
     for p in record.get("projections", []):
-        if p.get("peak"):
+        if p.get("not_projected"):
+            print(f"{p['method']:>6} projection to {p['target']}: none ({p['not_projected']})")
+        elif p.get("peak"):
             caveat = scaled_caveat(p)
             print(f"{p['method']:>6} projection to {p['target']}: peak RSS {size(p['peak']['rss'])}, "
                   f"live tensors {size(p['live_tensor_peak'])}" + (f" ({caveat})" if caveat else ""))

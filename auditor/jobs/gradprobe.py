@@ -2,7 +2,9 @@
 
 This is the only place in `auditor/` that knows GradProbe: which of its methods are phases
 (staged from outside, its source untouched), which of its attributes are which kind of
-memory, and what the algorithm's state needs at the least. Everything else is the generic
+memory (both read from each pruner class's own declarations, `phases` and `state_categories`,
+with the pruners it runs inside its `prune`, `inner_pruners`), and what the algorithm's state
+needs at the least. Everything else is the generic
 auditor: the same `Audit` runs the job for real on this machine and traced (fake tensors)
 for a 7B target in a subprocess.
 """
@@ -18,14 +20,6 @@ import torch
 import auditor
 from auditor.audit import Audit
 
-PHASES = ("save_state", "record_original_gradients", "select_candidates", "reduce_candidates",
-          "record_reduced_gradients", "decide", "apply_masks")
-# What the pruner's attributes are, in the report's words (the census walks them by name).
-PRUNER_CATEGORIES = {
-    "saved_state": "saved copies", "candidate_originals": "saved copies",
-    "gradients_original": "gradient records", "gradients_reduced": "gradient records",
-    "candidates": "masks", "masks": "masks",
-}
 
 
 # What each measured variant removes, in the census's component names: a finding whose
@@ -68,13 +62,54 @@ class Settings:
         return self.sequence_length * self.batch_size
 
 
-def stage_targets(variant: str) -> list[str]:
-    """The phases of the variant's pruner class, as `module:Class.method` targets."""
+def pruner_class(variant: str) -> type:
     from gradprobe.variants import VARIANTS
     factory = VARIANTS[variant]
-    cls = getattr(factory, "func", factory)  # presets are partials of the class
-    return [f"{cls.__module__}:{cls.__qualname__}.{phase}" for phase in PHASES
-            if callable(getattr(cls, phase, None))]
+    return getattr(factory, "func", factory)  # presets are partials of the class
+
+
+def phase_classes(variant: str) -> list[type]:
+    """The variant's pruner class, then the pruners it runs inside its `prune` (`inner_pruners`)."""
+    found, pending = [], [pruner_class(variant)]
+    while pending:
+        cls = pending.pop(0)
+        if cls not in found:
+            found.append(cls)
+            pending.extend(getattr(cls, "inner_pruners", ()))
+    return found
+
+
+def stage_targets(variant: str) -> list[str]:
+    """The declared phases (`phases`) of the variant's pruner classes, as `module:Class.method` targets."""
+    targets = []
+    for cls in phase_classes(variant):
+        for phase in getattr(cls, "phases", ()):
+            if not callable(getattr(cls, phase, None)):
+                raise ValueError(f"{cls.__qualname__} declares a phase {phase!r} it has no method for")
+            targets.append(f"{cls.__module__}:{cls.__qualname__}.{phase}")
+    return targets
+
+
+def pruner_categories(variant: str) -> dict[str, str]:
+    """What the pruner's attributes are, in the report's words (`state_categories`; the census
+    walks them by name)."""
+    return dict(getattr(pruner_class(variant), "state_categories", {}))
+
+
+def phase_label(variant: str):
+    """`Audit(stage_label=...)` from the pruner classes' own `phase_label`, if any declares one."""
+    labels = [cls.phase_label for cls in phase_classes(variant) if hasattr(cls, "phase_label")]
+    if not labels:
+        return None
+
+    def label(target: str, args: tuple, kwargs: dict) -> str | None:
+        return next((found for found in (f(target, args, kwargs) for f in labels) if found), None)
+    return label
+
+
+def not_projected(variant: str) -> str | None:
+    """Why the variant cannot be projected (its class's `not_projected`), or None."""
+    return getattr(pruner_class(variant), "not_projected", None)
 
 
 def run_workload(settings: Settings) -> dict:
@@ -90,7 +125,7 @@ def run_workload(settings: Settings) -> dict:
     batches = synthetic_batches(model.config.vocab_size, settings.sequence_length,
                                 settings.batch_size, settings.batches, seed=settings.seed)
     pruner = make_pruner(settings.variant, model, settings.strategy)
-    auditor.track("pruner", pruner, categories=PRUNER_CATEGORIES)
+    auditor.track("pruner", pruner, categories=pruner_categories(settings.variant))
     with auditor.stage("prune"):
         result = pruner.prune(batches, sparsity=settings.sparsity, num_batches=settings.batches,
                               reduction_factor=settings.reduction,
@@ -104,14 +139,20 @@ def audit(settings: Settings, out: Path, *, memray: bool = False, fake: bool = F
     """Audit one run of the job; returns the run record (also `out/run.json`)."""
     name = f"gradprobe-{settings.variant}-{settings.architecture}" + ("-traced" if fake else "")
     remedies = [] if fake else validated_remedies(settings)  # read before: in no stage's time
+    refused = not_projected(settings.variant)
+    untraceable = fake and refused is not None  # not run on fake tensors: nothing to stage
     with Audit(out=out, name=name, census=True, live_tensors=True, memray=memray, traced=fake,
-               stage_targets=stage_targets(settings.variant), on_stage_end=on_stage_end) as run:
+               stage_targets=[] if untraceable else stage_targets(settings.variant), on_stage_end=on_stage_end,
+               stage_label=phase_label(settings.variant)) as run:
         run.annotate("workload", workload(settings))
-        result = run_workload(settings)
-        run.annotate("result", result)
-        run.annotate("minimum", minimum(settings, result["prunable"]))
-        if remedies:
-            run.annotate("validated_remedies", remedies)
+        if refused:  # the projections read it and print it instead of numbers
+            run.annotate("not_projected", refused)
+        if not untraceable:
+            result = run_workload(settings)
+            run.annotate("result", result)
+            run.annotate("minimum", minimum(settings, result["prunable"]))
+            if remedies:
+                run.annotate("validated_remedies", remedies)
     return run.record
 
 

@@ -24,6 +24,18 @@ from .writing import save_model
 
 class StreamingOnModel:
     storage_dtype = torch.float32
+    # Its own phases; the folder pruner's (`inner_pruners`) run between them, inside `prune`.
+    phases = ("write_weights_folder", "apply_masks")
+    inner_pruners = (StreamingGradProbe,)
+    # Its structures: M_f read back, and the folder pruner's (kept on it as `streaming`).
+    state_categories = {"masks": "masks", **{f"streaming.{name}": category for name, category
+                                             in StreamingGradProbe.state_categories.items()}}
+    # Why it has no projection: fake tensors cannot go through the weights files streaming writes and
+    # reads, and this wrapper keeps the whole model in memory besides, which the folder API does not.
+    not_projected = ("streaming GradProbe is not projected: it writes and reads its weights as safetensors "
+                     "files, which fake tensors cannot pass through, and this on-model wrapper keeps the "
+                     "whole model in memory, which the folder API does not; its 7B figures are measured "
+                     "on a real 7B run instead (reports/gradprobe-streaming.md)")
 
     def __init__(self, model: torch.nn.Module, strategy: str = "magnitude", per_layer: bool = False):
         if per_layer:
@@ -31,6 +43,8 @@ class StreamingOnModel:
         if any(p.device.type != "cpu" for p in model.parameters()):
             raise ValueError("the streaming variant runs on CPU: build the model with --device cpu")
         self.model, self.strategy = model, strategy
+        self.streaming: StreamingGradProbe | None = None  # the folder pruner of the last run
+        self.masks: dict[str, torch.Tensor] = {}
 
     def prune(self, loader: Iterable, loss_fn: Callable | None = None, sparsity: float = 0.1,
               num_batches: int = 2, reduction_factor: float = 0.1, gradient_threshold: float = 2.0,
@@ -38,14 +52,23 @@ class StreamingOnModel:
         if storage_dtype != torch.float32:
             raise ValueError("the streaming variant keeps its gradient records in fp32; "
                              f"storage dtype {storage_dtype} is not supported")
+        self.streaming, self.masks = None, {}
         with tempfile.TemporaryDirectory(prefix="gradprobe-streaming-") as folder:
-            save_model(self.model, f"{folder}/weights")
-            result = StreamingGradProbe(f"{folder}/weights", self.strategy).prune(
-                loader, f"{folder}/pruned", loss_fn, sparsity, num_batches, reduction_factor,
-                gradient_threshold)
-            masks = dict(result.masks.items())  # each read from the masks file into memory
-        with torch.no_grad():
-            for name, p in self.model.named_parameters():  # the pruned weights: originals, zeros under M_f
-                p.masked_fill_(masks[name].to(p.device), 0)
-        return PruneResult(masks, result.sparsity, result.candidates, result.pruned, result.prunable,
+            self.streaming = self.write_weights_folder(f"{folder}/weights")
+            result = self.streaming.prune(loader, f"{folder}/pruned", loss_fn, sparsity, num_batches,
+                                          reduction_factor, gradient_threshold)
+            self.apply_masks(result.masks)
+        return PruneResult(self.masks, result.sparsity, result.candidates, result.pruned, result.prunable,
                            result.seconds)
+
+    def write_weights_folder(self, folder: str) -> StreamingGradProbe:
+        """The model written as a weights folder, and the folder pruner on it."""
+        save_model(self.model, folder)
+        return StreamingGradProbe(folder, self.strategy)
+
+    @torch.no_grad()
+    def apply_masks(self, stored) -> None:
+        """M_f read from the masks file into memory; the model's weights zeroed under it."""
+        self.masks = dict(stored.items())
+        for name, p in self.model.named_parameters():  # the pruned weights: originals, zeros under M_f
+            p.masked_fill_(self.masks[name].to(p.device), 0)

@@ -56,7 +56,7 @@ from .hidden_states import SpilledStack
 from .result import StreamingResult
 from .safetensors_files import SafetensorsWriter
 from .stages import LoadedStage, Stage, StagedModel
-from .streamed_weights import release_buffers
+from .streamed_weights import BLOCK_BUFFERS, release_buffers
 from .weights_folder import WeightsFolder
 from .writing import FolderWriter
 
@@ -78,6 +78,44 @@ class Moment:
 
 
 class StreamingGradProbe:
+    # Its phases, in the spec's words. The three passes run once each; inside them, a method called
+    # once per stage (embeddings, each decoder layer, head) is a phase called once per stage:
+    #   load_stage          a stage's weights read from the folder
+    #   find_candidates     its candidates found again from its stored weights and t
+    #   forward_embeddings, forward_layer           the forward, hidden states kept between layers
+    #   backward_head, backward_layer, backward_embeddings   recomputed and backpropagated; G read
+    #                       at the candidates (in the reduced pass every converted block is reduced
+    #                       first: the reduction is inside these, it has no phase of its own)
+    #   save_original_gradients   a stage's G0 to scratch (G0 pass)
+    #   decide, write_stage       each tensor's M_f, then the stage's pruned weights and masks (G1 pass)
+    phases = ("select_candidates", "record_original_gradients", "decide_and_write",
+              "load_stage", "find_candidates", "forward_embeddings", "forward_layer", "backward_head",
+              "backward_layer", "backward_embeddings", "save_original_gradients", "decide", "write_stage")
+    # What each structure it keeps is, by attribute. `candidates` comes before `loaded_stage` in
+    # __init__: the positions are masks, whoever else holds them.
+    state_categories = {
+        "candidates": "masks",                            # M_t of the stage in memory: flat positions
+        "records": "gradient records",                    # G0 or G1 at the candidates of tensors in flight
+        "loaded_stage": "weights",                        # the stage in memory (prunable weights as stored)
+        "model": "weights",                               # the last stage's weights, kept to load into
+        "hidden": "activations and temporaries",          # hidden states between layers: the top list
+                                                          # in memory, the rest spilled to scratch files
+        "block_buffers": "activations and temporaries",   # the reused fp32 blocks of a weight or gradient
+        "scales": "other", "counting": "other",           # WANDA's ||X_j||; the |w| histogram
+    }
+
+    @staticmethod
+    def phase_label(target: str, args: tuple, kwargs: dict) -> str | None:
+        """What a phase's call worked on: the stage's name ("layer 3"), or the tensor `decide` decides."""
+        if target == "StreamingGradProbe.decide" and len(args) > 1 and isinstance(args[1], str):
+            return args[1]
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, Stage):
+                return value.name
+            if isinstance(value, LoadedStage):
+                return value.stage.name
+        return None
+
     def __init__(self, weights: str, strategy: str = "magnitude",
                  progress: Callable[[Moment], None] | None = None):
         if strategy not in STRATEGIES:
@@ -91,11 +129,13 @@ class StreamingGradProbe:
         self.threshold: float | None = None
         self.scales: dict[str, torch.Tensor] = {}  # WANDA's ||X_j|| per tensor; none for magnitude
         self.reduction_factor: float | None = None  # set during the reduced pass only
+        self.candidates: dict[str, torch.Tensor] = {}  # the stage in memory's, by tensor: positions
         self.records: dict[str, CandidateGradients] = {}
         self.hidden: SpilledStack | None = None  # per layer boundary, per batch; on disk but the top
         self.counting: HalfMagnitudes | None = None  # t of half-precision weights, counted in the G0 pass
         self.batch = 0  # the batch being backpropagated: the gradient hooks read it
-        self._loaded = None  # the stage in memory, for `resident_bytes`
+        self.loaded_stage: LoadedStage | None = None  # the stage in memory
+        self.block_buffers = BLOCK_BUFFERS  # where its weights and gradients are converted a block at a time
         self.scratch: str | None = None
 
     def prune(self, loader: Iterable, out: str, loss_fn: Callable | None = None, sparsity: float = 0.1,
@@ -169,8 +209,13 @@ class StreamingGradProbe:
     def record_original_gradients(self, batches: list, loss_fn: Callable, scratch: ScratchRecords) -> None:
         """G0 at the candidates, stage by stage to scratch."""
         self.reduction_factor = None
-        self.gradient_pass(batches, loss_fn, lambda stage, records, loaded: scratch.save(
-            stage.file, {name: record.maximum for name, record in records.items()}))
+        self.gradient_pass(batches, loss_fn, lambda stage, records, loaded:
+                           self.save_original_gradients(scratch, stage, records))
+
+    def save_original_gradients(self, scratch: ScratchRecords, stage: Stage,
+                                records: dict[str, CandidateGradients]) -> None:
+        """A stage's G0, complete, to scratch until the reduced pass decides the stage."""
+        scratch.save(stage.file, {name: record.maximum for name, record in records.items()})
 
     def decide_and_write(self, batches: list, loss_fn: Callable, reduction_factor: float, tau: float,
                          scratch: ScratchRecords, out: str, masks_out: str) -> dict[str, int]:
@@ -189,12 +234,12 @@ class StreamingGradProbe:
                 """One bool per candidate of `name` (None: not prunable); its G1 record freed."""
                 if name not in records:
                     return None
-                chosen = is_pruned(torch.tensor(True), before[name](), records.pop(name).maximum, tau)
+                chosen = self.decide(name, before[name](), records.pop(name).maximum, tau)
                 counts["candidates"] += chosen.numel()
                 counts["pruned"] += int(torch.count_nonzero(chosen))
                 return chosen
 
-            self._write_stage(loaded, pruned, weights, masks)
+            self.write_stage(loaded, pruned, weights, masks)
             scratch.remove(stage.file)
 
         self.reduction_factor = reduction_factor
@@ -205,6 +250,10 @@ class StreamingGradProbe:
         masks.close()
         weights.finish()
         return counts
+
+    def decide(self, name: str, original: torch.Tensor, reduced: torch.Tensor, tau: float) -> torch.Tensor:
+        """M_f at tensor `name`'s candidates, from its G0 and G1 there: G1 <= G0 * (1 + tau)."""
+        return is_pruned(torch.tensor(True), original, reduced, tau)
 
     # -- one gradient pass, a stage at a time --------------------------------------------------
 
@@ -224,15 +273,22 @@ class StreamingGradProbe:
     @torch.no_grad()
     def forward(self, batches: list) -> list[dict]:
         """The hidden states between layers, kept in `self.hidden`; returns what each layer call needs."""
-        family = self.model.family
-        with self.resident(self.model.embeddings) as stage:
-            self.hidden.push([family.embed(stage.modules, x) for x, _ in batches])
-        layer_inputs = [family.layer_inputs(h) for h in self.hidden.top()]
+        self.forward_embeddings(batches)
+        layer_inputs = [self.model.family.layer_inputs(h) for h in self.hidden.top()]
         for layer in self.model.decoder_layers:
-            with self.resident(layer) as stage:
-                self.hidden.push([family.run_layer(stage.layer, h, inputs)
-                                  for h, inputs in zip(self.hidden.top(), layer_inputs)])
+            self.forward_layer(layer, layer_inputs)
         return layer_inputs
+
+    @torch.no_grad()
+    def forward_embeddings(self, batches: list) -> None:
+        with self.resident(self.model.embeddings) as stage:
+            self.hidden.push([self.model.family.embed(stage.modules, x) for x, _ in batches])
+
+    @torch.no_grad()
+    def forward_layer(self, layer: Stage, layer_inputs: list[dict]) -> None:
+        with self.resident(layer) as stage:
+            self.hidden.push([self.model.family.run_layer(stage.layer, h, inputs)
+                              for h, inputs in zip(self.hidden.top(), layer_inputs)])
 
     def backward_head(self, batches: list, loss_fn: Callable) -> list[torch.Tensor]:
         from transformers.modeling_outputs import CausalLMOutputWithPast
@@ -263,11 +319,9 @@ class StreamingGradProbe:
     @contextmanager
     def resident(self, stage: Stage, backward: bool = False):
         """The stage loaded (reduced in the reduced pass), hooked if backward; finished, then dropped."""
-        loaded = self._loaded = self.model.load(stage, self.prunable)
-        self.model.prefetch(self.model.following(stage, backward))  # read from disk while this computes
+        loaded = self.load_stage(stage, backward)
         try:
-            self._count(loaded)
-            self._prepare(loaded, backward)  # (a loop here would keep its last tensor alive)
+            self.find_candidates(loaded, backward)  # (a loop here would keep its last tensor alive)
             release_free_memory()  # what finding the candidates left in the heap
             self.progress(Moment("loaded", stage.name))
             yield loaded
@@ -277,12 +331,24 @@ class StreamingGradProbe:
                 self.stage_done(stage, done, loaded)
                 del done
         finally:
+            self.candidates = {}
             loaded.release()
             release_buffers()
-            self._loaded = None
+            self.loaded_stage = None
             release_free_memory()
         if backward:
             self.progress(Moment("done", stage.name))
+
+    def load_stage(self, stage: Stage, backward: bool) -> LoadedStage:
+        """The stage's weights read from the folder; the next stage's asked of the kernel meanwhile."""
+        loaded = self.loaded_stage = self.model.load(stage, self.prunable)
+        self.model.prefetch(self.model.following(stage, backward))  # read from disk while this computes
+        return loaded
+
+    def find_candidates(self, loaded: LoadedStage, backward: bool) -> None:
+        """t, where it is counted as the stages load; then the stage's candidates, found again."""
+        self._count(loaded)
+        self._prepare(loaded, backward)
 
     def _count(self, loaded: LoadedStage) -> None:
         """In the G0 pass on half-precision weights: count |w|, and fix t once every tensor is counted."""
@@ -303,6 +369,7 @@ class StreamingGradProbe:
                 weight.reduction = self.reduction_factor
             if backward:  # their positions: where the gradient is read, and the masks are written
                 weight.candidates = Candidates(weight.stored, self.threshold, self.scales.get(name))
+                self.candidates[name] = weight.candidates.positions
                 if name not in self.records:
                     self.records[name] = CandidateGradients(weight.candidates.count())
                 weight.consume = self._consumer(name, complete=name in loaded.stage.owns)
@@ -317,7 +384,7 @@ class StreamingGradProbe:
 
     # -- output ---------------------------------------------------------------------------------
 
-    def _write_stage(self, loaded: LoadedStage, pruned: Callable[[str], torch.Tensor | None],
+    def write_stage(self, loaded: LoadedStage, pruned: Callable[[str], torch.Tensor | None],
                      weights: FolderWriter, masks: SafetensorsWriter) -> None:
         """The stage's weights as stored, pruned ones zeroed (in place: the stage is done); its masks.
 
@@ -353,8 +420,8 @@ class StreamingGradProbe:
         """The pruner's own live structures in bytes, by what they are (for measurements)."""
         def size(tensors):
             return sum(t.numel() * t.element_size() for t in tensors)
-        stage = self._loaded.tensors().values() if self._loaded else []
-        streamed = self._loaded.weights.values() if self._loaded else []
+        stage = self.loaded_stage.tensors().values() if self.loaded_stage else []
+        streamed = self.loaded_stage.weights.values() if self.loaded_stage else []
         return {"stage weights": size(stage),
                 "hidden states": self.hidden.nbytes if self.hidden else 0,
                 "candidate positions": size(w.candidates.positions for w in streamed if w.candidates),

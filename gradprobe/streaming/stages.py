@@ -37,7 +37,8 @@ class LoadedStage:
 
     def __init__(self, stage: Stage, modules: dict[str, torch.nn.Module], parameters: dict,
                  weights: dict[str, StreamedWeight], on_release=None):
-        self.stage, self.modules, self.parameters, self.weights = stage, modules, parameters, weights
+        self.weights = weights  # first: who walks this object's attributes finds the weights as such
+        self.stage, self.modules, self.parameters = stage, modules, parameters
         self._on_release = on_release
 
     @property

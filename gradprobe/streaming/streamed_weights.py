@@ -124,11 +124,12 @@ class _Buffer:
 
 _CONVERTED, _GRADIENT, _FACTOR = _Buffer(), _Buffer(), _Buffer()
 _SCORES = _GRADIENT  # never in use together: scores while converting, gradient blocks after
+BLOCK_BUFFERS = (_CONVERTED, _GRADIENT, _FACTOR)
 
 
 def release_buffers() -> None:
     """Drop the reused blocks (when a stage's computing is over)."""
-    for buffer in (_CONVERTED, _GRADIENT, _FACTOR):
+    for buffer in BLOCK_BUFFERS:
         buffer.free()
 
 

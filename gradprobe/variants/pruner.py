@@ -43,6 +43,12 @@ from .variant import Variant
 
 
 class LowMemoryGradProbe(GradProbe):
+    # The baseline's phases and structures (candidates first where a switch needs it); a sparse S
+    # (candidates' values) is still saved copies, M_t and M_f as bits still masks.
+    phases = ("select_candidates", "save_state", "record_original_gradients", "reduce_candidates",
+              "record_reduced_gradients", "decide", "apply_masks")
+    state_categories = GradProbe.state_categories
+
     def __init__(self, model: torch.nn.Module, strategy="magnitude", per_layer: bool = False, *,
                  variant: Variant = Variant()):
         super().__init__(model, strategy, per_layer)
