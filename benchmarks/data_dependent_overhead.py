@@ -2,7 +2,7 @@
 
 The main job (`auditor.jobs.gradprobe.audit`: census, live-tensor meter, staged phases; no
 memray) on one variant, with and without the size recorder, rounds alternating the order so a
-slow spell falls on both alike. Prints each side's median wall time of the whole audited run
+slow spell falls on both alike, after one untimed warm-up run. Prints each side's median wall time of the whole audited run
 and the ratio, with the load averages before and after.
 
     flock /tmp/cpu.lock .venv/bin/python benchmarks/data_dependent_overhead.py --variant sparse-state --rounds 3
@@ -37,6 +37,7 @@ def main() -> None:
     sites = None
     print(f"load average before: {os.getloadavg()}")
     try:
+        audit(settings, folder / "warm-up")  # first run in the process: imports, caches; not timed
         for round_ in range(args.rounds):
             order = ("without", "with") if round_ % 2 == 0 else ("with", "without")
             for side in order:

@@ -212,6 +212,8 @@ class ProjectedStage:
     beyond_tensors: int | None = None  # RSS beyond live tensors (not scaled)
     tensor_peak: int | None = None
     rss_peak: int | None = None
+    estimated: dict[str, int] = field(default_factory=dict)  # name -> bytes resting on estimated
+    # data-dependent sizes (auditor.analysis.estimated_bytes)
 
 
 @dataclass
@@ -225,6 +227,7 @@ class ProjectionView:
     live_tensor_peak: int | None
     stages: dict[str, ProjectedStage]
     caveat: str | None = None  # what the figures rest on, where a reader must not miss it
+    estimates: str | None = None  # how much rests on estimated data-dependent sizes, in words
 
     @property
     def label(self) -> str:
@@ -233,6 +236,11 @@ class ProjectionView:
 
 
 _METHOD_ORDER = {"scaled": 0, "traced": 1}
+
+
+def estimate_note(item: dict) -> str | None:
+    from auditor.analysis.estimated_bytes import estimate_note as note
+    return note(item)
 
 
 def projection_views(record: dict) -> list[ProjectionView]:
@@ -272,7 +280,9 @@ def _projection_view(item: dict) -> ProjectionView:
             unseen=(entry.get("unseen_tensors") or {}).get("projected"),
             transient=(entry.get("transient") or {}).get("projected"),
             beyond_tensors=entry.get("beyond_tensors"),
-            tensor_peak=entry.get("tensor_peak"), rss_peak=entry.get("rss_peak"))
+            tensor_peak=entry.get("tensor_peak"), rss_peak=entry.get("rss_peak"),
+            estimated={name: c["estimated"] for name, c in (entry.get("components") or {}).items()
+                       if c.get("estimated")})
     peak = item.get("peak") or {}
     if not peak and stages:
         path, best = max(stages.items(), key=lambda kv: kv[1].rss_peak or 0)
@@ -281,7 +291,7 @@ def _projection_view(item: dict) -> ProjectionView:
                           target_dtype=item.get("target_dtype"), peak_rss=peak.get("rss"),
                           peak_stage=peak.get("stage"),
                           live_tensor_peak=item.get("live_tensor_peak"), stages=stages,
-                          caveat=scaled_caveat(item))
+                          caveat=scaled_caveat(item), estimates=estimate_note(item))
 
 
 UNCALIBRATED = ("uncalibrated: each quantity grown by an assumed driver (transients by parameters, "

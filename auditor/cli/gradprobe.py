@@ -120,14 +120,16 @@ def _audit(args, settings, targets, folder: Path, projections: list) -> dict:
         if not args.no_trace:  # small traced runs that let the scaled projection fit its drivers
             from auditor.jobs.calibration import calibrate
             advance("calibrating the scaled projection (small traced runs)")
-            record["calibration"] = calibrate(settings, folder / "calibration")
+            record["calibration"] = calibrate(settings, folder / "calibration",
+                                              observed_sizes=record.get("data_dependent_sizes"))
         for target in targets:
             advance(f"projecting to {target} (scaled)")
             projections.append(project(record, target))
             if not args.no_trace:
                 advance(f"tracing {target} on fake tensors")
                 traced = job.traced_audit(replace(settings, architecture=target, overrides={}),
-                                          folder / f"traced-{target}")
+                                          folder / f"traced-{target}",
+                                          observed_sizes=record.get("data_dependent_sizes"))
                 projections.append(project_traced(record, traced))
     return record
 
@@ -200,6 +202,7 @@ def _default_output(args, targets: list[str]) -> Path:
 
 def _print_summary(record: dict, output: Path, folder: Path) -> None:
     from auditor.analysis.components import scaled_caveat
+    from auditor.analysis.estimated_bytes import estimate_note
     from auditor.units import size
     peak = record["peak"]
     print(f"peak RSS {size(peak['rss'])} in {peak['stage']}")
@@ -210,4 +213,6 @@ def _print_summary(record: dict, output: Path, folder: Path) -> None:
             caveat = scaled_caveat(p)
             print(f"{p['method']:>6} projection to {p['target']}: peak RSS {size(p['peak']['rss'])}, "
                   f"live tensors {size(p['live_tensor_peak'])}" + (f" ({caveat})" if caveat else ""))
+            if estimate_note(p):
+                print(f"       {estimate_note(p)}")
     print(f"report: {output}\nrun record: {folder / 'run.json'}")

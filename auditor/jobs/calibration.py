@@ -23,6 +23,8 @@ import architectures
 from auditor.jobs.fresh_process import run_module
 from auditor.jobs.gradprobe import Settings
 
+SIZES_FILE = "observed-sizes.json"  # the audited run's data-dependent sizes, for the traced runs
+
 
 def perturbations(settings: Settings, target: Settings | None = None) -> list[tuple[str, Settings]]:
     """(label, settings) of each calibration run: the audited settings with one size changed.
@@ -71,12 +73,16 @@ def _buildable(settings: Settings) -> bool:
 
 
 def calibrate(settings: Settings, folder: Path, target: Settings | None = None,
-              timeout_s: int = 900) -> list[dict]:
-    """Trace every perturbation (`perturbations`) in one fresh process; their compact records."""
+              timeout_s: int = 900, observed_sizes: list | None = None) -> list[dict]:
+    """Trace every perturbation (`perturbations`) in one fresh process; their compact records.
+    `observed_sizes`: the audited run's `data_dependent_sizes`, which size the traced runs'
+    data-dependent outputs (auditor.data_dependent) as they sized the target's."""
     folder = Path(folder)
     plan = [(label, asdict(s)) for label, s in perturbations(settings, target)]
     if not plan:
         return []
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / SIZES_FILE).write_text(json.dumps(observed_sizes))
     child = run_module("auditor.jobs.calibration", json.dumps(plan), str(folder), timeout_s=timeout_s)
     if not child.ok:
         raise RuntimeError(child.failure(f"calibration runs for {settings.architecture}"))
@@ -84,10 +90,12 @@ def calibrate(settings: Settings, folder: Path, target: Settings | None = None,
 
 
 def compact(record: dict, label: str) -> dict:
-    """What a fit needs of a traced run: its workload and each stage's tensor readings."""
+    """What a fit needs of a traced run: its workload, each stage's tensor readings and the
+    data-dependent sizes it estimated."""
     keep = ("path", "parent", "status", "live_tensors", "components")
     return {"label": label, "name": record.get("name"), "workload": record.get("workload"),
-            "stages": [{k: s.get(k) for k in keep} for s in record["stages"]]}
+            "stages": [{k: s.get(k) for k in keep} for s in record["stages"]],
+            "estimated_sizes": (record.get("traced") or {}).get("estimated_sizes", [])}
 
 
 def _slug(label: str) -> str:
@@ -101,9 +109,11 @@ def _main(plan: list, folder: Path) -> None:
 
     from auditor.jobs.gradprobe import audit
     torch.set_num_threads(1)
+    sizes_file = folder / SIZES_FILE
+    observed = json.loads(sizes_file.read_text()) if sizes_file.is_file() else None
     for label, settings in plan:
         out = folder / _slug(label)
-        record = audit(Settings(**settings), out, fake=True)
+        record = audit(Settings(**settings), out, fake=True, observed_sizes=observed)
         (out / "compact.json").write_text(json.dumps(compact(record, label)))
         del record
         gc.collect()

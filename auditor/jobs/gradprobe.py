@@ -135,15 +135,20 @@ def run_workload(settings: Settings) -> dict:
 
 
 def audit(settings: Settings, out: Path, *, memray: bool = False, fake: bool = False,
-          on_stage_end=None) -> dict:
-    """Audit one run of the job; returns the run record (also `out/run.json`)."""
+          on_stage_end=None, observed_sizes: list | None = None, estimate_sizes: bool = True,
+          record_sizes: bool = True) -> dict:
+    """Audit one run of the job; returns the run record (also `out/run.json`). A real run
+    records its data-dependent sizes (`record_sizes`); a traced one sizes them by
+    `observed_sizes` (a real run's), or makes them empty with `estimate_sizes=False`
+    (auditor.data_dependent)."""
     name = f"gradprobe-{settings.variant}-{settings.architecture}" + ("-traced" if fake else "")
     remedies = [] if fake else validated_remedies(settings)  # read before: in no stage's time
     refused = not_projected(settings.variant)
     untraceable = fake and refused is not None  # not run on fake tensors: nothing to stage
     with Audit(out=out, name=name, census=True, live_tensors=True, memray=memray, traced=fake,
                stage_targets=[] if untraceable else stage_targets(settings.variant), on_stage_end=on_stage_end,
-               stage_label=phase_label(settings.variant)) as run:
+               stage_label=phase_label(settings.variant), record_sizes=record_sizes and not fake,
+               observed_sizes=observed_sizes, estimate_sizes=estimate_sizes) as run:
         run.annotate("workload", workload(settings))
         if refused:  # the projections read it and print it instead of numbers
             run.annotate("not_projected", refused)
@@ -222,16 +227,41 @@ def minimum(settings: Settings, prunable: int) -> dict:
             "note": "algorithm state only; activations and one tensor's gradient at a time come on top"}
 
 
-def traced_audit(settings: Settings, out: Path, timeout_s: int = 1800) -> dict:
-    """The job traced on fake tensors in a fresh process (a 7B model fits: nothing is allocated)."""
+def traced_audit(settings: Settings, out: Path, timeout_s: int = 1800,
+                 observed_sizes: list | None = None) -> dict:
+    """The job traced on fake tensors in a fresh process (a 7B model fits: nothing is allocated),
+    its data-dependent sizes estimated from `observed_sizes` (the real run's). Where estimates
+    were used, traced again with them empty (`out/lower-bound`) to measure the bytes that rest
+    on them: the record's `estimated_bytes` (auditor.analysis.estimated_bytes)."""
+    from auditor.analysis.estimated_bytes import estimated_bytes, has_estimates
+    record = _traced_child(settings, Path(out), timeout_s, observed_sizes)
+    if has_estimates(record):
+        lower = _traced_child(settings, Path(out) / "lower-bound", timeout_s, None, estimate=False)
+        record["estimated_bytes"] = estimated_bytes(record, lower)
+        (Path(out) / "estimated_bytes.json").write_text(json.dumps(record["estimated_bytes"], indent=1))
+    return record
+
+
+def _traced_child(settings: Settings, out: Path, timeout_s: int, observed_sizes: list | None,
+                  estimate: bool = True) -> dict:
     from auditor.jobs.fresh_process import run_module
-    child = run_module("auditor.jobs.gradprobe", json.dumps(asdict(settings)), str(out),
+    sizes = Path(out).with_name(Path(out).name + "-sizes.json")  # beside: the run folder is the child's
+    sizes.parent.mkdir(parents=True, exist_ok=True)
+    sizes.write_text(json.dumps({"observed": observed_sizes, "estimate": estimate}))
+    child = run_module("auditor.jobs.gradprobe", json.dumps(asdict(settings)), str(out), str(sizes),
                        run_folder=out, timeout_s=timeout_s)
     if not child.ok or child.record is None:
         raise RuntimeError(child.failure(f"traced run for {settings.architecture}"))
     return child.record
 
 
-if __name__ == "__main__":  # the traced subprocess: python -m auditor.jobs.gradprobe SETTINGS OUT
+def _traced_main(argv: list[str]) -> None:
+    """python -m auditor.jobs.gradprobe SETTINGS OUT [SIZES_JSON]: one traced run."""
     torch.set_num_threads(1)
-    audit(Settings(**json.loads(sys.argv[1])), Path(sys.argv[2]), fake=True)
+    sizes = json.loads(Path(argv[2]).read_text()) if len(argv) > 2 else {}
+    audit(Settings(**json.loads(argv[0])), Path(argv[1]), fake=True,
+          observed_sizes=sizes.get("observed"), estimate_sizes=sizes.get("estimate", True))
+
+
+if __name__ == "__main__":  # the traced subprocess
+    _traced_main(sys.argv[1:])

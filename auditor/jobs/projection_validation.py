@@ -73,8 +73,10 @@ def validate(small: Settings, target: str, target_overrides: dict, folder: Path,
     progress(f"tracing {_label(held_out)} on fake tensors, and calibration runs (traced, "
              "perturbed small shapes) beside it")
     with ThreadPoolExecutor(max_workers=1) as pool:  # two processes of fake tensors: no RSS is read
-        tracing = pool.submit(traced_audit, held_out, folder / "traced-target")
-        record["calibration"] = calibrate(small, folder / "calibration", target=held_out)
+        sizes = record.get("data_dependent_sizes")  # the small run's, for each traced run
+        tracing = pool.submit(traced_audit, held_out, folder / "traced-target", observed_sizes=sizes)
+        record["calibration"] = calibrate(small, folder / "calibration", target=held_out,
+                                          observed_sizes=sizes)
         traced = project_traced(record, tracing.result())
     available = memory()
     check_fits(_label(held_out), traced["peak"]["rss"], available, margin,

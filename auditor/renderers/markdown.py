@@ -158,6 +158,8 @@ def _summary(record: dict, found, views: list[ProjectionView]) -> str:
             value += f"; live tensors {units.size(view.live_tensor_peak)}"
         if view.caveat:
             value += f"; **{md.text(view.caveat)}**"
+        if view.estimates:
+            value += f"; {md.text(view.estimates)}"
         rows.append([f"projected ({md.text(view.label)})", value])
     if not views:
         rows.append(["projections", "none in this record"])
@@ -475,8 +477,13 @@ def _component_tables(record: dict, stage: dict, views: list[ProjectionView], wh
     def proj(get) -> list[str]:
         return [units.size(get(p)) if p is not None else "-" for _, p in projected]
 
+    def proj_component(name: str) -> list[str]:  # with the bytes that rest on estimated sizes
+        return [units.size(p.components.get(name)) + (f" (est. {units.size(p.estimated[name])})"
+                                                      if p.estimated.get(name) else "")
+                if p is not None else "-" for _, p in projected]
+
     rows = [[md.code(r.name), md.text(r.category), units.size(r.bytes), units.share(r.bytes, a.rss_end)]
-            + proj(lambda p, n=r.name: p.components.get(n)) for r in a.rows]
+            + proj_component(r.name) for r in a.rows]
     rows.append(["**census total**", "", f"**{units.size(a.census)}**", units.share(a.census, a.rss_end)]
                 + proj(lambda p: sum(v for v in p.components.values() if v is not None)))
     rows.append([md.text(BEYOND_CENSUS), "", units.size(a.beyond_census), units.share(a.beyond_census, a.rss_end)]

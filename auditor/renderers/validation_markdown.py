@@ -81,6 +81,7 @@ def render(result: dict, command: list[str] | None = None) -> str:
     out += ["## Stages", "", "Peak inside each stage, real against projected.", "", _table(*made["stages"]), ""]
     out += [f"## Components at the end of `{result['components_stage']}` (the real run's peak stage)", "",
             _table(*made["components"]), ""]
+    out += _data_dependent(result)
     if "scaled" in result["projections"]:
         out += ["## What the scaled projection fitted", ""] + _fit(result) + [""]
     out += ["## Runs", "", f"- small (real): `{small['run']}`", f"- held-out target (real): `{target['run']}`",
@@ -88,6 +89,26 @@ def render(result: dict, command: list[str] | None = None) -> str:
             f"- memory available when checked: {units.size(result['available'])} "
             f"(margin {units.size(result['margin'])})"]
     return "\n".join(out).rstrip() + "\n"
+
+
+def _data_dependent(result: dict) -> list[str]:
+    """The traced projection's data-dependent sites: each ratio and where it came from, and how
+    much of the projected peak rests on them (auditor.analysis.estimated_bytes)."""
+    from auditor.analysis.estimated_bytes import estimate_note
+    traced = result["projections"].get("traced") or {}
+    found = (traced.get("data_dependent") or {}).get("sites") or []
+    if not found:
+        return []
+    rows = [[f"`{s['site']}`", s["op"], s.get("source") or "-",
+             f"{s['ratio']:.5f}" if s.get("ratio") is not None else "-", f"{s['calls']:,}",
+             f"{s['output_numel']:,}", f"{s.get('conflicts') or 0:,}"] for s in found]
+    return ["## Data-dependent sizes in the traced projection", "",
+            md.text(estimate_note(traced) or "") + ".", "",
+            "Each site's ratio: elements out per element in, observed at the same site in the small "
+            "real run (or declared by the program); conflicts: calls where an estimate met a size the "
+            "program computed otherwise and took the program's (auditor.tracing).", "",
+            _table(["site", "operator", "source", "ratio", "traced calls", "elements out", "conflicts"],
+                   rows), ""]
 
 
 def _what_ran(small: dict) -> str:
