@@ -9,7 +9,9 @@ wrapper). Named, that function is
   mode) becomes the record's `model_from`;
 - replaced in the target's run: each call returns `architectures.build_model(target)` in the
   observed dtype, device and mode, and the original is never called (under a traced run the
-  weights are fake tensors: a 7B model costs nothing).
+  weights are fake tensors: a 7B model costs nothing). Plain values the function set on its
+  model (`model.seqlen = 2048`) are set on the replacement too, with the real run's values;
+  the traced record's `model_from.calls[i].copied_attributes` lists them.
 
 Everything else runs unchanged: the program's calibration data, loops and state are the real
 run's, at the target's model shapes. The function is patched where it lives and in the
@@ -30,7 +32,9 @@ from dataclasses import asdict, dataclass, field
 
 from auditor import name_bindings
 from auditor.stage import active_audit
-from auditor.targets import Target, resolve
+from auditor.targets import Target, raw_attribute, resolve
+
+_INHERITED = object()
 
 
 @dataclass(frozen=True)
@@ -47,14 +51,16 @@ class TargetModel:
 
 
 def check(spec: str) -> Target:
-    """The named function, or ValueError with a one-line message about `--model-from`."""
+    """The named function or class/static method (`transformers:AutoModelForCausalLM.from_pretrained`),
+    or ValueError with a one-line message about `--model-from`."""
     try:
         target = resolve(spec)
     except ValueError as error:
         raise ValueError(str(error).replace("stage target", "--model-from", 1)) from None
-    if isinstance(target.owner, type):
-        raise ValueError(f"--model-from {spec!r} is a method; name the module-level function "
-                         "that builds the model (module:function)")
+    if isinstance(target.owner, type) and not isinstance(
+            raw_attribute(target.owner, target.attribute), (classmethod, staticmethod)):
+        raise ValueError(f"--model-from {spec!r} is a method of its objects; name a function, or a "
+                         "class's from_pretrained / from_config (module:Class.method)")
     return target
 
 
@@ -72,22 +78,27 @@ class ModelFrom:
             raise ValueError(f"--model-from {spec!r} was never called in the real run: there is "
                              "no model to replace")
         self._saved: object = None
+        self._building = False
         self._copies: list = []
 
     def __enter__(self) -> "ModelFrom":
         owner, name = self._target.owner, self._target.attribute
-        original = vars(owner)[name]
-        wrapper = self._replacing(original) if self.target else self._observing(original)
-        self._saved = original
-        setattr(owner, name, wrapper)
-        if isinstance(owner, types.ModuleType) and inspect.isfunction(original):
-            self._copies = name_bindings.rebind(original, wrapper, skip=vars(owner))
+        raw = raw_attribute(owner, name)
+        function = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
+        wrapper = self._replacing(function) if self.target else self._observing(function)
+        self._saved = vars(owner).get(name, _INHERITED)
+        setattr(owner, name, type(raw)(wrapper) if isinstance(raw, (classmethod, staticmethod)) else wrapper)
+        if isinstance(owner, types.ModuleType) and inspect.isfunction(raw):
+            self._copies = name_bindings.rebind(raw, wrapper, skip=vars(owner))
         return self
 
     def __exit__(self, *exc) -> None:
         name_bindings.restore(self._copies)
         self._copies = []
-        setattr(self._target.owner, self._target.attribute, self._saved)
+        if self._saved is _INHERITED:  # a class's inherited from_pretrained: drop our override
+            delattr(self._target.owner, self._target.attribute)
+        else:
+            setattr(self._target.owner, self._target.attribute, self._saved)
 
     def _observing(self, original):
         @functools.wraps(original)
@@ -100,12 +111,18 @@ class ModelFrom:
     def _replacing(self, original):
         @functools.wraps(original)
         def replaced(*args, **kwargs):
+            if self._building:  # the replacement's own build (from_config is how it builds)
+                return original(*args, **kwargs)
             seen = self._observed[min(len(self.calls), len(self._observed) - 1)]
             if "class" not in seen or seen.get("returned") != "module":
                 raise TypeError(f"--model-from {self.spec} returned a {seen.get('class', '?')} in "
                                 "the real run, not a torch.nn.Module: it cannot be replaced by a model")
-            model = build(self.target, seen)
-            self._note({**describe_model(model), "replaces": seen})
+            self._building = True
+            try:
+                model, copied = build(self.target, seen)
+            finally:
+                self._building = False
+            self._note({**describe_model(model), "replaces": seen, "copied_attributes": copied})
             return model
         return replaced
 
@@ -130,11 +147,21 @@ def describe_model(model) -> dict:
             "device": str(first.device) if first is not None else "cpu",
             "training": model.training,
             "parameters": sum(p.numel() for p in parameters),
-            "model_type": getattr(config, "model_type", None)}
+            "model_type": getattr(config, "model_type", None),
+            "attributes": _plain_attributes(model)}
+
+
+def _plain_attributes(model) -> dict:
+    """Plain values the program set on its model (`model.seqlen = 2048`, as Wanda's get_llm
+    does): the replacement gets them too, or code that reads them would fail."""
+    return {name: value for name, value in vars(model).items()
+            if not name.startswith("_") and name not in ("training", "config")
+            and isinstance(value, (bool, int, float, str)) and not isinstance(value, type)}
 
 
 def build(target: TargetModel, seen: dict):
-    """The target's model, as the program's own was: dtype, device, train or eval mode."""
+    """The target's model, as the program's own was (dtype, device, train or eval mode, plain
+    attributes its function set), and the attributes copied."""
     import torch
 
     import architectures
@@ -142,4 +169,8 @@ def build(target: TargetModel, seen: dict):
     device = "cpu" if str(seen.get("device", "cpu")).startswith("meta") else seen.get("device", "cpu")
     model = architectures.build_model(target.architecture, dtype=dtype, device=device,
                                       **target.overrides)
-    return model.train(bool(seen.get("training", False)))
+    copied = {name: value for name, value in (seen.get("attributes") or {}).items()
+              if name not in vars(model)}  # set by the program's own function: the real run's value
+    for name, value in copied.items():
+        setattr(model, name, value)
+    return model.train(bool(seen.get("training", False))), copied

@@ -86,7 +86,7 @@ def _resolve_path(module, module_name: str, qualname: str) -> Target:
         if owner is _MISSING:
             where = ".".join([module_name, *outer[:depth]])
             raise ValueError(f"stage target {spec!r}: {where} has no attribute {part!r}")
-    raw = _raw_attribute(owner, attribute)
+    raw = raw_attribute(owner, attribute)
     if raw is _MISSING:
         where = ".".join([module_name, *outer])
         raise ValueError(f"stage target {spec!r}: {where} has no attribute {attribute!r}")
@@ -94,7 +94,7 @@ def _resolve_path(module, module_name: str, qualname: str) -> Target:
     return Target(name=qualname, owner=owner, attribute=attribute, spec=spec)
 
 
-def _raw_attribute(owner, attribute: str):
+def raw_attribute(owner, attribute: str):
     """The attribute as stored (staticmethod/classmethod wrappers kept), or _MISSING."""
     if isinstance(owner, type):
         for klass in owner.__mro__:
@@ -134,7 +134,7 @@ def _resolve_object(obj) -> Target:
         raise ValueError(f"stage target {module_name}:{qualname} is defined inside a function "
                          "and cannot be patched from outside")
     target = _resolve_path(sys.modules[module_name], module_name, qualname)
-    raw = _raw_attribute(target.owner, target.attribute)
+    raw = raw_attribute(target.owner, target.attribute)
     if getattr(raw, "__func__", raw) is not function:
         raise ValueError(f"stage target {module_name}:{qualname} is not reachable under that name")
     return target
@@ -163,7 +163,7 @@ class Staging:
             owner = target.owner
             if (isinstance(owner, type) and owner not in found
                     and not (module is not None and issubclass(owner, module))
-                    and inspect.isfunction(_raw_attribute(owner, target.attribute))):
+                    and inspect.isfunction(raw_attribute(owner, target.attribute))):
                 found.append(owner)
         return tuple(found)
 
@@ -171,7 +171,7 @@ class Staging:
         for target in self.targets:
             owner_dict = vars(target.owner)
             original = owner_dict.get(target.attribute, _MISSING)
-            raw = _raw_attribute(target.owner, target.attribute)
+            raw = raw_attribute(target.owner, target.attribute)
             replacement = _staged(raw, target)
             try:
                 setattr(target.owner, target.attribute, replacement)

@@ -36,7 +36,9 @@ def get_llm(layers=1, hidden=32):
     torch.manual_seed(0)
     config = LlamaConfig(num_hidden_layers=layers, hidden_size=hidden, intermediate_size=64,
                          num_attention_heads=2, num_key_value_heads=2, vocab_size=256)
-    return LlamaForCausalLM(config).eval()
+    model = LlamaForCausalLM(config).eval()
+    model.seqlen = 16  # as Wanda's get_llm sets it; the script reads it
+    return model
 
 
 class Stat:
@@ -76,7 +78,7 @@ import torch
 from {module} import get_llm, prune
 
 model = get_llm()
-samples = [torch.randint(0, 256, (1, 16)) for _ in range(3)]
+samples = [torch.randint(0, 256, (1, model.seqlen)) for _ in range(3)]
 masks = prune(model, samples)
 print("traced" if os.environ.get("AUDITOR_TRACED") else "real", len(masks))
 sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
@@ -127,6 +129,7 @@ def test_run_projects_an_unmodified_script_to_the_target_model(program, capsys):
     text = report.read_text()
     assert "## Projection to llama-2-7b (layers 2, hidden 128, vocab 256, heads 2, intermediate 256) (traced)" in text
     assert "| &emsp;Stat.add_batch | 21 | 42 |" in text  # calls audited / at the target (2 layers)
+    assert traced["model_from"]["calls"][0]["copied_attributes"] == {"seqlen": 16}
 
 
 def test_the_traced_projection_matches_a_real_run_at_the_target(program, tmp_path):
@@ -206,3 +209,40 @@ def test_the_python_api_projects_a_function(program, tmp_path):
     assert projection["live_tensor_peak"] > 4 * architectures.count_parameters(
         TARGET_MODEL.architecture, **TARGET_MODEL.overrides)
     assert auditor.load(tmp_path / "api")["projections"] == [projection]
+
+
+def test_a_from_config_classmethod_is_replaced_and_attributes_the_program_set_carry_over(tmp_path, monkeypatch, capsys):
+    """Third-party scripts build with AutoModelForCausalLM.from_pretrained / from_config inline and
+    set plain attributes on the model (Wanda's `model.seqlen`); neither needs an edit."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.py").write_text(textwrap.dedent("""
+        import torch
+        import auditor
+        from transformers import AutoModelForCausalLM, LlamaConfig
+
+        config = LlamaConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64,
+                             num_attention_heads=2, num_key_value_heads=2, vocab_size=256)
+        model = AutoModelForCausalLM.from_config(config)
+        model.seqlen = 8
+        with auditor.stage("forward"), torch.no_grad():
+            model(torch.randint(0, 256, (1, model.seqlen)))
+    """))
+    from transformers import AutoModelForCausalLM
+    before = AutoModelForCausalLM.__dict__.get("from_config")
+    status = main(["run", "--run-dir", "out", "--model-from", "transformers:AutoModelForCausalLM.from_config",
+                   *TARGET, "job.py"])
+    assert AutoModelForCausalLM.__dict__.get("from_config") is before  # put back as it was
+    assert status == 0, capsys.readouterr().err
+    (projection,) = json.loads((tmp_path / "out" / "projections.json").read_text())
+    assert "incomplete" not in projection
+    traced = auditor.load(tmp_path / "out" / projection["run_folder"])
+    (call,) = traced["model_from"]["calls"]
+    assert call["parameters"] == architectures.count_parameters(TARGET_MODEL.architecture, **TARGET_MODEL.overrides)
+    assert call["copied_attributes"] == {}  # seqlen is set by the script itself, after the call
+
+
+def test_a_method_of_objects_is_refused_as_model_from(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.py").write_text("print('ran')\n")
+    assert main(["run", "--model-from", "torch.nn:Module.to", *TARGET, "job.py"]) == 2
+    assert "is a method of its objects" in one_error_line(capsys)

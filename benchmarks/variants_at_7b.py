@@ -1,0 +1,122 @@
+"""The Mistral-7B figure of every GradProbe variant in one table: projected (traced and scaled,
+from `auditor gradprobe --variant V --target mistral-7b`) beside measured where it was run.
+
+    python benchmarks/variants_at_7b.py --run-dir runs/variants-7b -o reports/variants-at-mistral-7b.md
+
+Each variant is audited on TinyStories-33M in a fresh process (`auditor gradprobe`, its report
+in the run folder) and projected. Measured at 7B: only streaming fits this machine (24 GiB; the
+in-memory variants hold the fp32 weights alone, 27 GiB); its figure is the committed 7B run of
+reports/gradprobe-streaming.md, read from the summary JSON that run printed there.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STREAMING_REPORT = ROOT / "reports" / "gradprobe-streaming.md"
+
+
+def project(variant: str, folder: Path) -> dict:
+    run_dir = folder / variant
+    command = ["auditor", "gradprobe", "--variant", variant, "--arch", "tinystories-33m",
+               "--target", "mistral-7b", "--no-memray", "--run-dir", str(run_dir),
+               "-o", str(run_dir / "report.md")]
+    done = subprocess.run([sys.executable, "-m", "auditor", *command[1:]], cwd=ROOT,
+                          capture_output=True, text=True)
+    row: dict = {"variant": variant, "command": command}
+    if done.returncode != 0:
+        row["failure"] = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        return row
+    import auditor
+    record = auditor.load(run_dir)
+    row["audited_peak"] = record["peak"]["rss"]
+    for item in record.get("projections") or []:
+        row[item.get("method", "scaled")] = item
+    return row
+
+
+def streaming_measured() -> dict | None:
+    """The committed 7B streaming run's peak RSS and the command that measured it."""
+    if not STREAMING_REPORT.is_file():
+        return None
+    text = STREAMING_REPORT.read_text()
+    command = re.search(r"^\$ (python -m gradprobe\.streaming prune --weights \S*mistral-7b\S* .*)$", text, re.M)
+    if not command:
+        return None
+    peak = re.compile(r"^peak RSS\s+([\d,.]+) MiB$", re.M).search(text, command.end())  # its own output
+    if not peak:
+        return None
+    return {"rss": float(peak.group(1).replace(",", "")) * 2**20, "command": command.group(1)}
+
+
+def _gib(n) -> str:
+    return "-" if n is None else f"{n / 2**30:,.2f} GiB"
+
+
+def _projected(item: dict | None) -> str:
+    if not item:
+        return "-"
+    if item.get("not_projected"):
+        return f"not projected: {item['not_projected']}"
+    peak = item.get("peak") or {}
+    text = _gib(peak.get("rss"))
+    estimated = peak.get("estimated")
+    if estimated:
+        text += f" ({_gib(estimated)} of it on estimated value-dependent sizes)"
+    if item.get("method") == "scaled" and not (item.get("fit") or {}).get("runs"):
+        text += " (uncalibrated)"
+    return text
+
+
+def render(rows: list[dict], measured: dict | None, argv: list[str]) -> str:
+    lines = ["| variant | audited peak RSS (TinyStories-33M) | projected 7B, traced | projected 7B, scaled | measured at 7B |",
+             "|---|---:|---|---|---|"]
+    for row in rows:
+        if "failure" in row:
+            lines.append(f"| {row['variant']} | FAILED: {row['failure'].replace('|', '/')} | - | - | - |")
+            continue
+        if row["variant"] == "streaming" and measured:
+            at_7b = f"{measured['rss'] / 2**20:,.1f} MiB (the 7B run below)"
+        else:
+            at_7b = "not run: the fp32 weights alone (27 GiB) exceed this machine's 24 GiB"
+        lines.append(f"| {row['variant']} | {row['audited_peak'] / 2**20:,.1f} MiB | "
+                     f"{_projected(row.get('traced'))} | {_projected(row.get('scaled'))} | {at_7b} |")
+    out = ["# Every GradProbe variant at Mistral-7B: projected, and measured where it ran", "",
+           "Projected from a TinyStories-33M audit of each variant (sequence 128, batch 1, 2 "
+           "batches, s = 0.1, r = 0.1, tau = 2.0, magnitude). Traced: the job run on fake tensors "
+           "at the 7B shapes, plus the audited run's RSS beyond tensors; scaled: each component "
+           "grown by its driver, fitted on traced calibration runs.", "",
+           "```", shlex.join(["python", "benchmarks/variants_at_7b.py", *argv]), "```", "", *lines, ""]
+    out += ["## Commands", ""] + [f"- {r['variant']}: `{shlex.join(r['command'])}`" for r in rows]
+    if measured:
+        out += ["", "Streaming at 7B (reports/gradprobe-streaming.md, section 2, bf16 weights on disk):",
+                "", f"`{measured['command']}`"]
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("-o", "--output", required=True)
+    parser.add_argument("--variant", action="append", help="only these variants")
+    args = parser.parse_args()
+    from gradprobe.variants import VARIANTS
+    folder = Path(args.run_dir)
+    if folder.exists():
+        print(f"--run-dir {args.run_dir!r} exists; give a new folder", file=sys.stderr)
+        return 2
+    rows = []
+    for variant in args.variant or list(VARIANTS):
+        print(f"{variant} ...", file=sys.stderr, flush=True)
+        rows.append(project(variant, folder))
+    Path(args.output).write_text(render(rows, streaming_measured(), sys.argv[1:]))
+    return 0 if all("failure" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
