@@ -246,3 +246,19 @@ def test_a_method_of_objects_is_refused_as_model_from(tmp_path, monkeypatch, cap
     (tmp_path / "job.py").write_text("print('ran')\n")
     assert main(["run", "--model-from", "torch.nn:Module.to", *TARGET, "job.py"]) == 2
     assert "is a method of its objects" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model-from", "m:f"], "needs both --model-from MODULE:FUNCTION and SCRIPT"),
+    (["job.py"], "needs both --model-from MODULE:FUNCTION and SCRIPT"),
+    (["--stage", "m:f"], "--stage applies to a program of your own"),
+    (["--model-from", "m:f", "missing.py"], "script 'missing.py' does not exist"),
+    (["--model-from", "no_such_module_y:f", "job.py"], "--model-from: no module named 'no_such_module_y'"),
+    (["--model-from", "json:dumps", "--stage", "json:nothing_here", "job.py"], "has no attribute 'nothing_here'"),
+])
+def test_validate_projection_of_a_program_checks_its_input_first(tmp_path, monkeypatch, capsys, args, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.py").write_text("print('ran')\n")
+    assert main(["validate-projection", "--run-dir", "v", "--target", "llama-2-7b", *args]) == 2
+    assert message in one_error_line(capsys)
+    assert not (tmp_path / "v").exists()

@@ -212,6 +212,9 @@ class ProjectedStage:
     beyond_tensors: int | None = None  # RSS beyond live tensors (not scaled)
     tensor_peak: int | None = None
     rss_peak: int | None = None
+    # parts a scaled projection's drivers do not explain, each with its miss (bytes): a component's
+    # name, "unseen", "transient", "peak"; their figures above are None, never printed as numbers
+    unexplained: dict[str, int] = field(default_factory=dict)
     estimated: dict[str, int] = field(default_factory=dict)  # name -> bytes resting on estimated
     # data-dependent sizes (auditor.analysis.estimated_bytes)
 
@@ -227,6 +230,7 @@ class ProjectionView:
     live_tensor_peak: int | None
     stages: dict[str, ProjectedStage]
     caveat: str | None = None  # what the figures rest on, where a reader must not miss it
+    unexplained: dict | None = None  # {stage, bytes}: the headline's drivers miss; its figures are None
     estimates: str | None = None  # how much rests on estimated data-dependent sizes, in words
 
     @property
@@ -261,7 +265,7 @@ def projection_views(record: dict) -> list[ProjectionView]:
         if "schema" in item or isinstance(item.get("record"), dict):
             view = _traced_run_view(item)
         elif isinstance(item.get("stages"), list):
-            view = _projection_view(item)
+            view = _hide_unexplained(_projection_view(item), item)
         else:
             view = None
         if view is not None:
@@ -292,6 +296,31 @@ def _projection_view(item: dict) -> ProjectionView:
                           peak_stage=peak.get("stage"),
                           live_tensor_peak=item.get("live_tensor_peak"), stages=stages,
                           caveat=scaled_caveat(item), estimates=estimate_note(item))
+
+
+def _hide_unexplained(view: ProjectionView, item: dict) -> ProjectionView:
+    """A scaled projection's figures that its drivers do not explain (`explained: false`,
+    auditor.analysis.projection) become None, their misses kept in `unexplained`."""
+    for entry in item["stages"]:
+        stage = view.stages.get(entry.get("path")) if isinstance(entry, dict) else None
+        if stage is None:
+            continue
+        for name, c in (entry.get("components") or {}).items():
+            if c.get("explained") is False:
+                stage.components[name], stage.unexplained[name] = None, c.get("residual")
+        if (entry.get("unseen_tensors") or {}).get("explained") is False:
+            stage.unseen, stage.unexplained["unseen"] = None, entry["unseen_tensors"].get("residual")
+        transient = (entry.get("transient") or {}).get("explained") is False and "peak_in" not in entry
+        if transient or ("peak_in" in entry and entry.get("explained") is False):
+            miss = entry["transient"].get("residual") if transient else entry.get("miss")
+            stage.transient, stage.unexplained["transient"] = None, miss
+        if entry.get("explained") is False:
+            stage.tensor_peak = stage.rss_peak = None
+            stage.unexplained["peak"] = entry.get("miss")
+    if item.get("explained") is False:
+        view.unexplained = item.get("miss") or {}
+        view.peak_rss = view.peak_stage = view.live_tensor_peak = None
+    return view
 
 
 UNCALIBRATED = ("uncalibrated: each quantity grown by an assumed driver (transients by parameters, "

@@ -26,6 +26,17 @@ parameters and unseen tensors by activations. The fit is linear: it assumes the 
 sets a stage's peak is the same at the target as in the calibration runs; a traced run
 (`traced_projection`) measures it instead and is the one to trust far from the audited shape.
 A run needs a `workload` field (architecture, overrides, tokens) to be projected.
+
+Explained or not. With calibration runs, every projected quantity says whether its drivers
+explain them (`explained`: the fit misses no run by more than its allowance, `residual` the
+largest miss, `allowance` the most it may miss). A quantity that grows with a size no driver has
+(a Hessian per linear, in_features^2: intermediate^2 for Llama's down_proj) is not explained,
+and its stage is not (`explained: false`, `unexplained` naming what); a parent whose peak lies in
+such a child is not either. Such a figure is kept in the record for reference but no report
+prints it as a number: it defers to the traced projection. The projection's `peak` is explained
+only where every stage is (an unexplained stage may hold the target's peak). Without calibration
+runs nothing is checked, and `explained` is absent (the report says the projection is
+uncalibrated).
 """
 from __future__ import annotations
 
@@ -75,6 +86,7 @@ def project(record: dict, target: str, target_dtype: str | None = None,
     dtype_factor = _dtype_factor(record, target_dtype)
     stages = [_project_stage(s, key, fit, dtype_factor) for key, s in stage_keys(record).items()]
     _peaks_inside_children(list(stage_keys(record).values()), stages)
+    explained = _explain(stages)
     # the run's peak: the most specific stage holding it (a parent only where no child does)
     peak = max(stages, key=lambda s: (s["rss_peak"], s["path"].count("/")), default=None)
     return {
@@ -84,6 +96,7 @@ def project(record: dict, target: str, target_dtype: str | None = None,
         "peak": {"stage": peak["path"], "rss": peak["rss_peak"],
                  "live_tensors": peak["tensor_peak"]} if peak else None,
         "live_tensor_peak": max((s["tensor_peak"] for s in stages), default=None),
+        **explained,
         "fit": fit.summary(runs),
     }
 
@@ -168,7 +181,7 @@ class _Fit:
             predicted = [measured * scale(driver, self.audited, s) for s in shapes]
             if _miss(values, predicted) > _allowance(values, floor=0):
                 return self.fitted(measured, key, reading)
-            return {"how": "a priori", "shares": shares, "residual": round(_miss(values, predicted))}
+            return {"how": "a priori", "shares": shares, **_checked(values, _miss(values, predicted))}
         return {"how": "a priori", "shares": shares}
 
     def fitted(self, measured: int, key: tuple, reading, fallback: str = "parameters") -> dict:
@@ -176,7 +189,7 @@ class _Fit:
             return {"how": "a priori", "shares": {fallback: measured}}
         values, shapes = self._series(key, reading, measured)
         shares, residual = fit_shares(values, shapes)
-        return {"how": "fitted", "shares": shares, "residual": round(residual)}
+        return {"how": "fitted", "shares": shares, **_checked(values, residual)}
 
     def _series(self, key: tuple, reading, measured: int) -> tuple[list[float], list[Shape]]:
         values, shapes = [float(measured)], [self.audited]
@@ -281,6 +294,14 @@ def _allowance(values: list[float], floor: int = FLOOR) -> float:
     return max(TOLERANCE * max((abs(v) for v in values), default=0.0), floor)
 
 
+def _checked(values: list[float], residual: float) -> dict:
+    """Whether the drivers explain the runs: their largest miss within the allowance, and at
+    least one calibration run besides the audited one to miss (else nothing was checked)."""
+    allowance = _allowance(values)
+    return {"residual": round(residual), "allowance": round(allowance),
+            "explained": len(values) > 1 and residual <= allowance}
+
+
 # -- one stage ---------------------------------------------------------------------------
 
 def _project_stage(stage: dict, key: tuple, fit: _Fit, dtype_factor: float) -> dict:
@@ -332,3 +353,35 @@ def _peaks_inside_children(measured: list[dict], stages: list[dict]) -> None:
         stage["rss_peak"] = max(max(p["rss_peak"] for _, p in children),
                                 stage["tensor_peak"] + stage["beyond_tensors"])
         stage["transient"]["projected"] = stage["tensor_peak"] - stage["tensor_end"]
+
+
+def _explain(stages: list[dict]) -> dict:
+    """Each stage's `explained` (where calibration runs checked it): every part of it explained
+    by its drivers, and the child its peak lies in (`peak_in`) too; `unexplained` names the rest
+    with their misses, `miss` the largest. Returns the projection's own: `explained` where every
+    stage is, else the stages that are not and the largest miss."""
+    done: dict[str, dict] = {}
+    for stage in sorted(stages, key=lambda s: -s["path"].count("/")):  # children first
+        parts = [(name, c) for name, c in stage["components"].items()]
+        parts.append(("unseen tensors", stage["unseen_tensors"]))
+        if "peak_in" not in stage:  # else its peak is the child's, explained or not below
+            parts.append(("transient", stage["transient"]))
+        if all("explained" not in part for _, part in parts):
+            continue  # no calibration runs: nothing was checked
+        missed = [{"what": what, "residual": part["residual"], "allowance": part["allowance"]}
+                  for what, part in parts if part.get("explained") is False]
+        holder = done.get(stage.get("peak_in"))
+        if holder is not None and not holder["explained"]:
+            missed.append({"what": f"peak in {holder['path']}", "residual": holder["miss"]})
+        stage["explained"] = not missed
+        if missed:
+            stage["unexplained"], stage["miss"] = missed, max(m["residual"] for m in missed)
+        done[stage["path"]] = stage
+    if not done:
+        return {}
+    wrong = [s for s in stages if s.get("explained") is False]
+    if not wrong:
+        return {"explained": True}
+    worst = max(wrong, key=lambda s: s["miss"])
+    return {"explained": False, "unexplained_stages": [s["path"] for s in wrong],
+            "miss": {"stage": worst["path"], "bytes": worst["miss"]}}

@@ -30,6 +30,7 @@ class StageSide:
     target_tensor_peak: int | None = None
     audited_rss_peak: int | None = None
     target_rss_peak: int | None = None
+    target_miss: int | None = None  # a call's scaled figures its drivers do not explain: their miss
 
 
 @dataclass
@@ -40,6 +41,7 @@ class ComponentSide:
     target: int | None = None
     audited_instances: int = 0
     target_instances: int = 0
+    target_miss: int | None = None  # an instance's scaled bytes its drivers do not explain: the miss
 
 
 @dataclass
@@ -100,6 +102,9 @@ def _stages(record: dict, projection: dict) -> list[StageSide]:
     for stage in projection["stages"]:
         row = _row(rows, stage["path"])
         row.target_calls += 1
+        if stage.get("explained") is False:  # never a number (auditor.analysis.projection)
+            row.target_miss = _most(row.target_miss, stage.get("miss"))
+            continue
         row.target_tensor_peak = _most(row.target_tensor_peak, stage.get("tensor_peak"))
         row.target_rss_peak = _most(row.target_rss_peak, stage.get("rss_peak"))
     return list(rows.values())
@@ -123,6 +128,10 @@ def _components(record: dict, projection: dict) -> list[ComponentSide]:
     for stage in projection["stages"]:
         _fold_stage_end(found, stage.get("components") or {}, "target",
                         lambda c: c.get("projected") or 0)
+        for name, item in (stage.get("components") or {}).items():
+            if item.get("explained") is False:  # never a number (auditor.analysis.projection)
+                side = found[fold_component(name)]
+                side.target_miss = _most(side.target_miss, item.get("residual"))
     return sorted(found.values(), key=lambda c: -max(c.target or 0, c.audited))
 
 

@@ -27,6 +27,7 @@ from auditor.analysis.components import (BEYOND_CENSUS, BEYOND_LIVE, UNSEEN_TENS
                                          peak_stage, projection_views, run_weights)
 from auditor.allocation_sites import passes_through
 from auditor.renderers import markdown_text as md
+from auditor.renderers.projection_markdown import unexplained
 
 SITE_STACK_FRAMES = 3
 MAX_STAGE_ROWS = 300      # rows of the stage table, after folding repeated calls
@@ -151,7 +152,7 @@ def _summary(record: dict, found, views: list[ProjectionView]) -> str:
         rows.append(["peak live tensors", f"not measured (no live-tensor meter in this record){extra}"])
     for view in views:
         value = (f"{units.size(view.peak_rss)} peak RSS" if view.peak_rss is not None
-                 else "RSS not projected")
+                 else _deferred(view, views) if view.unexplained is not None else "RSS not projected")
         if view.peak_stage:
             value += f" in stage {md.code(view.peak_stage)}"
         if view.live_tensor_peak is not None:
@@ -456,6 +457,21 @@ def _at_peak_table(at_peak: dict) -> str:
     return f"{table}\n\nBy category: {categories or 'none'}."
 
 
+def _deferred(view: ProjectionView, views: list[ProjectionView]) -> str:
+    """The headline of a scaled projection its drivers do not explain: the traced projection's
+    figure for the same target, and that it stands in for the scaled one."""
+    miss = view.unexplained or {}
+    text = (f"not explained by its drivers (miss {units.size(miss.get('bytes'))} in stage "
+            f"{md.code(miss.get('stage', '?'))}): see traced")
+    traced = next((v for v in views if v.method == "traced" and v.target == view.target
+                   and v.target_dtype == view.target_dtype and v.live_tensor_peak is not None), None)
+    if traced is None:
+        return text + " (no traced projection in this record: a run without --no-trace makes one)"
+    figure = (f"{units.size(traced.peak_rss)} peak RSS" if traced.peak_rss is not None
+              else f"live tensors {units.size(traced.live_tensor_peak)}")
+    return f"{text}: the traced figure stands for it, {figure} in stage {md.code(traced.peak_stage or '?')}"
+
+
 def _component_tables(record: dict, stage: dict, views: list[ProjectionView], which: str,
                       why: str = "") -> str:
     title = f"### Components {which}: {md.code(stage['path'])}"
@@ -474,33 +490,38 @@ def _component_tables(record: dict, stage: dict, views: list[ProjectionView], wh
     projected = [(v, v.stages.get(stage["path"])) for v in views]
     headers = ["component", "category", "bytes", "share"] + [f"projected, {md.text(v.label)}" for v, _ in projected]
 
-    def proj(get) -> list[str]:
-        return [units.size(get(p)) if p is not None else "-" for _, p in projected]
+    def proj(get, parts=lambda p: ()) -> list[str]:
+        """Each view's figure, or why it has none: one of `parts` its drivers do not explain."""
+        def cell(p):
+            missed = [p.unexplained[k] or 0 for k in parts(p) if k in p.unexplained]
+            return unexplained(max(missed)) if missed else units.size(get(p))
+        return [cell(p) if p is not None else "-" for _, p in projected]
 
     def proj_component(name: str) -> list[str]:  # with the bytes that rest on estimated sizes
-        return [units.size(p.components.get(name)) + (f" (est. {units.size(p.estimated[name])})"
+        return [unexplained(p.unexplained[name]) if p is not None and name in p.unexplained else
+                units.size(p.components.get(name)) + (f" (est. {units.size(p.estimated[name])})"
                                                       if p.estimated.get(name) else "")
                 if p is not None else "-" for _, p in projected]
 
     rows = [[md.code(r.name), md.text(r.category), units.size(r.bytes), units.share(r.bytes, a.rss_end)]
             + proj_component(r.name) for r in a.rows]
     rows.append(["**census total**", "", f"**{units.size(a.census)}**", units.share(a.census, a.rss_end)]
-                + proj(lambda p: sum(v for v in p.components.values() if v is not None)))
+                + proj(lambda p: sum(v for v in p.components.values() if v is not None), lambda p: list(p.components)))
     rows.append([md.text(BEYOND_CENSUS), "", units.size(a.beyond_census), units.share(a.beyond_census, a.rss_end)]
                 + proj(lambda p: None if p.unseen is None and p.beyond_tensors is None
-                       else (p.unseen or 0) + (p.beyond_tensors or 0)))
+                       else (p.unseen or 0) + (p.beyond_tensors or 0), lambda p: ["unseen"]))
     if a.unseen is not None:
         rows.append([INDENT + "of which " + md.text(UNSEEN_TENSORS), "", units.size(a.unseen),
-                     units.share(a.unseen, a.rss_end)] + proj(lambda p: p.unseen))
+                     units.share(a.unseen, a.rss_end)] + proj(lambda p: p.unseen, lambda p: ["unseen"]))
         rows.append([INDENT + "of which " + md.text(BEYOND_LIVE), "", units.size(a.beyond_live),
                      units.share(a.beyond_live, a.rss_end)] + proj(lambda p: p.beyond_tensors))
     rows.append(["**RSS at the stage end**", "", f"**{units.size(a.rss_end)}**",
                  units.share(a.rss_end, a.rss_end)] + proj(lambda p: None))
     if a.rss_peak is not None and a.rss_end is not None:
         rows.append(["transient inside the stage (peak - end)", "", units.size(a.rss_peak - a.rss_end), ""]
-                    + proj(lambda p: p.transient))
+                    + proj(lambda p: p.transient, lambda p: ["transient"]))
         rows.append(["**peak inside the stage**", "", f"**{units.size(rss['peak'])}**", ""]
-                    + proj(lambda p: p.rss_peak))
+                    + proj(lambda p: p.rss_peak, lambda p: ["peak"]))
     table = md.table(headers, rows, right=set(range(2, len(headers))))
     cat_headers = ["category", "bytes", "share", "x weights"] + [f"projected, {md.text(v.label)}" for v, _ in projected]
     cat_rows = []
@@ -508,7 +529,7 @@ def _component_tables(record: dict, stage: dict, views: list[ProjectionView], wh
         names = [r.name for r in a.rows if r.category == category]
         cat_rows.append([md.text(category), units.size(total), units.share(total, a.rss_end),
                          units.ratio(total, a.weights)]
-                        + proj(lambda p, ns=names: sum(p.components.get(n) or 0 for n in ns)))
+                        + proj(lambda p, ns=names: sum(p.components.get(n) or 0 for n in ns), lambda p, ns=names: ns))
     cat_rows.append([md.text(BEYOND_CENSUS), units.size(a.beyond_census),
                      units.share(a.beyond_census, a.rss_end), units.ratio(a.beyond_census, a.weights)]
                     + ["" for _ in projected])

@@ -29,13 +29,20 @@ def _section(side: SideBySide) -> str:
 
 def _stage_table(side: SideBySide) -> str:
     rows = [["&emsp;" * s.depth + md.text(s.name.rsplit("/", 1)[-1]), _calls(s.audited_calls),
-             _calls(s.target_calls), units.size(s.audited_tensor_peak), units.size(s.target_tensor_peak),
-             units.ratio(s.target_tensor_peak, s.audited_tensor_peak), units.size(s.audited_rss_peak),
-             units.size(s.target_rss_peak)] for s in side.stages]
+             _calls(s.target_calls), units.size(s.audited_tensor_peak),
+             *([unexplained(s.target_miss), "", units.size(s.audited_rss_peak), unexplained(s.target_miss)]
+               if s.target_miss is not None else
+               [units.size(s.target_tensor_peak), units.ratio(s.target_tensor_peak, s.audited_tensor_peak),
+                units.size(s.audited_rss_peak), units.size(s.target_rss_peak)])] for s in side.stages]
     head = ["stage", "calls audited", "calls at target", "live tensors peak, audited",
             "projected", "growth", "RSS peak, audited", "projected"]
     return ("Each stage's highest call on each side; repeated calls are one row.\n\n"
             + md.table(head, rows, right=range(1, 8)))
+
+
+def unexplained(miss: int | None) -> str:
+    """A scaled figure its drivers do not explain (auditor.analysis.projection), in place of the number."""
+    return f"not explained by its drivers (miss {units.size(miss)}): see traced"
 
 
 def _calls(n: int) -> str:
@@ -45,7 +52,8 @@ def _calls(n: int) -> str:
 def _component_table(side: SideBySide) -> str:
     shown = side.components[:MOST_COMPONENTS]
     rows = [[md.code(c.name), md.text(c.category), units.size(c.audited) if c.audited_instances else "-",
-             units.size(c.target) if c.target_instances else "-", units.ratio(c.target, c.audited),
+             *([unexplained(c.target_miss), ""] if c.target_miss is not None else
+               [units.size(c.target) if c.target_instances else "-", units.ratio(c.target, c.audited)]),
              f"{c.audited_instances:,} / {c.target_instances:,}"] for c in shown]
     more = (f"\n\n{len(side.components) - len(shown):,} smaller components are in the record's "
             "`projections`." if len(side.components) > len(shown) else "")
