@@ -46,14 +46,52 @@ def main() -> None:
                 times[side].append(time.perf_counter() - began)
                 if side == "with":
                     sites = len(record["data_dependent_sizes"])
+        per_op, ops = per_operator_cost(), operators_in(settings, folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     print(f"load average after: {os.getloadavg()}")
+    print(f"recorder cost per operator (tiny adds, best of 5): {per_op * 1e6:.2f} us; {ops:,} operators "
+          f"in one audited run: {per_op * ops:.2f} s expected")
     medians = {side: statistics.median(t) for side, t in times.items()}
     for side, t in times.items():
         print(f"{side:>8} recorder: median {medians[side]:.2f} s of {', '.join(f'{x:.2f}' for x in t)}")
     print(f"with / without: {medians['with'] / medians['without']:.3f}x ({sites} sites recorded; "
           f"{args.variant}, {args.arch}, {args.threads} threads, {args.rounds} rounds)")
+
+
+def per_operator_cost(n: int = 100_000) -> float:
+    """Seconds the recorder adds to one operator it does no work for (the common case)."""
+    from auditor.data_dependent import SizeRecorder
+    x = torch.ones(4)
+
+    def loop() -> float:
+        began = time.perf_counter()
+        for _ in range(n):
+            torch.add(x, x)
+        return time.perf_counter() - began
+    bare, recorded = [], []
+    for _ in range(5):
+        bare.append(loop())
+        with SizeRecorder():
+            recorded.append(loop())
+    return (min(recorded) - min(bare)) / n
+
+
+def operators_in(settings, folder: Path) -> int:
+    """Operators dispatched in one audited run of the job (a counting mode around it)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from auditor.jobs.gradprobe import audit
+
+    class Count(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.calls += 1
+            return func(*args, **(kwargs or {}))
+    with Count():
+        audit(settings, folder / "counted", record_sizes=False)
+    return Count.calls
 
 
 if __name__ == "__main__":
