@@ -209,6 +209,10 @@ def _print_summary(record: dict, output: Path, folder: Path) -> None:
     for p in record.get("projections", []):
         if p.get("not_projected"):
             print(f"{p['method']:>6} projection to {p['target']}: none ({p['not_projected']})")
+        elif p.get("explained") is False:  # no number its drivers do not explain
+            miss = p.get("miss") or {}
+            print(f"{p['method']:>6} projection to {p['target']}: not explained by its drivers (miss "
+                  f"{size(miss.get('bytes'))} in {miss.get('stage')}): see traced")
         elif p.get("peak"):
             caveat = scaled_caveat(p)
             print(f"{p['method']:>6} projection to {p['target']}: peak RSS {size(p['peak']['rss'])}, "
