@@ -7,7 +7,7 @@ and estimated in a traced one.
     with auditor.Audit(out="runs/7b", traced=True, observed_sizes=sizes):  # fake, 7B model
         prune(build_7b())
 
-`nonzero`, `masked_select`, boolean indexing and `bincount` make outputs sized by values, and a
+`nonzero`, `masked_select`, boolean indexing, `unique` and `bincount` make outputs sized by values, and a
 count read back into Python (`int(torch.count_nonzero(mask))`, `mask.sum().item()`) sizes
 whatever the program allocates with it. Fake tensors have no values, so a traced run alone
 can only make these empty. The real run at the audited scale knows each size: per call site
@@ -44,8 +44,9 @@ aten = torch.ops.aten
 OBSERVED, DECLARED, UNKNOWN = "observed", "declared", "unknown"
 NO_SITE = "(no frame of the program)"
 # Operators whose output size depends on values, and the counts a program reads back.
+UNIQUE = (aten._unique2.default, aten.unique_consecutive.default)
 SIZED_BY_VALUES = (aten.nonzero.default, aten.masked_select.default, aten.index.Tensor,
-                   aten.bincount.default)
+                   aten.bincount.default, *UNIQUE)
 COUNTING = (aten.count_nonzero.default, aten.sum.default)
 READ_BACK = aten._local_scalar_dense.default
 WATCHED = frozenset((*SIZED_BY_VALUES, *COUNTING, READ_BACK))
@@ -132,7 +133,8 @@ class SizeRecorder(TorchDispatchMode):
             sized = selection(func, args, {})
             if sized is not None:
                 _, numel, dim = sized
-                made = out.numel() if func is aten.bincount.default else out.shape[dim]
+                made = (out.numel() if func is aten.bincount.default else
+                        out[0].numel() if func in UNIQUE else out.shape[dim])
                 self._site(caller_site() or NO_SITE, op_name(func)).add(numel, made)
 
     def _site(self, site: str, op: str) -> SiteSizes:
@@ -153,7 +155,8 @@ class SizeEstimates:
     (the lower bound a traced figure's estimated part is measured against).
 
     One mask read twice gets one count (its tensor, or an equal view of its storage), so a count
-    read back and the selection it sizes agree, as they do in a real run."""
+    read back and the selection it sizes agree, as they do in a real run; `unique` keeps counts
+    of its own (how many distinct values, not how many are true)."""
 
     def __init__(self, observed: list[dict] | None = None, estimate: bool = True):
         self.observed = {(e["site"], e["op"]): e for e in observed or ()}
@@ -166,11 +169,12 @@ class SizeEstimates:
         """Elements out of a value-sized call of `func` on `numel` elements (`mask` decides)."""
         site, op = caller_site() or NO_SITE, op_name(func)
         entry = self._entry(site, op)
-        known = self._remembered(mask)
+        kind = "unique" if func in UNIQUE else "true"
+        known = self._remembered(mask, kind)
         if known is None:
             ratio = entry["ratio"]
             known = 0 if ratio is None else min(numel, max(0, round(ratio * numel)))
-            self._remember(mask, known)
+            self._remember(mask, kind, known)
         return self._made(entry, numel, known)
 
     def bins(self, func, values: torch.Tensor, minlength: int) -> int:
@@ -214,20 +218,20 @@ class SizeEstimates:
             return declared, DECLARED
         return None, UNKNOWN
 
-    def _remembered(self, mask: torch.Tensor) -> int | None:
-        known = self._by_tensor.get(mask)
+    def _remembered(self, mask: torch.Tensor, kind: str) -> int | None:
+        known = (self._by_tensor.get(mask) or {}).get(kind)
         if known is None:
             views = self._views(mask)
-            known = views.get(_geometry(mask)) if views is not None else None
+            known = views.get((kind, *_geometry(mask))) if views is not None else None
         return known
 
-    def _remember(self, mask: torch.Tensor, count: int) -> None:
-        self._by_tensor[mask] = count
+    def _remember(self, mask: torch.Tensor, kind: str, count: int) -> None:
+        self._by_tensor.setdefault(mask, {})[kind] = count
         try:
             storage = mask.untyped_storage()
         except (RuntimeError, NotImplementedError):
             return
-        self._by_storage.setdefault(storage, {})[_geometry(mask)] = count
+        self._by_storage.setdefault(storage, {})[(kind, *_geometry(mask))] = count
 
     def _views(self, mask: torch.Tensor) -> dict | None:
         try:

@@ -11,7 +11,7 @@ a comparison in Python) gets 0 / 0.0 / False, so value-driven control flow takes
 path; a count (`count_nonzero`, a bool tensor's `sum`) reads back its estimate instead.
 
 Operators whose output *size* depends on values (boolean indexing, `nonzero`,
-`masked_select`, `bincount`) are sized by `auditor.data_dependent.SizeEstimates`: the real
+`masked_select`, `unique`, `bincount`) are sized by `auditor.data_dependent.SizeEstimates`: the real
 run's ratio at the same call site, else a fraction the program declared, else empty (the
 site is then listed as unknown). Every such call is also counted in `data_dependent`.
 
@@ -35,8 +35,8 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 from auditor.allocation_sites import caller_site
-from auditor.data_dependent import (COUNTING, NO_SITE, SizeEstimates, counts_elements, op_name,
-                                    selection)
+from auditor.data_dependent import (COUNTING, NO_SITE, UNIQUE, SizeEstimates, counts_elements,
+                                    op_name, selection)
 
 aten = torch.ops.aten
 
@@ -63,7 +63,7 @@ class ValueFreeMode(TorchDispatchMode):
             out = func(*args, **kwargs)
         except DynamicOutputShapeException:
             self.data_dependent[str(func)] += 1
-            return self._estimated_result(func, args)
+            return self._estimated_result(func, args, kwargs)
         except RuntimeError as error:
             out = self._reconciled(func, args, kwargs, error)
         if func in COUNTING and counts_elements(func, args) and out.dim() == 0:
@@ -79,14 +79,17 @@ class ValueFreeMode(TorchDispatchMode):
         dtype = scalar.dtype
         return False if dtype == torch.bool else (0.0 if dtype.is_floating_point else 0)
 
-    def _estimated_result(self, func, args) -> torch.Tensor:
-        sized = selection(func, args, {})
-        if sized is None:
+    def _estimated_result(self, func, args, kwargs):
+        sized = selection(func, args, kwargs) if func in ESTIMATED else None
+        along_dim = func is aten.unique_consecutive.default and _option(args, kwargs, 3, "dim") is not None
+        if sized is None or along_dim:
             raise NotImplementedError(f"cannot trace {func}: its output size depends on tensor "
                                       "values, in a form auditor.data_dependent does not estimate")
         mask, numel, dim = sized
         count = self.estimates.count(func, mask, numel)
         source = args[0]
+        if func in UNIQUE:
+            return self._unique(func, source, count, args, kwargs)
         if func is aten.nonzero.default:
             out = torch.empty((count, source.dim()), dtype=torch.long)
         elif func is aten.masked_select.default:
@@ -96,6 +99,20 @@ class ValueFreeMode(TorchDispatchMode):
             out = torch.empty(shape, dtype=source.dtype)
         if count:
             self._mark(out)
+        return out
+
+    def _unique(self, func, source: torch.Tensor, count: int, args, kwargs) -> tuple:
+        """(values, inverse, counts) as `unique` returns them: `count` distinct values; the
+        inverse, when asked for, the input's shape; counts, when asked for, one per value."""
+        first = 2 if func is aten._unique2.default else 1  # _unique2 takes `sorted` first
+        inverse = _option(args, kwargs, first, "return_inverse")
+        counts = _option(args, kwargs, first + 1, "return_counts")
+        out = (torch.empty(count, dtype=source.dtype),
+               torch.empty(source.shape if inverse else 0, dtype=torch.long),
+               torch.empty(count if counts else 0, dtype=torch.long))
+        if count:
+            self._mark(out[0])
+            self._mark(out[2])
         return out
 
     # -- marks, and estimates that disagree with the program -------------------------------
@@ -151,6 +168,13 @@ def traced(observed_sizes: list[dict] | None = None, estimate_sizes: bool = True
     value_free = ValueFreeMode(SizeEstimates(observed_sizes, estimate_sizes))
     with FakeTensorMode(allow_non_fake_inputs=True), value_free:
         yield value_free
+
+
+ESTIMATED = (aten.nonzero.default, aten.masked_select.default, aten.index.Tensor, *UNIQUE)
+
+
+def _option(args, kwargs, position: int, name: str):
+    return kwargs[name] if name in kwargs else (args[position] if len(args) > position else None)
 
 
 def is_fake(tensor: torch.Tensor) -> bool:

@@ -166,3 +166,34 @@ def test_projection_carries_estimated_bytes_per_stage_and_component():
     assert stage["estimated"] == 500 and stage["components"]["state"]["estimated"] == 500
     assert projection["peak"]["estimated"] == 500
     assert "500 B rest on data-dependent sizes estimated from observed ratios at 1 site" in estimate_note(projection)
+
+
+def distinct_tokens(tokens: torch.Tensor) -> tuple:
+    values, inverse, counts = torch.unique(tokens, return_inverse=True, return_counts=True)
+    return values, inverse, counts
+
+
+def test_unique_is_sized_by_its_own_ratio(tmp_path):
+    with Audit(out=tmp_path / "real", record_sizes=True) as real:
+        distinct_tokens(torch.arange(1000) % 250)
+    (site,) = real.record["data_dependent_sizes"]
+    assert site["op"] == "aten::_unique2" and site["ratio"] == 0.25
+    with Audit(out=tmp_path / "traced", traced=True, observed_sizes=real.record["data_dependent_sizes"]):
+        tokens = torch.empty(8000, dtype=torch.long)
+        values, inverse, counts = distinct_tokens(tokens)
+        assert values.shape == (2000,) and counts.shape == (2000,) and inverse.shape == (8000,)
+        assert torch.nonzero(tokens).shape == (0, 1)  # the same tensor's nonzero: not unique's count
+
+
+def test_report_views_carry_the_estimates():
+    from auditor.analysis.components import projection_views
+    traced = {"name": "t", "workload": {"architecture": "big"},
+              "traced": {"estimated_sizes": [{"site": "a.py:1 f", "op": "aten::index", "calls": 1,
+                                              "output_numel": 10, "ratio": 0.1, "source": "observed"}]},
+              "stages": [{"path": "s", "status": "ok", "live_tensors": {"peak": 1000},
+                          "components": {"state": {"category": "saved copies", "bytes": 600}}}],
+              "estimated_bytes": {"stages": [{"path": "s", "live_tensors": 600, "components": {"state": 600}}]}}
+    real = {"stages": [{"path": "s", "rss": {"peak": 2000}, "live_tensors": {"peak": 100}}]}
+    (view,) = projection_views({"projections": [project_traced(real, traced)]})
+    assert view.stages["s"].estimated == {"state": 600}
+    assert "600 B rest on data-dependent sizes" in view.estimates
