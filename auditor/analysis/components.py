@@ -206,7 +206,7 @@ def attributions(record: dict) -> list[Attribution]:
 
 @dataclass
 class ProjectedStage:
-    components: dict[str, int] = field(default_factory=dict)  # name -> projected bytes
+    components: dict[str, int | None] = field(default_factory=dict)  # name -> projected bytes
     unseen: int | None = None        # tensors the census cannot see, projected
     transient: int | None = None     # transient inside the stage, projected
     beyond_tensors: int | None = None  # RSS beyond live tensors (not scaled)
@@ -302,7 +302,7 @@ def _hide_unexplained(view: ProjectionView, item: dict) -> ProjectionView:
     """A scaled projection's figures that its drivers do not explain (`explained: false`,
     auditor.analysis.projection) become None, their misses kept in `unexplained`."""
     for entry in item["stages"]:
-        stage = view.stages.get(entry.get("path")) if isinstance(entry, dict) else None
+        stage = view.stages.get(entry.get("path", "")) if isinstance(entry, dict) else None
         if stage is None:
             continue
         for name, c in (entry.get("components") or {}).items():

@@ -370,7 +370,7 @@ def _explain(stages: list[dict]) -> dict:
             continue  # no calibration runs: nothing was checked
         missed = [{"what": what, "residual": part["residual"], "allowance": part["allowance"]}
                   for what, part in parts if part.get("explained") is False]
-        holder = done.get(stage.get("peak_in"))
+        holder = done.get(stage.get("peak_in") or "")
         if holder is not None and not holder["explained"]:
             missed.append({"what": f"peak in {holder['path']}", "residual": holder["miss"]})
         stage["explained"] = not missed
