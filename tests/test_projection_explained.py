@@ -77,7 +77,7 @@ def test_a_hessian_no_driver_explains_is_not_printed_as_a_number():
     assert stages["prune"]["explained"] is False and stages["build model"]["explained"] is True
     assert stages["prune"]["unexplained"][0]["what"] == "pruner.hessians"
     assert scaled["explained"] is False and scaled["unexplained_stages"] == ["prune"]
-    assert scaled["miss"] == {"stage": "prune", "bytes": stages["prune"]["miss"]}
+    assert scaled["miss"] == {"stage": "prune", "bytes": stages["prune"]["miss"], "what": "pruner.hessians"}
 
     record["projections"] = [scaled, traced(record)]
     text = render(record)

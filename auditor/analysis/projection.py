@@ -382,6 +382,7 @@ def _explain(stages: list[dict]) -> dict:
     wrong = [s for s in stages if s.get("explained") is False]
     if not wrong:
         return {"explained": True}
-    worst = max(wrong, key=lambda s: s["miss"])
+    worst = max(wrong, key=lambda s: (s["miss"], s["path"].count("/")))  # where it arises, not its parents
+    what = next(m["what"] for m in worst["unexplained"] if m["residual"] == worst["miss"])
     return {"explained": False, "unexplained_stages": [s["path"] for s in wrong],
-            "miss": {"stage": worst["path"], "bytes": worst["miss"]}}
+            "miss": {"stage": worst["path"], "bytes": worst["miss"], "what": what}}

@@ -461,8 +461,9 @@ def _deferred(view: ProjectionView, views: list[ProjectionView]) -> str:
     """The headline of a scaled projection its drivers do not explain: the traced projection's
     figure for the same target, and that it stands in for the scaled one."""
     miss = view.unexplained or {}
+    what = f" ({md.text(miss['what'])})" if miss.get("what") else ""
     text = (f"not explained by its drivers (miss {units.size(miss.get('bytes'))} in stage "
-            f"{md.code(miss.get('stage', '?'))}): see traced")
+            f"{md.code(miss.get('stage', '?'))}{what}): see traced")
     traced = next((v for v in views if v.method == "traced" and v.target == view.target
                    and v.target_dtype == view.target_dtype and v.live_tensor_peak is not None), None)
     if traced is None:
