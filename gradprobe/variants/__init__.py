@@ -20,6 +20,11 @@ All but low-precision make exactly the baseline's decisions (same masks, same pr
 A registry entry is any callable `(model, strategy, per_layer=False) -> pruner` whose pruner's
 `prune(loader, loss_fn, sparsity, num_batches, reduction_factor, gradient_threshold,
 storage_dtype)` returns a `PruneResult`; a pruner class with `GradProbe`'s signature is one.
+Its class says what it does, for anyone watching from outside (`auditor gradprobe` stages and
+censuses it by these alone): `phases`, its methods in the spec's words; `state_categories`, what
+each attribute it keeps is; optionally `inner_pruners` (pruners it runs inside `prune`, whose
+phases are its own too), `phase_label` (names what a phase's call worked on) and `not_projected`
+(why it cannot be projected on fake tensors).
 """
 from __future__ import annotations
 
