@@ -47,6 +47,7 @@ import weakref
 from datetime import datetime, timezone
 from pathlib import Path
 
+from auditor import ranks
 from auditor import record as run_record
 from auditor.probes import cuda as cuda_probe
 from auditor.probes.python_heap import PythonHeapProbe
@@ -125,6 +126,9 @@ class Audit:
         self._observed_sizes, self._estimate_sizes = observed_sizes, estimate_sizes
         self.stage_label = stage_label
         self.name = name or "audit"
+        self.rank = self._rank_start = ranks.identity()  # torchrun/spawn: its own folder in the shared one
+        if self.rank is not None:
+            out = ranks.rank_run_folder(out, self.rank)
         self._chosen_folder = out is None  # ours to name: claimed on entry, renamed on a clash
         self.folder = Path(out) if out is not None else new_run_folder(self.name)
         run_record.check_run_folder(self.folder)
@@ -198,6 +202,7 @@ class Audit:
                 "command": self.command, "started_at": started_at, "device": self._device(),
                 "machine": _machine(), "environment": _environment(), "options": self.options,
                 "process": {"pid": os.getpid(), "rss_at_start": rss_at_start, "cwd": os.getcwd()}, "probes": probes,
+                **({"rank": self.rank} if self.rank else {}),
             }, durable=True)
         except BaseException:
             self._abandon()
@@ -425,6 +430,11 @@ class Audit:
                 "cuda_allocated": self._run_peaks.get("cuda")}
         if memray is not None:  # the stage open at memray's high-water time, from its snapshots
             memray.update(self._memray.place(finished, self._seconds_at, peak))
+        rank = {}
+        if self.rank is not None:  # torch.distributed, initialised by now, has the last word
+            rank["rank"], mismatch = ranks.at_end(self._rank_start, self.rank)
+            if mismatch:
+                self._warn(mismatch)
         files = {"events": run_record.EVENTS_FILE, "run": run_record.RUN_FILE}
         if memray:
             files.update(memray=memray["file"])
@@ -435,7 +445,7 @@ class Audit:
             "process": {**self._events[0]["process"], "rss_at_end": ends["rss"]},
             "probes": self._probes, "peak": peak, "memray": memray, "exit": _exit_status(exc),
             "files": files, "event_log": self._log_state(written=1),
-            "audit_overhead_s": {k: round(v, 6) for k, v in self._overhead.items()},
+            "audit_overhead_s": {k: round(v, 6) for k, v in self._overhead.items()}, **rank,
         }
 
     # -- stages --------------------------------------------------------------------------
@@ -508,6 +518,8 @@ class Audit:
         readings = self._read_meters(reset=True)  # the interval after the close has its own peak
         ends = {key: values for key, (values, _) in readings.items()}
         self._open.remove(closing)
+        if self.rank is not None:  # the process group's own figures, once the program made one
+            self.rank = ranks.confirmed(self.rank)
         started, end_s = closing.entry, round(end_s, 6)
         self._end_interval(closing.thread_id, end_s, ends, closing=closing)
         alive = self._alive(closing.at_peak)

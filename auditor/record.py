@@ -62,6 +62,8 @@ The record (design.md's fields keep their meaning; added ones marked +):
            torch.profiler trace, "profiler/HOST_PID.TIME.pt.trace.json": TensorBoard reads
            the profiler/ folder)}, +warnings[str],
     +audit_overhead_s{boundaries_s, census_s, finish_s}
+    +rank{rank, world_size, local_rank, host, backend, source, read_at} | absent: a rank of a
+          distributed run, whose record is RUN/rank-N/ (auditor.ranks)
 
 `at_peak` (live-tensor meter on): what was alive at the live-tensor high-water moment of a
 stage (the interval inside it that held its peak) or of an unstaged interval:
@@ -96,7 +98,8 @@ STAGE_REQUIRED = ("name", "path", "parent", "status", "start_s", "end_s", "rss")
 # Written by the audit itself; `Audit.annotate` adds any other field (workload, result...).
 RESERVED = set(REQUIRED) | {"marks", "unstaged", "warnings", "finished_at", "duration_s", "machine",
                             "options", "probes", "memray", "exit", "files", "event_log",
-                            "audit_overhead_s"}
+                            "audit_overhead_s", "rank"}
+RANK_PREFIX = "rank-"  # rank N of a distributed run writes into RUN/rank-N/ (auditor.ranks)
 
 
 class RunRecordError(ValueError):
@@ -115,6 +118,10 @@ def check_run_folder(folder: str | os.PathLike) -> Path:
             if (folder / name).exists():
                 raise ValueError(f"output folder {str(folder)!r} already holds a run record "
                                  f"({name}); choose a new folder (--run-dir)")
+        if rank_folders(folder):
+            raise ValueError(f"output folder {str(folder)!r} already holds the records of a "
+                             f"multi-rank run ({rank_folder_name(rank_folders(folder)[0])}/); "
+                             "choose a new folder (--run-dir)")
         if not os.access(folder, os.W_OK | os.X_OK):
             raise ValueError(f"output folder {str(folder)!r} is not writable")
         return folder
@@ -128,6 +135,21 @@ def check_run_folder(folder: str | os.PathLike) -> Path:
         raise ValueError(f"cannot create output folder {str(folder)!r}: "
                          f"{str(ancestor)!r} is not writable")
     return folder
+
+
+def rank_folder_name(rank: int) -> str:
+    return f"{RANK_PREFIX}{rank}"
+
+
+def rank_folders(folder: str | os.PathLike) -> list[int]:
+    """The ranks whose record (an event log) is in `folder`'s rank-N subfolders, in order."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [int(path.name[len(RANK_PREFIX):]) for path in folder.iterdir()
+             if path.name.startswith(RANK_PREFIX) and path.name[len(RANK_PREFIX):].isdigit()
+             and (path / EVENTS_FILE).is_file()]
+    return sorted(found)
 
 
 class EventLog:
@@ -459,7 +481,8 @@ def validate(record, where: str = "run record") -> None:
 _RECORD_TYPES = {"name": "TEXT", "command": "TEXT", "started_at": "TEXT", "device": "TEXT",
                  "environment": "OBJECT", "process": "OBJECT", "peak": "OBJECT",
                  "marks": "LIST", "unstaged": "LIST?", "warnings": "LIST", "exit": "OBJECT?", "files": "OBJECT?",
-                 "probes": "OBJECT?", "memray": "OBJECT?", "duration_s": "SECONDS?"}
+                 "probes": "OBJECT?", "memray": "OBJECT?", "duration_s": "SECONDS?",
+                 "rank": "OBJECT?"}
 _PROCESS_TYPES = {"rss_at_start": "BYTES?", "rss_at_end": "BYTES?"}
 _PEAK_TYPES = {"rss": "BYTES?", "stage": "TEXT?", "where": "OBJECT?"}
 _STAGE_TYPES = {"name": "TEXT", "path": "TEXT", "parent": "TEXT?", "start_s": "SECONDS",

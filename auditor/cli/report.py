@@ -7,6 +7,9 @@ Any run folder renders, finished or not: one with an event log but no run.json (
 run, or a disk that filled before run.json) is assembled from its log, nothing written into
 it, and the report says at the top that the run did not finish and which stages did.
 
+A multi-rank run folder (RUN/rank-N/ from torchrun or spawn workers, auditor.ranks) gives one
+merged report of its ranks (auditor.renderers.ranks_markdown), a killed rank's from its log.
+
 Default output: report.md in the run folder. A record that is missing, truncated, not JSON,
 of an unknown schema or with a field of the wrong type, and an output that is not a .md file,
 would land on a run record's file, or cannot be written, are usage errors: one line, exit
@@ -43,6 +46,8 @@ def main(args) -> int:
     from auditor.record import RunRecordError, load
     if args.out:
         _check_output_name(Path(args.out), [Path(run) for run in args.runs])
+    if len(args.runs) == 1 and _multi_rank(Path(args.runs[0])):
+        return _ranks_report(Path(args.runs[0]), args.out)
     loaded = []
     for run in args.runs:
         try:
@@ -69,6 +74,30 @@ def main(args) -> int:
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise UsageError(f"run record {args.runs[0]!r} is malformed ({type(error).__name__}: {error})") from None
     print(out)
+    return 0
+
+
+def _multi_rank(run: Path) -> bool:
+    from auditor.analysis.ranks import is_multi_rank
+    return is_multi_rank(run)
+
+
+def _ranks_report(folder: Path, out: str | None) -> int:
+    """The merged report of a multi-rank run folder (RUN/rank-N/, one record per rank)."""
+    from auditor.analysis.ranks import merge_ranks
+    from auditor.record import RunRecordError
+    from auditor.renderers.ranks_markdown import write_report
+    try:
+        merged = merge_ranks(folder)
+    except RunRecordError as error:
+        raise UsageError(f"{error}; give a run folder written by `auditor run` under torchrun") from None
+    target = Path(out) if out else folder / DEFAULT_NAME
+    _check_writable(target)
+    try:
+        write_report(merged, target)
+    except OSError as error:
+        raise UsageError(f"cannot write the report to {str(target)!r}: {error.strerror or error}") from None
+    print(target)
     return 0
 
 

@@ -5,7 +5,8 @@ checked before any work.
 
 A folder that holds anything would mix an old run's files with the new one's, fail half-way
 when a child finds its folder taken, or have an old record read back as the new run's. A run
-folder is never reused; nothing is created here.
+folder is never reused; nothing is created here. Under torchrun the ranks share --run-dir, each
+writing into its own RUN/rank-N/ (auditor.ranks), which must be new.
 """
 from __future__ import annotations
 
@@ -15,6 +16,14 @@ from auditor.cli import UsageError
 
 
 def check_new_run_dir(run_dir: str | Path | None) -> None:
+    from auditor import ranks
+    rank = ranks.identity()
+    if rank is not None and run_dir is not None:  # ranks share it, each in its own rank-N
+        try:
+            ranks.rank_run_folder(run_dir, rank)
+        except ValueError as error:
+            raise UsageError(f"--run-dir: {error}") from None
+        return
     if run_dir is not None:
         check_unused_folder(Path(run_dir), taken=f"--run-dir {str(run_dir)!r} is not empty (a run "
                             "folder is never reused); choose a new --run-dir", problem="--run-dir")
