@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 
 from auditor.analysis.component_history import fold_component
+from auditor.analysis.components import UNCALIBRATED, scaled_caveat
 
 _CALL_NUMBER = re.compile(r"#\d+(?=/|$)")
 
@@ -52,9 +53,15 @@ class SideBySide:
     components: list[ComponentSide] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the figures rest on
 
+    uncalibrated: bool = False  # a scaled projection fitted on no calibration run
+
     @property
     def label(self) -> str:
         return f"{self.method}: {self.target}"
+
+    @property
+    def how(self) -> str:
+        return self.method + (", uncalibrated" if self.uncalibrated else "")
 
 
 def folded_path(path: str) -> str:
@@ -69,7 +76,8 @@ def side_by_side(record: dict) -> list[SideBySide]:
 
 def _side(record: dict, projection: dict) -> SideBySide:
     side = SideBySide(method=str(projection.get("method", "scaled")),
-                      target=str(projection.get("target", "?")), notes=_notes(projection))
+                      target=str(projection.get("target", "?")), notes=_notes(projection),
+                      uncalibrated=scaled_caveat(projection) == UNCALIBRATED)
     side.stages = _stages(record, projection)
     side.components = _components(record, projection)
     return side
@@ -79,8 +87,9 @@ def _notes(projection: dict) -> list[str]:
     notes = []
     if projection.get("incomplete"):
         notes.append(f"{projection['incomplete']}: the stages after it are not projected")
-    if projection.get("not_projected"):
-        notes.append(str(projection["not_projected"]))
+    caveat = scaled_caveat(projection)  # not projected, or scaled on no calibration run
+    if caveat:
+        notes.append(caveat)
     dependent = projection.get("data_dependent_ops") or {}
     if dependent and not projection.get("estimates"):
         ops = ", ".join(f"{op} x {n:,}" for op, n in dependent.items())

@@ -27,7 +27,7 @@ from auditor.analysis.components import (BEYOND_CENSUS, BEYOND_LIVE, UNSEEN_TENS
                                          peak_stage, projection_views, run_weights)
 from auditor.allocation_sites import passes_through
 from auditor.renderers import markdown_text as md
-from auditor.renderers.projection_markdown import unexplained
+from auditor.renderers.projection_markdown import projection_sections, unexplained
 
 SITE_STACK_FRAMES = 3
 MAX_STAGE_ROWS = 300      # rows of the stage table, after folding repeated calls
@@ -76,6 +76,7 @@ def render(record: dict, *, plot: str | None = None, report_folder: Path | None 
         _summary(record, found, views),
         _stages(record),
         _components_section(record, views, components_plot),
+        projection_sections(record),
         _timeline(plot),
         sites_section(record, report_folder, run_folder),
         _findings(found, outcomes, source_paths.code_root(record)),

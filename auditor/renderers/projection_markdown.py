@@ -23,7 +23,7 @@ def projection_sections(record: dict) -> str:
 def _section(side: SideBySide) -> str:
     lead = f"How: {_HOW.get(side.method, md.text(side.method))}."
     notes = "".join(f"\n\n> **{md.text(note)}**" for note in side.notes)
-    return (f"## Projection to {md.text(side.target)} ({md.text(side.method)})\n\n{lead}{notes}\n\n"
+    return (f"## Projection to {md.text(side.target)} ({md.text(side.how)})\n\n{lead}{notes}\n\n"
             f"### Stages\n\n{_stage_table(side)}\n\n### Components\n\n{_component_table(side)}")
 
 
