@@ -75,3 +75,13 @@ def test_annotations_survive_a_rebuild_and_cannot_overwrite_audit_fields(tmp_pat
     assert audit.record["workload"] == {"architecture": "tiny", "tokens": 16}
     (tmp_path / "run" / "run.json").unlink()
     assert rebuild(tmp_path / "run")["workload"]["tokens"] == 16
+
+
+def test_meta_tensors_allocate_nothing_and_are_not_counted():
+    """A model's structure kept on the meta device (streaming keeps one) holds no memory."""
+    from auditor.probes.live_tensors import LiveTensorMeter
+    meter = LiveTensorMeter()
+    with meter:
+        structure = torch.empty(1 << 20, device="meta")  # 4 MiB nominal, nothing allocated
+        real = torch.empty(1 << 10)
+    assert meter.live == real.untyped_storage().nbytes() and structure.numel() == 1 << 20

@@ -141,6 +141,8 @@ class LiveTensorMeter(TorchDispatchMode):
         return out
 
     def _track(self, tensor: torch.Tensor, func, created_in: str | None) -> None:
+        if tensor.device.type == "meta":  # allocates nothing (a fake tensor reports its fake device)
+            return
         try:
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
