@@ -24,6 +24,10 @@ from pathlib import Path
 from auditor.record import RunRecordError, load, rank_folder_name, rank_folders
 
 COLLECTIVE_OPS = ("c10d::", "_c10d_functional::", "c10d_functional::")
+# The AsyncCollectiveTensor a functional collective returns wraps the collective's output: its
+# storage has a size but no memory of its own (no data pointer), yet the live-tensor meter
+# counts it. Left out of the buffers, and its bytes named apart.
+COLLECTIVE_WRAPPERS = ("_c10d_functional::_wrap_tensor_autograd", "c10d_functional::_wrap_tensor_autograd")
 
 
 def is_multi_rank(folder: str | os.PathLike) -> bool:
@@ -101,13 +105,14 @@ def _reading(stage: dict) -> dict:
     live = stage.get("live_tensors") or {}
     return {"rss_peak": stage["rss"].get("peak"), "live_peak": live.get("peak"),
             "status": stage["status"], "calls": 1,
-            "communication": collective_bytes(live.get("at_peak"))}
+            "communication": collective_bytes(live.get("at_peak")),
+            "wrappers": collective_bytes(live.get("at_peak"), COLLECTIVE_WRAPPERS)}
 
 
 def _highest(kept: dict | None, new: dict) -> dict:
     if kept is None:
         return new
-    merged = {key: _max(kept[key], new[key]) for key in ("rss_peak", "live_peak", "communication")}
+    merged = {key: _max(kept[key], new[key]) for key in ("rss_peak", "live_peak", "communication", "wrappers")}
     status = "open" if "open" in (kept["status"], new["status"]) else \
         "failed" if "failed" in (kept["status"], new["status"]) else "ok"
     return {**merged, "status": status, "calls": kept["calls"] + 1}
@@ -118,12 +123,15 @@ def _max(a, b):
     return max(values) if values else None
 
 
-def collective_bytes(at_peak: dict | None) -> int | None:
-    """Bytes alive at a live-tensor peak that a c10d collective created (None: meter off)."""
+def collective_bytes(at_peak: dict | None, ops: tuple[str, ...] = COLLECTIVE_OPS) -> int | None:
+    """Bytes alive at a live-tensor peak that a c10d collective created, its wrappers left out
+    (or, with `ops=COLLECTIVE_WRAPPERS`, the wrappers' alone); None: meter off."""
     if not at_peak:
         return None
-    return sum(row["bytes"] for row in at_peak.get("rows", [])
-               if (row.get("op") or "").startswith(COLLECTIVE_OPS))
+    wanted = [row for row in at_peak.get("rows", []) if (row.get("op") or "").startswith(ops)]
+    if ops is COLLECTIVE_OPS:
+        wanted = [row for row in wanted if not row["op"].startswith(COLLECTIVE_WRAPPERS)]
+    return sum(row["bytes"] for row in wanted)
 
 
 def spread(values: dict[int, int | None]) -> dict | None:
@@ -150,5 +158,8 @@ def _communication(stages: list[dict]) -> dict:
     seen = [(row["path"], rank, reading["communication"]) for row in stages
             for rank, reading in sorted(row["ranks"].items()) if reading["communication"]]
     metered = any(reading["communication"] is not None for row in stages for reading in row["ranks"].values())
+    wrapped = [(row["path"], rank, reading["wrappers"]) for row in stages
+               for rank, reading in sorted(row["ranks"].items()) if reading["wrappers"]]
     return {"metered": metered, "stages": [{"stage": path, "rank": rank, "bytes": size}
-                                           for path, rank, size in seen]}
+                                           for path, rank, size in seen],
+            "wrappers": [{"stage": path, "rank": rank, "bytes": size} for path, rank, size in wrapped]}

@@ -56,9 +56,10 @@ def _summary(merged: dict) -> str:
     for key, what in (("rss", "peak RSS"), ("live", "peak live tensors")):
         imbalance = merged["imbalance"][key]
         if imbalance and imbalance["ranks"] > 1:
+            which = (f"highest rank {imbalance['max_rank']}, lowest rank {imbalance['min_rank']}"
+                     if imbalance["spread"] else "the same on every rank")
             lines.append(f"- Imbalance of {what} across ranks: max/min {_ratio(imbalance)}, spread "
-                         f"{units.size(imbalance['spread'])} (highest rank {imbalance['max_rank']}, "
-                         f"lowest rank {imbalance['min_rank']}).")
+                         f"{units.size(imbalance['spread'])} ({which}).")
     return "\n".join(lines)
 
 
@@ -126,6 +127,13 @@ def _communication(merged: dict) -> str:
                 + md.table(["stage", *[f"rank {n}" for n in ranks]],
                            [[md.code(stage), *[units.size(found.get((stage, n), 0)) for n in ranks]]
                             for stage in stages], right=range(1, len(ranks) + 1)))
+    wrappers = comm.get("wrappers") or []
+    if wrappers:
+        largest = max(wrappers, key=lambda e: e["bytes"])
+        body += ("\n\nThe stages' live-tensor peaks (side by side above) also count the `AsyncCollectiveTensor` wrappers "
+                 "functional collectives return (their storage has a size but no memory of its own), "
+                 f"up to {units.size(largest['bytes'])} (stage {md.code(largest['stage'])}, rank "
+                 f"{largest['rank']}); they are left out of this table.")
     return "## Communication buffers\n\n" + body + "\n\n" + COMMUNICATION_NOTE
 
 
