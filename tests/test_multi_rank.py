@@ -12,7 +12,7 @@ import pytest
 
 import auditor
 from auditor import units
-from auditor.analysis.ranks import is_multi_rank, merge_ranks
+from auditor.analysis.ranks import COLLECTIVE_WRAPPERS, collective_bytes, is_multi_rank, merge_ranks
 from auditor.cli import UsageError, main
 from auditor.cli.run_dir import check_new_run_dir
 from auditor.record import load
@@ -74,8 +74,6 @@ def test_merged_report_equals_each_ranks_record_and_names_the_peak_rank(torchrun
     # the functional all_reduce's output is a storage c10d created: a communication buffer
     comm = {(e["stage"], e["rank"]): e["bytes"] for e in merged["communication"]["stages"]}
     assert comm[("all_reduce", 0)] == comm[("all_reduce", 1)] == 512 * 512 * 4  # its output, once
-    wrappers = {(e["stage"], e["rank"]) for e in merged["communication"]["wrappers"]}
-    assert ("all_reduce", 0) in wrappers  # the AsyncCollectiveTensor, named apart
     out = tmp_path / "merged.md"
     assert main(["report", str(torchrun_folder), "-o", str(out)]) == 0
     text = out.read_text()
@@ -206,3 +204,12 @@ def test_a_plain_folder_is_no_multi_rank_run(tmp_path):
     folder = _audited(tmp_path / "plain")
     assert not is_multi_rank(folder)
     assert json.loads((folder / "run.json").read_text()).get("rank") is None
+
+
+def test_collective_buffers_leave_out_the_wrappers_they_return():
+    rows = [{"op": "_c10d_functional::all_reduce", "bytes": 1000},
+            {"op": "_c10d_functional::_wrap_tensor_autograd", "bytes": 1000},  # no memory of its own
+            {"op": "aten::empty", "bytes": 5000}, {"op": None, "bytes": 7}]
+    assert collective_bytes({"rows": rows}) == 1000
+    assert collective_bytes({"rows": rows}, COLLECTIVE_WRAPPERS) == 1000
+    assert collective_bytes(None) is None  # the live-tensor meter was off
