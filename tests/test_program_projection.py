@@ -262,3 +262,48 @@ def test_validate_projection_of_a_program_checks_its_input_first(tmp_path, monke
     assert main(["validate-projection", "--run-dir", "v", "--target", "llama-2-7b", *args]) == 2
     assert message in one_error_line(capsys)
     assert not (tmp_path / "v").exists()
+
+
+SPARSE_STATE = """
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def get_llm():
+    torch.manual_seed(0)
+    config = LlamaConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64,
+                         num_attention_heads=2, num_key_value_heads=2, vocab_size=256)
+    return LlamaForCausalLM(config).eval()
+
+
+def keep_candidates(model, fraction=0.3):
+    # the values a pruner may restore, kept only at its candidates: sizes that follow the data
+    kept = {}
+    for name, p in model.named_parameters():
+        if p.dim() == 2:
+            threshold = p.detach().abs().flatten().kthvalue(max(int(fraction * p.numel()), 1)).values
+            chosen = p.detach().abs() <= threshold
+            kept[name] = (p.detach()[chosen].clone(), chosen.nonzero())
+    return kept
+"""
+
+
+def test_value_dependent_sizes_of_a_program_are_estimated_from_its_real_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    module = f"sparse_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent(SPARSE_STATE))
+    (tmp_path / "keep.py").write_text(f"from {module} import get_llm, keep_candidates\n"
+                                      "kept = keep_candidates(get_llm())\n")
+    try:
+        result = validate_program(Program(script=str(tmp_path / "keep.py"), cwd=str(tmp_path),
+                                          path=[str(tmp_path)]),
+                                  f"{module}:get_llm", TARGET_MODEL, [f"{module}:keep_candidates"],
+                                  tmp_path / "validation")
+    finally:
+        sys.modules.pop(module, None)
+    targets = {(t["what"], t["method"]): t for t in result["targets"]}
+    assert abs(targets["peak live tensors", "traced"]["error"]) <= 0.02, result["peak"]
+    traced = result["projections"]["traced"]
+    sources = {site["source"] for site in traced["data_dependent"]["sites"]}
+    assert sources == {"observed"} and not traced["data_dependent"]["unknown"]
+    assert traced["peak"]["estimated"] > 0  # the candidates' values and positions rest on it

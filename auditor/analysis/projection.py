@@ -7,7 +7,8 @@ Every stage is projected from its own readings (census components, live-tensor m
                                      by buffer bytes (`drivers.component_driver`)
     transient inside the stage     + its fitted growth (below)
     tensors the census cannot see  + their fitted growth (autograd's saved tensors)
-    RSS beyond live tensors        x constant (interpreter, libraries, allocator slack)
+    RSS beyond live tensors        x constant (interpreter, libraries, allocator slack), plus
+                                     the allocator's retention growth (`_allocator_growth`)
 
 The fit. Calibration runs, cheap traced runs of the same job at perturbed small shapes
 (layers x2, hidden x2, vocab /2, heads x2...: `auditor.jobs.calibration`), give each quantity at
@@ -55,6 +56,7 @@ MODEL_DTYPE_CATEGORIES = {"weights", "gradients"}
 TOLERANCE = 0.01
 FLOOR = 4096
 MOST_DRIVERS_IN_A_SMALL_FIT = 3
+MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # glibc's largest dynamic mmap threshold (64-bit)
 
 
 def audited_shape(record: dict) -> Shape:
@@ -84,7 +86,8 @@ def project(record: dict, target: str, target_dtype: str | None = None,
             if r.get("workload")]
     fit = _Fit(audited, shape, [(workload_shape(r["workload"]), stage_keys(r)) for r in runs])
     dtype_factor = _dtype_factor(record, target_dtype)
-    stages = [_project_stage(s, key, fit, dtype_factor) for key, s in stage_keys(record).items()]
+    threads = int((record.get("environment") or {}).get("threads") or 1)
+    stages = [_project_stage(s, key, fit, dtype_factor, threads) for key, s in stage_keys(record).items()]
     _peaks_inside_children(list(stage_keys(record).values()), stages)
     explained = _explain(stages)
     # the run's peak: the most specific stage holding it (a parent only where no child does)
@@ -304,7 +307,17 @@ def _checked(values: list[float], residual: float) -> dict:
 
 # -- one stage ---------------------------------------------------------------------------
 
-def _project_stage(stage: dict, key: tuple, fit: _Fit, dtype_factor: float) -> dict:
+def _allocator_growth(threshold: int | None, fit: _Fit, threads: int) -> int:
+    """The allocator's retention growth (auditor.analysis.traced_projection has the model): the
+    mmap threshold follows the largest block freed, taken to grow as the largest parameter
+    tensor, up to glibc's 32 MiB; each thread's arena may keep twice it. 0 for older records."""
+    if threshold is None:
+        return 0
+    target = min(max(threshold * scale("largest", fit.audited, fit.target), threshold), MMAP_THRESHOLD_MAX)
+    return round(threads * 2 * (target - threshold))
+
+
+def _project_stage(stage: dict, key: tuple, fit: _Fit, dtype_factor: float, threads: int = 1) -> dict:
     path = stage["path"]
     components = {}
     for name, item in (stage.get("components") or {}).items():
@@ -325,12 +338,15 @@ def _project_stage(stage: dict, key: tuple, fit: _Fit, dtype_factor: float) -> d
     tensor_end = sum(c["projected"] for c in components.values()) + unseen_projected
     tensor_peak = tensor_end + transient_projected
     meter = stage.get("live_tensors") or {}
-    beyond_tensors = max(stage["rss"]["peak"] - meter.get("peak", _end(stage)), 0)
+    measured_beyond = max(stage["rss"]["peak"] - meter.get("peak", _end(stage)), 0)
+    growth = _allocator_growth(meter.get("allocator_threshold"), fit, threads)
+    beyond_tensors = measured_beyond + growth
     return {
         "path": path, "parent": stage.get("parent"), "components": components,
         "unseen_tensors": {"bytes": unseen, "projected": unseen_projected, **unseen_how},
         "transient": {"bytes": transient, "projected": transient_projected, **transient_how},
-        "beyond_tensors": beyond_tensors,
+        "beyond_tensors": beyond_tensors, "beyond_measured": measured_beyond,
+        "allocator_growth": growth,
         "tensor_end": tensor_end, "tensor_peak": tensor_peak,
         "rss_peak": tensor_peak + beyond_tensors,
     }

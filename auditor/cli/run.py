@@ -106,7 +106,7 @@ def main(args) -> int:
                           cuda_history=args.cuda_history, torch_profiler=args.torch_profiler,
                           stage_targets=args.stages, command=shlex.join(args.command_line),
                           on_stage_end=lambda entry: _progress(console, entry),
-                          stage_label=stage_label)
+                          stage_label=stage_label, record_sizes=target is not None)
         except ValueError as error:
             raise UsageError(str(error)) from None
         with _one_line_warnings(console), model_from:  # patched before the stages wrap it

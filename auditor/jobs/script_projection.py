@@ -19,7 +19,7 @@ import json
 import os
 import runpy
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from auditor.model_from import TargetModel
@@ -65,9 +65,10 @@ class Plan:
     stages: list[str] = field(default_factory=list)
     label: str | None = None
     name: str = "program"
-    data_dependent_sizes: dict | None = None  # the real run's, for value-dependent sizes
+    data_dependent_sizes: list | None = None  # the real run's, for value-dependent sizes
     traced: bool = True
     threads: int = 1
+    estimate_sizes: bool = True  # False: value-dependent sizes traced empty (the lower bound)
 
 
 def plan_for(record: dict, program: Program, model_from: str, target: TargetModel,
@@ -82,6 +83,7 @@ def plan_for(record: dict, program: Program, model_from: str, target: TargetMode
 def project_program(record: dict, plan: Plan, folder: Path, timeout_s: int = 3600) -> dict:
     """The traced projection of the program to `plan.target`; RuntimeError (one line) when the
     traced run finished no stage."""
+    from auditor.analysis.estimated_bytes import estimated_bytes, has_estimates
     from auditor.analysis.traced_projection import project_traced
     if not plan.observed:
         raise RuntimeError(f"--model-from {plan.model_from} was never called in the real run: "
@@ -96,6 +98,10 @@ def project_program(record: dict, plan: Plan, folder: Path, timeout_s: int = 360
     traced = child.record
     if traced is None or not child.stages:
         raise RuntimeError(child.failure(f"traced run at {plan.target.describe()}"))
+    if child.ok and has_estimates(traced):  # how much rests on estimated sizes: traced again without
+        lower = run_program(replace(plan, estimate_sizes=False), folder / "lower-bound", timeout_s)
+        if lower.ok and lower.record is not None:
+            traced["estimated_bytes"] = estimated_bytes(traced, lower.record)
     projection = project_traced(record, traced)
     projection["target"] = plan.target.describe()
     projection["model_from"] = plan.model_from
@@ -140,8 +146,10 @@ def _main(plan: Plan, folder: Path) -> None:
     target = plan.target
     with ModelFrom(plan.model_from, target, plan.observed):  # before the stages wrap it
         with Audit(folder, plan.name, census=True, live_tensors=True, traced=plan.traced,
-                   stage_targets=plan.stages, stage_label=label,
-                   command=shlex_join(program)) as audit:
+                   stage_targets=plan.stages, stage_label=label, command=shlex_join(program),
+                   record_sizes=not plan.traced,
+                   observed_sizes=plan.data_dependent_sizes if plan.traced else None,
+                   estimate_sizes=plan.estimate_sizes) as audit:
             if target is not None:
                 audit.annotate("workload", {"architecture": target.architecture,
                                             "overrides": target.overrides, "dtype": target.dtype,
@@ -179,7 +187,7 @@ def audit_and_project(program, *, model_from: str, target: str | TargetModel, st
     call = Program(function=spec, cwd=os.getcwd(), path=[p for p in sys.path if p])
     with ModelFrom(model_from):
         with Audit(run_dir, name or spec.rpartition(":")[2], census=True, live_tensors=True,
-                   stage_targets=list(stages), **audit_options) as audit:
+                   stage_targets=list(stages), record_sizes=True, **audit_options) as audit:
             call.run()
     record = audit.record
     projection = project_program(record, plan_for(record, call, model_from, target, list(stages)),

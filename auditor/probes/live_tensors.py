@@ -24,6 +24,7 @@ before a stage ends (a Hessian freed by the method that used it) is still named 
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 import weakref
@@ -41,6 +42,9 @@ from auditor.ownership import ACTIVATIONS, MASKS, OTHER
 from auditor.stage import AUDITOR_CODE
 
 NO_CENSUS = "unknown (no census)"
+# glibc malloc: M_MMAP_THRESHOLD starts at 128 KiB and follows freed mmapped blocks up to
+# DEFAULT_MMAP_THRESHOLD_MAX (32 MiB on 64-bit)
+MMAP_THRESHOLD_START, MMAP_THRESHOLD_MAX = 128 * 1024, 32 * 1024 * 1024
 MAX_ROWS = 25
 # A row of the live table: [serial, bytes, created_in, op, census key, is bool, the last
 # component and category a census named it under while it was alive (or None, None), and the
@@ -78,6 +82,12 @@ class LiveTensorMeter(TorchDispatchMode):
         self.peak_sets = self.rows_read = 0
         self.seconds = 0.0
         self._lock = threading.RLock()  # a finalizer can run inside our own section (GC)
+        # glibc's dynamic mmap threshold, followed from the storages freed: blocks below it come
+        # from the heap, and each thread's arena may keep twice it free (its trim threshold).
+        # A threshold set by the environment is fixed; read by auditor.analysis.traced_projection.
+        self._dynamic_threshold = not any(f"MALLOC_{n}_" in os.environ
+                                          for n in ("MMAP_THRESHOLD", "TRIM_THRESHOLD"))
+        self.mmap_threshold = int(os.environ.get("MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD_START))
 
     def seed_existing(self) -> None:
         """Count the tensors already alive (model weights built before the audit began)."""
@@ -177,6 +187,8 @@ class LiveTensorMeter(TorchDispatchMode):
     def _release(self, serial: int, size: int) -> None:
         with self._lock:
             self.live -= size
+            if self._dynamic_threshold and self.mmap_threshold < size <= MMAP_THRESHOLD_MAX:
+                self.mmap_threshold = size  # glibc's rule when a block it mmapped is freed
             row = self._table.pop(serial, None)
             if row is not None and serial <= self._peak_serial:
                 self._freed_since_peak.append(row)
@@ -265,9 +277,9 @@ class LiveTensorProbe:
         return {"bytes": peak.bytes, "rows": rows, "rows_left_out": len(left),
                 "bytes_left_out": sum(size for _, (size, _) in left)}
 
-    @staticmethod
-    def entry(start: int, end: int, peak: int) -> dict:
-        return {"start": start, "end": end, "peak": peak}
+    def entry(self, start: int, end: int, peak: int) -> dict:
+        return {"start": start, "end": end, "peak": peak,
+                "allocator_threshold": self._meter.mmap_threshold}
 
     def describe(self) -> dict:
         method = "torch dispatch mode, storages counted once"

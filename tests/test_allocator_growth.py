@@ -1,0 +1,59 @@
+"""The allocator's retention growth in projections: the live-tensor meter follows glibc's dynamic
+mmap threshold, and projections add threads x 2 x its growth to the RSS beyond tensors."""
+from __future__ import annotations
+
+import torch
+
+from auditor.analysis.traced_projection import project_traced
+from auditor.probes.live_tensors import MMAP_THRESHOLD_START, LiveTensorMeter
+
+MiB = 2**20
+
+
+def test_the_meter_follows_the_largest_block_freed_up_to_32_mib():
+    meter = LiveTensorMeter()
+    with meter:
+        assert meter.mmap_threshold == MMAP_THRESHOLD_START
+        block = torch.empty(4 * MiB, dtype=torch.uint8)
+        del block
+        assert meter.mmap_threshold == 4 * MiB
+        small = torch.empty(MiB, dtype=torch.uint8)
+        huge = torch.empty(64 * MiB, dtype=torch.uint8)
+        del small, huge  # below the threshold, and above glibc's 32 MiB cap: no change
+        assert meter.mmap_threshold == 4 * MiB
+
+
+def test_a_threshold_set_in_the_environment_stays_fixed(monkeypatch):
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(MiB))
+    meter = LiveTensorMeter()
+    with meter:
+        block = torch.empty(8 * MiB, dtype=torch.uint8)
+        del block
+    assert meter.mmap_threshold == MiB
+
+
+def _record(threshold: int, rss: int, tensors: int, threads: int = 2) -> dict:
+    stage = {"path": "prune", "status": "ok", "components": {}, "rss": {"peak": rss},
+             "live_tensors": {"peak": tensors, "allocator_threshold": threshold}}
+    return {"stages": [stage], "peak": {"rss": rss}, "environment": {"threads": threads},
+            "workload": {"architecture": "llama-2-7b"}}
+
+
+def test_the_traced_projection_adds_the_retention_the_target_threshold_allows():
+    real = _record(threshold=2 * MiB, rss=400 * MiB, tensors=30 * MiB)
+    traced = _record(threshold=16 * MiB, rss=0, tensors=270 * MiB)
+    (stage,) = project_traced(real, traced)["stages"]
+    assert stage["beyond_measured"] == 370 * MiB
+    assert stage["allocator_growth"] == 2 * 2 * (16 - 2) * MiB  # threads x trim threshold growth
+    assert stage["rss_peak"] == 270 * MiB + 370 * MiB + 56 * MiB
+
+
+def test_calls_the_real_run_did_not_make_take_their_stage_s_most():
+    real = _record(threshold=MiB, rss=400 * MiB, tensors=30 * MiB)
+    real["stages"] = [dict(real["stages"][0], path=f"prune/step#{n}" if n > 1 else "prune/step",
+                           rss={"peak": (390 + n) * MiB}) for n in (1, 2)]
+    traced = _record(threshold=MiB, rss=0, tensors=50 * MiB)
+    traced["stages"] = [dict(traced["stages"][0], path="prune/step#7")]
+    (stage,) = project_traced(real, traced)["stages"]
+    assert stage["beyond_from"] == "the most of its stage's calls"
+    assert stage["beyond_measured"] == (392 - 30) * MiB and stage["allocator_growth"] == 0
