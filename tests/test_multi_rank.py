@@ -109,6 +109,37 @@ def test_a_killed_rank_renders_from_its_event_log_marked_unfinished(torchrun_fol
     assert not (copy / "rank-1" / "run.json").exists()  # rendered, nothing written
 
 
+KILLED_RANK = """
+import os, signal
+import torch, torch.distributed as dist
+import auditor
+dist.init_process_group("gloo")
+with auditor.stage("work"):
+    dist.all_reduce(torch.ones(1000))
+    if dist.get_rank() == 1:
+        with auditor.stage("dies"):
+            os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_killed_under_torchrun_is_reported_unfinished(tmp_path):
+    script, folder = tmp_path / "killed.py", tmp_path / "run"
+    script.write_text(KILLED_RANK)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                           "2", "-m", "auditor", "run", "--run-dir", str(folder), str(script)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0  # torchrun reports the killed rank
+    assert not (folder / "rank-1" / "run.json").exists()
+    merged = merge_ranks(folder)
+    assert [(r["rank"], r["finished"]) for r in merged["ranks"]] == [(0, True), (1, False)]
+    assert merged["ranks"][1]["open_stages"] == ["work", "work/dies"]
+    assert main(["report", str(folder)]) == 0
+    assert "**Unfinished: rank 1**" in (folder / "report.md").read_text()
+
+
 @pytest.mark.slow
 def test_spawned_workers_each_write_their_rank(tmp_path):
     folder = tmp_path / "spawned"

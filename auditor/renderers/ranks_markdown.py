@@ -48,8 +48,8 @@ def _summary(merged: dict) -> str:
     lines = ["## Summary", ""]
     peak, live = merged["peak"], merged["live_peak"]
     if peak:
-        lines.append(f"- Global peak RSS: **{units.size(peak['bytes'])} on rank {peak['rank']}**, "
-                     f"in stage {md.code(peak['stage'] or 'no stage')}.")
+        where = f"in stage {md.code(peak['stage'])}" if peak["stage"] else "outside every stage"
+        lines.append(f"- Global peak RSS: **{units.size(peak['bytes'])} on rank {peak['rank']}**, {where}.")
     if live:
         lines.append(f"- Highest live tensors: {units.size(live['bytes'])} on rank {live['rank']}, "
                      f"in stage {md.code(live['stage'])}.")
