@@ -96,7 +96,7 @@ def main(args) -> int:
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(render(result, args.command_line))
     _print(result, output)
-    return 0 if all(t["met"] for t in result["targets"]) else 1
+    return 1 if any(t["met"] is False for t in result["targets"]) else 0
 
 
 def _checked_program(args):

@@ -19,6 +19,12 @@ def _methods(result: dict) -> tuple[str, ...]:
     return tuple(m for m in METHODS if m in result["peak"])
 
 
+def _met(target: dict) -> str:
+    if target["met"] is None:  # the projection printed no number to hold to the target
+        return f"n/a ({target.get('not_printed', 'no number')})"
+    return "yes" if target["met"] else "NO"
+
+
 def _error(projected, real) -> str:
     if projected is None or not real:
         return "-"
@@ -30,7 +36,7 @@ def tables(result: dict) -> dict[str, tuple[list[str], list[list[str]]]]:
     targets = (["target", "method", "limit", "error", "met"],
                [[t["what"], t["method"], f"±{t['limit']:.0%}",
                  f"{t['error']:+.2%}" if t["error"] is not None else "-",
-                 "yes" if t["met"] else "NO"] for t in result["targets"]])
+                 _met(t)] for t in result["targets"]])
     peak = result["peak"]
     methods = _methods(result)
     pairs = sum(([m, "error"] for m in methods), [])
@@ -59,7 +65,7 @@ def tables(result: dict) -> dict[str, tuple[list[str], list[list[str]]]]:
 def render(result: dict, command: list[str] | None = None) -> str:
     small, target = result["small"], result["target"]
     made = tables(result)
-    missed = [t for t in result["targets"] if not t["met"]]
+    missed = [t for t in result["targets"] if t["met"] is False]
     out = [f"# Projection validation: {small['label']} -> {target['label']}", ""]
     out += [f"Audited for real at **{small['label']}** ({small['parameters']:,} parameters), "
             f"projected to **{target['label']}** ({target['parameters']:,} parameters, a "
@@ -69,7 +75,11 @@ def render(result: dict, command: list[str] | None = None) -> str:
     if not low <= result["scale_up"] <= high:
         out += [f"Note: the targets are stated for a {low:g}x to {high:g}x scale-up; this one is "
                 f"{result['scale_up']:.1f}x.", ""]
-    out += ["**All targets met.**" if not missed else
+    unchecked = [t for t in result["targets"] if t["met"] is None]
+    met_text = "**All targets met.**" if not unchecked else (
+        "**Every target with a number to check met**; not checked: " + "; ".join(
+            f"{t['what']} ({t['method']}): {t.get('not_printed', 'no number')}" for t in unchecked) + ".")
+    out += [met_text if not missed else
             "**Missed:** " + "; ".join(f"{t['what']} ({t['method']}) {t['error']:+.2%} against ±{t['limit']:.0%}"
                                        if t["error"] is not None else f"{t['what']} ({t['method']}): no reading"
                                        for t in missed) + ".", ""]
