@@ -6,7 +6,10 @@ spawn workers with a process group, every rank audits itself: `Audit(out=R)` and
 `auditor run --run-dir R` write rank N's record into R/rank-N/ (events.jsonl, run.json), so the
 ranks never touch each other's files, and `auditor report R` merges them.
 
-The record's `rank` field: {rank, world_size, local_rank, host, backend, source, read_at}.
+The record's `rank` field: {rank, world_size, local_rank, host, backend, run_id (torchrun's
+TORCHELASTIC_RUN_ID, a uuid with --standalone; else null), source, read_at}. A rank refuses a
+shared folder holding a plain run's record, its own rank's, or a rank of another run (more
+ranks, another world size, another torchrun id).
 It is read twice:
   - where the audit is created (it chooses the folder): from torch.distributed if a process
     group is initialised then, else from the RANK / WORLD_SIZE / LOCAL_RANK environment that
@@ -22,12 +25,13 @@ torch is never imported here: torch.distributed counts only once the program imp
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
 from pathlib import Path
 
-from auditor.record import check_run_folder, rank_folder_name, rank_folders
+from auditor.record import EVENTS_FILE, check_run_folder, rank_folder_name, rank_folders
 
 ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
@@ -37,8 +41,9 @@ def identity(read_at: str = "start") -> dict | None:
     found = _from_process_group() or _from_environment()
     if found is None:
         return None
-    return {**found, "local_rank": _int(os.environ.get("LOCAL_RANK")),
-            "host": socket.gethostname(), "read_at": read_at}
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")  # torchrun's rendezvous id ("none" without one)
+    return {**found, "local_rank": _int(os.environ.get("LOCAL_RANK")), "host": socket.gethostname(),
+            "run_id": run_id if run_id not in (None, "", "none") else None, "read_at": read_at}
 
 
 def _from_process_group() -> dict | None:
@@ -96,8 +101,26 @@ def rank_run_folder(out, rank: dict) -> Path:
         if (shared / name).exists():
             raise ValueError(f"output folder {str(shared)!r} already holds a single-process run "
                              f"record ({name}); {who}: choose a new folder (--run-dir)")
-    beyond = [n for n in rank_folders(shared) if n >= rank["world_size"]]
-    if beyond:
-        raise ValueError(f"output folder {str(shared)!r} holds rank {beyond[0]} of an earlier run "
-                         f"with more ranks; {who}: choose a new folder (--run-dir)")
+    for other in rank_folders(shared):
+        earlier = _other_run(shared / rank_folder_name(other), other, rank)
+        if earlier:
+            raise ValueError(f"output folder {str(shared)!r} holds rank {other} of {earlier}; "
+                             f"{who}: choose a new folder (--run-dir)")
     return check_run_folder(shared / rank_folder_name(rank["rank"]))
+
+
+def _other_run(folder: Path, other: int, rank: dict) -> str | None:
+    """What says rank `other`'s record is no rank of this run (more ranks, another world size or
+    torchrun id), or None. A log not written yet (a rank of this run starting) is no objection."""
+    if other >= rank["world_size"]:
+        return "an earlier run with more ranks"
+    try:
+        with open(folder / EVENTS_FILE, encoding="utf-8") as log:
+            theirs = json.loads(log.readline()).get("rank") or {}
+    except (OSError, ValueError, AttributeError):
+        return None
+    if theirs.get("world_size") not in (None, rank["world_size"]):
+        return f"an earlier run of {theirs['world_size']} ranks"
+    if theirs.get("run_id") and rank.get("run_id") and theirs["run_id"] != rank["run_id"]:
+        return f"an earlier torchrun (run id {theirs['run_id']})"
+    return None

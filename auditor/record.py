@@ -62,7 +62,7 @@ The record (design.md's fields keep their meaning; added ones marked +):
            torch.profiler trace, "profiler/HOST_PID.TIME.pt.trace.json": TensorBoard reads
            the profiler/ folder)}, +warnings[str],
     +audit_overhead_s{boundaries_s, census_s, finish_s}
-    +rank{rank, world_size, local_rank, host, backend, source, read_at} | absent: a rank of a
+    +rank{rank, world_size, local_rank, host, backend, run_id, source, read_at} | absent: a rank of a
           distributed run, whose record is RUN/rank-N/ (auditor.ranks)
 
 `at_peak` (live-tensor meter on): what was alive at the live-tensor high-water moment of a

@@ -160,7 +160,8 @@ def as_rank(monkeypatch):
         monkeypatch.setenv("RANK", str(rank))
         monkeypatch.setenv("WORLD_SIZE", str(world))
         monkeypatch.setenv("LOCAL_RANK", str(rank))
-    monkeypatch.delenv("RANK", raising=False)
+    for name in ("RANK", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
     return become
 
 
@@ -202,6 +203,18 @@ def test_reused_folders_are_refused(tmp_path, as_rank, monkeypatch):
     as_rank(0)
     with pytest.raises(ValueError, match="earlier run with more ranks"):
         auditor.Audit(out=tmp_path / "four")
+    as_rank(1, world=3)
+    with pytest.raises(ValueError, match="earlier run of 2 ranks"):  # beside rank 0 of 2
+        auditor.Audit(out=shared)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "first")
+    as_rank(0)
+    _audited(tmp_path / "torchrun")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "second")
+    as_rank(1)
+    with pytest.raises(ValueError, match="earlier torchrun"):
+        auditor.Audit(out=tmp_path / "torchrun")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "first")
+    assert auditor.Audit(out=tmp_path / "torchrun").folder == tmp_path / "torchrun" / "rank-1"
     monkeypatch.delenv("RANK")
     with pytest.raises(ValueError, match="multi-rank run"):  # a plain run into the ranks' folder
         auditor.Audit(out=shared)
