@@ -21,7 +21,7 @@ def _methods(result: dict) -> tuple[str, ...]:
 
 def _met(target: dict) -> str:
     if target["met"] is None:  # the projection printed no number to hold to the target
-        return f"n/a ({target.get('not_printed', 'no number')})"
+        return "n/a (see above)"
     return "yes" if target["met"] else "NO"
 
 
@@ -76,9 +76,12 @@ def render(result: dict, command: list[str] | None = None) -> str:
         out += [f"Note: the targets are stated for a {low:g}x to {high:g}x scale-up; this one is "
                 f"{result['scale_up']:.1f}x.", ""]
     unchecked = [t for t in result["targets"] if t["met"] is None]
+    reasons = {t.get("not_printed", "no number"): [] for t in unchecked}
+    for t in unchecked:
+        reasons[t.get("not_printed", "no number")].append(f"{t['what']} ({t['method']})")
     met_text = "**All targets met.**" if not unchecked else (
-        "**Every target with a number to check met**; not checked: " + "; ".join(
-            f"{t['what']} ({t['method']}): {t.get('not_printed', 'no number')}" for t in unchecked) + ".")
+        "**Every target with a number to check met.** Not checked: " + "; ".join(
+            f"{', '.join(names)}: {why}" for why, names in reasons.items()) + ".")
     out += [met_text if not missed else
             "**Missed:** " + "; ".join(f"{t['what']} ({t['method']}) {t['error']:+.2%} against ±{t['limit']:.0%}"
                                        if t["error"] is not None else f"{t['what']} ({t['method']}): no reading"
@@ -92,7 +95,7 @@ def render(result: dict, command: list[str] | None = None) -> str:
     out += [f"## Components at the end of `{result['components_stage']}` (the real run's peak stage)", "",
             _table(*made["components"]), ""]
     out += _data_dependent(result)
-    if "scaled" in result["projections"]:
+    if "scaled" in result["projections"] and result.get("fit"):
         out += ["## What the scaled projection fitted", ""] + _fit(result) + [""]
     out += ["## Runs", "", f"- small (real): `{small['run']}`", f"- held-out target (real): `{target['run']}`",
             f"- every run of this validation: `{result['folder']}`",
