@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from auditor import units
+
 WEIGHTS = "weights"
 BEYOND_CENSUS = "RSS beyond the census (allocator slack, interpreter, libraries)"
 UNSEEN_TENSORS = "tensors held by autograd / not reachable (live-tensor meter minus census)"
@@ -232,6 +234,7 @@ class ProjectionView:
     caveat: str | None = None  # what the figures rest on, where a reader must not miss it
     unexplained: dict | None = None  # {stage, bytes}: the headline's drivers miss; its figures are None
     estimates: str | None = None  # how much rests on estimated data-dependent sizes, in words
+    basis: str | None = None  # what its peak RSS is made of (auditor.analysis.traced_projection)
 
     @property
     def label(self) -> str:
@@ -295,7 +298,22 @@ def _projection_view(item: dict) -> ProjectionView:
                           target_dtype=item.get("target_dtype"), peak_rss=peak.get("rss"),
                           peak_stage=peak.get("stage"),
                           live_tensor_peak=item.get("live_tensor_peak"), stages=stages,
-                          caveat=scaled_caveat(item), estimates=estimate_note(item))
+                          caveat=scaled_caveat(item), estimates=estimate_note(item),
+                          basis=rss_basis(item, peak.get("stage")))
+
+
+def rss_basis(item: dict, stage_path: str | None) -> str | None:
+    """Its peak stage's RSS in parts: tensors (measured at the target's shapes, or grown), the
+    audited run's memory beyond tensors, and the allocator's modeled retention growth."""
+    entry = next((e for e in item.get("stages") or [] if isinstance(e, dict)
+                  and e.get("path") == stage_path), None)
+    if entry is None or "beyond_measured" not in entry:
+        return None
+    tensors = ("tensors measured on fake tensors at the target's shapes" if item.get("method") == "traced"
+               else "tensors grown by their drivers")
+    growth = entry.get("allocator_growth") or 0
+    return (f"RSS = {tensors} + {units.size(entry['beyond_measured'])} beyond tensors measured at the "
+            f"audited scale" + (f" + {units.size(growth)} allocator retention growth (modeled)" if growth else ""))
 
 
 def _hide_unexplained(view: ProjectionView, item: dict) -> ProjectionView:

@@ -162,6 +162,8 @@ def _summary(record: dict, found, views: list[ProjectionView]) -> str:
             value += f"; **{md.text(view.caveat)}**"
         if view.estimates:
             value += f"; {md.text(view.estimates)}"
+        if view.basis and view.peak_rss is not None:
+            value += f" ({md.text(view.basis)})"
         rows.append([f"projected ({md.text(view.label)})", value])
     if not views:
         rows.append(["projections", "none in this record"])

@@ -76,7 +76,7 @@ def render(result: dict, command: list[str] | None = None) -> str:
         out += [f"Note: the targets are stated for a {low:g}x to {high:g}x scale-up; this one is "
                 f"{result['scale_up']:.1f}x.", ""]
     unchecked = [t for t in result["targets"] if t["met"] is None]
-    reasons = {t.get("not_printed", "no number"): [] for t in unchecked}
+    reasons: dict[str, list[str]] = {t.get("not_printed", "no number"): [] for t in unchecked}
     for t in unchecked:
         reasons[t.get("not_printed", "no number")].append(f"{t['what']} ({t['method']})")
     met_text = "**All targets met.**" if not unchecked else (
