@@ -85,3 +85,23 @@ def test_meta_tensors_allocate_nothing_and_are_not_counted():
         structure = torch.empty(1 << 20, device="meta")  # 4 MiB nominal, nothing allocated
         real = torch.empty(1 << 10)
     assert meter.live == real.untyped_storage().nbytes() and structure.numel() == 1 << 20
+
+
+def test_a_wrapper_subclass_counts_its_inner_tensors_only(tmp_path):
+    """A DTensor's own storage reports the global size but holds nothing: its local shard is the
+    memory, counted as it is made (FSDP2 parameters and gradients are DTensors)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DeviceMesh, Shard, distribute_tensor
+
+    from auditor.probes.live_tensors import LiveTensorMeter
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        mesh = DeviceMesh("cpu", [0])
+        meter = LiveTensorMeter()
+        with meter:
+            local = torch.randn(1000, 100)
+            doubled = distribute_tensor(local, mesh, [Shard(0)]) * 2
+        assert meter.live == 2 * 400_000  # the input and the product's local shard
+        assert doubled.to_local().untyped_storage().nbytes() == 400_000
+    finally:
+        dist.destroy_process_group()

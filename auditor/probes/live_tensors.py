@@ -155,7 +155,9 @@ class LiveTensorMeter(TorchDispatchMode):
             return
         try:
             storage = tensor.untyped_storage()
+            storage.data_ptr()  # a wrapper subclass (DTensor, AsyncCollectiveTensor) raises here
         except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
+            self._track_inner(tensor, func, created_in)
             return
         with self._lock:
             if storage in self._serials:
@@ -176,6 +178,17 @@ class LiveTensorMeter(TorchDispatchMode):
                 if self._freed_since_peak:
                     self._freed_since_peak = []
         weakref.finalize(storage, self._release, serial, size)
+
+    def _track_inner(self, tensor: torch.Tensor, func, created_in: str | None) -> None:
+        """A wrapper's memory is its inner tensors' (a DTensor's local shard): the operator that
+        made them ran inside the wrapper's dispatch, which this mode does not see."""
+        flatten = getattr(tensor, "__tensor_flatten__", None)
+        if flatten is None:
+            return
+        for name in flatten()[0]:
+            inner = getattr(tensor, name, None)
+            if isinstance(inner, torch.Tensor):
+                self._track(inner, func, created_in)
 
     def _key(self, storage, tensor):
         """The key the census lists the storage's owner under."""
