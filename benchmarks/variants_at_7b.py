@@ -25,7 +25,7 @@ def project(variant: str, folder: Path) -> dict:
     run_dir = folder / variant
     command = ["auditor", "gradprobe", "--variant", variant, "--arch", "tinystories-33m",
                "--target", "mistral-7b", "--no-memray", "--run-dir", str(run_dir),
-               "-o", str(run_dir / "report.md")]
+               "-o", str(folder / f"{variant}.md")]
     done = subprocess.run([sys.executable, "-m", "auditor", *command[1:]], cwd=ROOT,
                           capture_output=True, text=True)
     row: dict = {"variant": variant, "command": command}
@@ -110,6 +110,7 @@ def main() -> int:
     if folder.exists():
         print(f"--run-dir {args.run_dir!r} exists; give a new folder", file=sys.stderr)
         return 2
+    folder.mkdir(parents=True)  # each variant's report beside its run folder
     rows = []
     for variant in args.variant or list(VARIANTS):
         print(f"{variant} ...", file=sys.stderr, flush=True)

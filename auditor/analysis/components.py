@@ -313,7 +313,8 @@ def rss_basis(item: dict, stage_path: str | None) -> str | None:
                else "tensors grown by their drivers")
     growth = entry.get("allocator_growth") or 0
     return (f"RSS = {tensors} + {units.size(entry['beyond_measured'])} beyond tensors measured at the "
-            f"audited scale" + (f" + {units.size(growth)} allocator retention growth (modeled)" if growth else ""))
+            f"audited scale" + (f" + {units.size(growth)} allocator retention growth (modeled; 0 to "
+                                f"{units.size(2 * growth)})" if growth else ""))
 
 
 def _hide_unexplained(view: ProjectionView, item: dict) -> ProjectionView:

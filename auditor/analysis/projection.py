@@ -310,11 +310,12 @@ def _checked(values: list[float], residual: float) -> dict:
 def _allocator_growth(threshold: int | None, fit: _Fit, threads: int) -> int:
     """The allocator's retention growth (auditor.analysis.traced_projection has the model): the
     mmap threshold follows the largest block freed, taken to grow as the largest parameter
-    tensor, up to glibc's 32 MiB; each thread's arena may keep twice it. 0 for older records."""
+    tensor, up to glibc's 32 MiB; threads x its growth, the middle of what the arenas may keep
+    (0 to twice it). 0 for older records."""
     if threshold is None:
         return 0
     target = min(max(threshold * scale("largest", fit.audited, fit.target), threshold), MMAP_THRESHOLD_MAX)
-    return round(threads * 2 * (target - threshold))
+    return round(threads * (target - threshold))
 
 
 def _project_stage(stage: dict, key: tuple, fit: _Fit, dtype_factor: float, threads: int = 1) -> dict:
@@ -346,7 +347,7 @@ def _project_stage(stage: dict, key: tuple, fit: _Fit, dtype_factor: float, thre
         "unseen_tensors": {"bytes": unseen, "projected": unseen_projected, **unseen_how},
         "transient": {"bytes": transient, "projected": transient_projected, **transient_how},
         "beyond_tensors": beyond_tensors, "beyond_measured": measured_beyond,
-        "allocator_growth": growth,
+        "allocator_growth": growth, "allocator_growth_range": [0, 2 * growth],
         "tensor_end": tensor_end, "tensor_peak": tensor_peak,
         "rss_peak": tensor_peak + beyond_tensors,
     }

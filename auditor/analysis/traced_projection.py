@@ -10,10 +10,13 @@ most of its stage's calls), plus the allocator's retention growth, modeled:
     keep up to its trim threshold (twice the mmap threshold) free at its top; the threshold
     follows the largest block freed, up to 32 MiB (the live-tensor meter follows it as
     `allocator_threshold`). A small run's threshold stays small, a large one's reaches tens of
-    MiB, so the retention allowance, threads x 2 x threshold, grows by the difference.
+    MiB, so what the arenas may keep grows by 0 to threads x 2 x the difference; the projection
+    takes the middle, threads x the difference, and records the range.
 
 Measured on GradProbe (GPT-Neo, 1 -> 2 layers, hidden 128 -> 512): RSS beyond tensors grew
-from 366 to 429 MiB, and to 366 again with the threshold fixed (MALLOC_MMAP_THRESHOLD_=131072).
+from 366 to 429 MiB, and to 366 again with the threshold fixed (MALLOC_MMAP_THRESHOLD_=131072);
+on the variants and families of reports/projection-validation-matrix.md the growth measured
+lay inside the range.
 
 Data-dependent sizes (auditor.data_dependent) are estimates: each stage and component says how
 many of its projected bytes rest on them (`estimated`, from the traced record's
@@ -90,7 +93,7 @@ def _stage(traced: dict, real: "_RealBeyond", estimated: dict | None = None) -> 
     return {"path": traced["path"], "components": components,
             "tensor_peak": tensor_peak, "rss_peak": tensor_peak + beyond_tensors,
             "beyond_tensors": beyond_tensors, "beyond_measured": measured, "beyond_from": source,
-            "allocator_growth": growth, "estimated": (estimated or {}).get("live_tensors", 0)}
+            "allocator_growth": growth, "allocator_growth_range": [0, 2 * growth], "estimated": (estimated or {}).get("live_tensors", 0)}
 
 
 class _RealBeyond:
@@ -120,14 +123,15 @@ class _RealBeyond:
         return self.run_beyond, "the run's"
 
     def allocator_growth(self, path: str, target_threshold: int | None) -> int:
-        """threads x 2 x (the target's mmap threshold - the real run's), never below 0; 0 when
-        either run did not follow the threshold (older records)."""
+        """threads x (the target's mmap threshold - the real run's), the middle of what the
+        arenas may keep (0 to twice it), never below 0; 0 when either run did not follow the
+        threshold (older records)."""
         stage = self.by_path.get(path) or max(self.by_folded.get(self._folded(path)) or [{}],
                                               key=lambda s: _threshold(s) or 0)
         real_threshold = _threshold(stage)
         if target_threshold is None or real_threshold is None:
             return 0
-        return max(self.threads * 2 * (target_threshold - real_threshold), 0)
+        return max(self.threads * (target_threshold - real_threshold), 0)
 
 
 def _threshold(stage: dict) -> int | None:

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from ..blocks import BLOCK_ELEMENTS
 
@@ -33,6 +34,9 @@ def _on_numpy(tensor: torch.Tensor) -> bool:
 
 def _packed_bits(chunk: torch.Tensor) -> torch.Tensor:
     """Bool elements packed 8 to a byte, element 8k + i at bit i of byte k; the last byte zero-padded."""
+    if is_fake(chunk) and chunk.device.type == "cpu":  # traced: no values; on CPU the real run packs in numpy,
+        # whose temporaries are no tensors, so only the packed bytes are made here too
+        return torch.empty((chunk.numel() + 7) // 8, dtype=torch.uint8, device=chunk.device)
     if _on_numpy(chunk):
         return torch.from_numpy(np.packbits(chunk.contiguous().numpy(), bitorder="little"))
     padded = torch.nn.functional.pad(chunk.to(torch.uint8), (0, -chunk.numel() % 8))
