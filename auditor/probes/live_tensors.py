@@ -155,7 +155,8 @@ class LiveTensorMeter(TorchDispatchMode):
             return
         try:
             storage = tensor.untyped_storage()
-            storage.data_ptr()  # a wrapper subclass (DTensor, AsyncCollectiveTensor) raises here
+            if not is_fake(tensor):  # (a fake tensor's storage has no memory by design)
+                storage.data_ptr()  # a wrapper subclass (DTensor, AsyncCollectiveTensor) raises here
         except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
             self._track_inner(tensor, func, created_in)
             return
