@@ -21,17 +21,18 @@ ROOT = Path(__file__).resolve().parents[1]
 STREAMING_REPORT = ROOT / "reports" / "gradprobe-streaming.md"
 
 
-def project(variant: str, folder: Path) -> dict:
+def project(variant: str, folder: Path, reuse: bool = False) -> dict:
     run_dir = folder / variant
     command = ["auditor", "gradprobe", "--variant", variant, "--arch", "tinystories-33m",
                "--target", "mistral-7b", "--no-memray", "--run-dir", str(run_dir),
                "-o", str(folder / f"{variant}.md")]
-    done = subprocess.run([sys.executable, "-m", "auditor", *command[1:]], cwd=ROOT,
-                          capture_output=True, text=True)
     row: dict = {"variant": variant, "command": command}
-    if done.returncode != 0:
-        row["failure"] = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-        return row
+    if not (reuse and (run_dir / "run.json").is_file()):
+        done = subprocess.run([sys.executable, "-m", "auditor", *command[1:]], cwd=ROOT,
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            row["failure"] = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+            return row
     import auditor
     record = auditor.load(run_dir)
     row["audited_peak"] = record["peak"]["rss"]
@@ -62,7 +63,11 @@ def _projected(item: dict | None) -> str:
     if not item:
         return "-"
     if item.get("not_projected"):
-        return f"not projected: {item['not_projected']}"
+        return "not projected (see below)"
+    if item.get("explained") is False:  # the report prints no number for it either
+        miss = (item.get("miss") or {}).get("bytes")
+        from auditor.units import size
+        return f"not explained by its drivers (miss {size(miss)}): see traced"
     peak = item.get("peak") or {}
     text = _gib(peak.get("rss"))
     estimated = peak.get("estimated")
@@ -91,7 +96,11 @@ def render(rows: list[dict], measured: dict | None, argv: list[str]) -> str:
            "batches, s = 0.1, r = 0.1, tau = 2.0, magnitude). Traced: the job run on fake tensors "
            "at the 7B shapes, plus the audited run's RSS beyond tensors; scaled: each component "
            "grown by its driver, fitted on traced calibration runs.", "",
-           "```", shlex.join(["python", "benchmarks/variants_at_7b.py", *argv]), "```", "", *lines, ""]
+           "```", shlex.join(["python", "benchmarks/variants_at_7b.py", *(a for a in argv if a != "--reuse")]),
+           "```", "", *lines, ""]
+    refused = {item["not_projected"] for r in rows for m in ("traced", "scaled")
+               if (item := r.get(m)) and item.get("not_projected")}
+    out += [f"Not projected: {why}" for why in sorted(refused)] + ([""] if refused else [])
     out += ["## Commands", ""] + [f"- {r['variant']}: `{shlex.join(r['command'])}`" for r in rows]
     if measured:
         out += ["", "Streaming at 7B (reports/gradprobe-streaming.md, section 2, bf16 weights on disk):",
@@ -104,17 +113,19 @@ def main() -> int:
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("-o", "--output", required=True)
     parser.add_argument("--variant", action="append", help="only these variants")
+    parser.add_argument("--reuse", action="store_true",
+                        help="render from the runs already in --run-dir (run only the missing ones)")
     args = parser.parse_args()
     from gradprobe.variants import VARIANTS
     folder = Path(args.run_dir)
-    if folder.exists():
-        print(f"--run-dir {args.run_dir!r} exists; give a new folder", file=sys.stderr)
+    if folder.exists() and not args.reuse:
+        print(f"--run-dir {args.run_dir!r} exists; give a new folder (or --reuse)", file=sys.stderr)
         return 2
-    folder.mkdir(parents=True)  # each variant's report beside its run folder
+    folder.mkdir(parents=True, exist_ok=True)  # each variant's report beside its run folder
     rows = []
     for variant in args.variant or list(VARIANTS):
         print(f"{variant} ...", file=sys.stderr, flush=True)
-        rows.append(project(variant, folder))
+        rows.append(project(variant, folder, args.reuse))
     Path(args.output).write_text(render(rows, streaming_measured(), sys.argv[1:]))
     return 0 if all("failure" not in r for r in rows) else 1
 
