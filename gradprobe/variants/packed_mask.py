@@ -35,7 +35,8 @@ def _on_numpy(tensor: torch.Tensor) -> bool:
 def _packed_bits(chunk: torch.Tensor) -> torch.Tensor:
     """Bool elements packed 8 to a byte, element 8k + i at bit i of byte k; the last byte zero-padded."""
     if is_fake(chunk) and chunk.device.type == "cpu":  # traced: no values; on CPU the real run packs in numpy,
-        # whose temporaries are no tensors, so only the packed bytes are made here too
+        # whose temporaries are no tensors: only what it makes as tensors is made here too
+        chunk.contiguous()  # a copy when the chunk is a strided view, freed once numpy has packed it
         return torch.empty((chunk.numel() + 7) // 8, dtype=torch.uint8, device=chunk.device)
     if _on_numpy(chunk):
         return torch.from_numpy(np.packbits(chunk.contiguous().numpy(), bitorder="little"))
