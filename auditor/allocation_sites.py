@@ -89,6 +89,9 @@ _PLUMBING = tuple(os.path.join("torch", *parts) for parts in (
     ("_ops.py",), ("_compile.py",), ("_dynamo", ""), ("nn", "modules", "module.py"), ("utils", "_contextlib.py"),
     ("utils", "_python_dispatch.py")))
 _METER = os.path.join(AUDITOR, "probes", "live_tensors.py")
+# Dispatch modes an operator passes through on its way to the allocator: the live-tensor meter,
+# and the recorder of data-dependent sizes (auditor.data_dependent) in real runs.
+_DISPATCH_MODES = {_METER, os.path.join(AUDITOR, "data_dependent.py")}
 _WRAPPERS = {(os.path.join(AUDITOR, "targets.py"), "staged_call"),
              (os.path.join(AUDITOR, "stage.py"), "staged")}
 
@@ -97,7 +100,7 @@ def passes_through(function: str, filename: str, below_an_operator: bool = True)
     """True for a frame that is plumbing between the code that asked and the allocator.
     `below_an_operator`: an inner frame is torch's operator call (without it, the meter's
     dispatch frame is allocating for itself)."""
-    if filename == _METER:
+    if filename in _DISPATCH_MODES:
         return function == "__torch_dispatch__" and below_an_operator
     if (filename, function) in _WRAPPERS:
         return True

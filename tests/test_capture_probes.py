@@ -148,14 +148,16 @@ def _allocate_known_block() -> float:
     return float(block[-1])
 
 
-def test_memray_sites_from_the_python_api_name_the_user_line(tmp_path):
+@pytest.mark.parametrize("record_sizes", [False, True])
+def test_memray_sites_from_the_python_api_name_the_user_line(tmp_path, record_sizes):
     """Started inside Audit.__enter__, a few frames below the user's code: the user's frames
-    must still be in the stacks (memray hides frames that were live at its start)."""
+    must still be in the stacks (memray hides frames that were live at its start). With the
+    recorder of data-dependent sizes on, its dispatch frame is plumbing, not the site."""
     pytest.importorskip("memray")
     import inspect
     source, first = inspect.getsourcelines(_allocate_known_block)
     line = first + next(i for i, text in enumerate(source) if "KNOWN LINE" in text)
-    with auditor.Audit(tmp_path / "run", memray=True) as audit:
+    with auditor.Audit(tmp_path / "run", memray=True, live_tensors=True, record_sizes=record_sizes) as audit:
         with auditor.stage("quiet"):
             torch.ones(1000)
         with auditor.stage("spike"):
