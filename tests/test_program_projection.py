@@ -176,6 +176,8 @@ def test_a_model_function_that_returns_no_module_is_a_warning_not_a_new_status(t
     (["--target", "llama-2-7b", "job.py"], "--target needs --model-from"),
     (["--target-layers", "4", "job.py"], "--target-* options need --target"),
     (["--target", "no-such-model", "--model-from", "m:f", "job.py"], "--target: "),
+    (["--target", "llama-2-7b", "--target-heads", "7", "--model-from", "json:dumps", "job.py"],
+     "--target: hidden size 4096 is not divisible by 7 heads"),
     (["--target", "llama-2-7b", "--model-from", "no_such_module_x:f", "job.py"],
      "--model-from: no module named 'no_such_module_x'"),
 ])

@@ -139,7 +139,7 @@ def _target_model(args):
     import architectures
     try:
         architectures.config_fields(args.target, **overrides)
-    except architectures.UnknownArchitecture as error:
+    except ValueError as error:  # an unknown name, an unreadable folder, a wrong size
         raise UsageError(f"--target: {error}") from None
     return TargetModel(args.target, overrides, args.target_dtype)
 
