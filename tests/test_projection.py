@@ -74,7 +74,12 @@ def test_scaled_projection_onto_its_own_shape_gives_back_its_own_numbers(validat
 def test_scale_up_is_within_the_targets(validation):
     result = validation["result"]
     assert 4 <= result["scale_up"] <= 20
-    assert all(t["met"] for t in result["targets"]), result["targets"]
+    traced = [t for t in result["targets"] if t["method"] == "traced"]
+    assert traced and all(t["met"] for t in traced), result["targets"]
+    # the scaled projection is held to its targets wherever it prints a number; where its drivers
+    # do not explain the calibration runs it prints none, and the target says why
+    assert all(t["met"] or (t["met"] is None and t["not_printed"])
+               for t in result["targets"] if t["method"] == "scaled"), result["targets"]
     real_peak = max(s["live_tensors"]["peak"] for s in validation["target"]["stages"])
     scaled = result["projections"]["scaled"]
     assert scaled["live_tensor_peak"] == pytest.approx(real_peak, rel=0.03)
