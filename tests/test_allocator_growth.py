@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from auditor.analysis.traced_projection import project_traced
-from auditor.probes.live_tensors import MMAP_THRESHOLD_START, LiveTensorMeter
+from auditor.allocator_retention import MMAP_THRESHOLD_START
+from auditor.probes.live_tensors import LiveTensorMeter
 
 MiB = 2**20
 

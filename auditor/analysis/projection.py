@@ -45,6 +45,9 @@ from itertools import combinations
 
 import numpy as np
 
+from auditor import allocator_retention
+from auditor.allocator_retention import MMAP_THRESHOLD_MAX
+
 from auditor.analysis.drivers import (FIT_DRIVERS, Shape, component_driver, scale, shape_of,
                                       workload_shape)
 
@@ -56,7 +59,6 @@ MODEL_DTYPE_CATEGORIES = {"weights", "gradients"}
 TOLERANCE = 0.01
 FLOOR = 4096
 MOST_DRIVERS_IN_A_SMALL_FIT = 3
-MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # glibc's largest dynamic mmap threshold (64-bit)
 
 
 def audited_shape(record: dict) -> Shape:
@@ -308,14 +310,12 @@ def _checked(values: list[float], residual: float) -> dict:
 # -- one stage ---------------------------------------------------------------------------
 
 def _allocator_growth(threshold: int | None, fit: _Fit, threads: int) -> int:
-    """The allocator's retention growth (auditor.analysis.traced_projection has the model): the
-    mmap threshold follows the largest block freed, taken to grow as the largest parameter
-    tensor, up to glibc's 32 MiB; threads x its growth, the middle of what the arenas may keep
-    (0 to twice it). 0 for older records."""
+    """The allocator's retention growth (auditor.allocator_retention), the mmap threshold taken
+    to grow as the largest parameter tensor, up to glibc's 32 MiB. 0 for older records."""
     if threshold is None:
         return 0
     target = min(max(threshold * scale("largest", fit.audited, fit.target), threshold), MMAP_THRESHOLD_MAX)
-    return round(threads * (target - threshold))
+    return allocator_retention.growth(threads, threshold, target)
 
 
 def _project_stage(stage: dict, key: tuple, fit: _Fit, dtype_factor: float, threads: int = 1) -> dict:

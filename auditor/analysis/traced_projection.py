@@ -4,19 +4,8 @@ A traced run measures tensors exactly (census and live-tensor meter count fake s
 their nominal size), transients inside stages included; what it cannot see is the process:
 interpreter, libraries and allocator slack. Those are taken from the real run's stage of
 the same path (RSS beyond its live-tensor peak; a call the real run did not make takes the
-most of its stage's calls), plus the allocator's retention growth, modeled:
-
-    glibc serves blocks below its mmap threshold from the heap, and each thread's arena may
-    keep up to its trim threshold (twice the mmap threshold) free at its top; the threshold
-    follows the largest block freed, up to 32 MiB (the live-tensor meter follows it as
-    `allocator_threshold`). A small run's threshold stays small, a large one's reaches tens of
-    MiB, so what the arenas may keep grows by 0 to threads x 2 x the difference; the projection
-    takes the middle, threads x the difference, and records the range.
-
-Measured on GradProbe (GPT-Neo, 1 -> 2 layers, hidden 128 -> 512): RSS beyond tensors grew
-from 366 to 429 MiB, and to 366 again with the threshold fixed (MALLOC_MMAP_THRESHOLD_=131072);
-on the variants and families of reports/projection-validation-matrix.md the growth measured
-lay inside the range.
+most of its stage's calls), plus the allocator's retention growth between the two runs'
+mmap thresholds (auditor.allocator_retention).
 
 Data-dependent sizes (auditor.data_dependent) are estimates: each stage and component says how
 many of its projected bytes rest on them (`estimated`, from the traced record's
@@ -26,6 +15,8 @@ came from (observed in the real run, declared by the program, or unknown: sized 
 The result has the shape of `projection.project`'s, so a report shows both side by side.
 """
 from __future__ import annotations
+
+from auditor import allocator_retention
 
 
 def project_traced(record: dict, traced_record: dict) -> dict:
@@ -123,15 +114,14 @@ class _RealBeyond:
         return self.run_beyond, "the run's"
 
     def allocator_growth(self, path: str, target_threshold: int | None) -> int:
-        """threads x (the target's mmap threshold - the real run's), the middle of what the
-        arenas may keep (0 to twice it), never below 0; 0 when either run did not follow the
-        threshold (older records)."""
+        """auditor.allocator_retention's growth from the real run's mmap threshold to the
+        target's; 0 when either run did not follow the threshold (older records)."""
         stage = self.by_path.get(path) or max(self.by_folded.get(self._folded(path)) or [{}],
                                               key=lambda s: _threshold(s) or 0)
         real_threshold = _threshold(stage)
         if target_threshold is None or real_threshold is None:
             return 0
-        return max(self.threads * (target_threshold - real_threshold), 0)
+        return allocator_retention.growth(self.threads, real_threshold, target_threshold)
 
 
 def _threshold(stage: dict) -> int | None:

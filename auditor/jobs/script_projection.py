@@ -164,9 +164,6 @@ def shlex_join(program: Program) -> str:
     return f"{program.function}()"
 
 
-if __name__ == "__main__":  # python -m auditor.jobs.script_projection PLAN_JSON FOLDER
-    _main(_from_json(json.loads(sys.argv[1])), Path(sys.argv[2]))
-
 
 def audit_and_project(program, *, model_from: str, target: str | TargetModel, stages=(),
                       run_dir: str | os.PathLike | None = None, name: str | None = None,
@@ -194,3 +191,7 @@ def audit_and_project(program, *, model_from: str, target: str | TargetModel, st
                                  traced_folder(audit.folder, target))
     write_derived(audit.folder, "projections", [projection])
     return {**record, "projections": [projection]}
+
+
+if __name__ == "__main__":  # python -m auditor.jobs.script_projection PLAN_JSON FOLDER
+    _main(_from_json(json.loads(sys.argv[1])), Path(sys.argv[2]))

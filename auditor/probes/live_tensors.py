@@ -36,15 +36,13 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from auditor.allocation_sites import MIN_BYTES as SITE_MIN_BYTES
+from auditor.allocator_retention import MMAP_THRESHOLD_MAX, MMAP_THRESHOLD_START
 from auditor.allocation_sites import caller_site
 from auditor.census import ALLOCATED_AT, is_fake, storage_key
 from auditor.ownership import ACTIVATIONS, MASKS, OTHER
 from auditor.stage import AUDITOR_CODE
 
 NO_CENSUS = "unknown (no census)"
-# glibc malloc: M_MMAP_THRESHOLD starts at 128 KiB and follows freed mmapped blocks up to
-# DEFAULT_MMAP_THRESHOLD_MAX (32 MiB on 64-bit)
-MMAP_THRESHOLD_START, MMAP_THRESHOLD_MAX = 128 * 1024, 32 * 1024 * 1024
 MAX_ROWS = 25
 # A row of the live table: [serial, bytes, created_in, op, census key, is bool, the last
 # component and category a census named it under while it was alive (or None, None), and the
@@ -82,9 +80,7 @@ class LiveTensorMeter(TorchDispatchMode):
         self.peak_sets = self.rows_read = 0
         self.seconds = 0.0
         self._lock = threading.RLock()  # a finalizer can run inside our own section (GC)
-        # glibc's dynamic mmap threshold, followed from the storages freed: blocks below it come
-        # from the heap, and each thread's arena may keep twice it free (its trim threshold).
-        # A threshold set by the environment is fixed; read by auditor.analysis.traced_projection.
+        # glibc's dynamic mmap threshold, followed from the storages freed (auditor.allocator_retention)
         self._dynamic_threshold = not any(f"MALLOC_{n}_" in os.environ
                                           for n in ("MMAP_THRESHOLD", "TRIM_THRESHOLD"))
         self.mmap_threshold = int(os.environ.get("MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD_START))
@@ -155,13 +151,13 @@ class LiveTensorMeter(TorchDispatchMode):
             return
         try:
             storage = tensor.untyped_storage()
-            if not is_fake(tensor):  # (a fake tensor's storage has no memory by design)
-                storage.data_ptr()  # a wrapper subclass (DTensor, AsyncCollectiveTensor) raises here
         except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
-            self._track_inner(tensor, func, created_in)
             return
         with self._lock:
             if storage in self._serials:
+                return
+            if not _holds_memory(tensor, storage):  # a wrapper subclass: its inner tensors do
+                self._track_inner(tensor, func, created_in)
                 return
             size = storage.nbytes()
             self._serial += 1
@@ -306,6 +302,18 @@ class LiveTensorProbe:
         if self._meter is not None:
             self._meter.__exit__(None, None, None)
             self._meter = None
+
+
+def _holds_memory(tensor: torch.Tensor, storage) -> bool:
+    """False for a wrapper subclass's own storage (DTensor, AsyncCollectiveTensor): it reports a
+    size but has no data pointer. A fake tensor's has none by design, and stands for memory."""
+    if is_fake(tensor):
+        return True
+    try:
+        storage.data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
 
 
 def _op_name(func) -> str | None:
