@@ -12,6 +12,7 @@ import importlib
 import os
 import sys
 from functools import partial
+from pathlib import Path
 
 from architectures.options import HelpFormatter, examples, installed_version  # noqa: F401 (the commands' shared help)
 
@@ -62,6 +63,15 @@ def check_file_writable(output, where: str) -> None:
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         raise UsageError(f"{message}; see '{self.prog} --help'")
+
+
+def check_script(text: str) -> Path:
+    """The Python script a command runs, or UsageError (one line)."""
+    script = Path(text)
+    if not script.is_file():
+        what = "is not a file" if script.exists() else "does not exist"
+        raise UsageError(f"script {text!r} {what}; give the path of a Python script")
+    return script
 
 
 def build_parser() -> argparse.ArgumentParser:

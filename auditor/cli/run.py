@@ -23,7 +23,7 @@ import warnings
 from pathlib import Path
 
 from architectures.options import add_size_arguments, size_overrides
-from auditor.cli import UsageError, examples
+from auditor.cli import UsageError, check_script, examples
 from auditor.record import EVENTS_FILE
 
 
@@ -83,10 +83,7 @@ def main(args) -> int:
     from auditor.model_from import ModelFrom
     if args.script is None:
         raise UsageError("run needs a script: auditor run [options] SCRIPT [ARGS...]")
-    script = Path(args.script)
-    if not script.is_file():
-        what = "is not a file" if script.exists() else "does not exist"
-        raise UsageError(f"script {args.script!r} {what}; give the path of a Python script")
+    script = check_script(args.script)
     if args.out is not None and not args.out.strip():  # Path("") is the current folder
         raise UsageError("--run-dir is empty; give a folder for the run record, or leave --run-dir out")
     name = args.name or script.stem

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from architectures.options import add_size_arguments, add_threads_argument, check_sequence_length, size_overrides
-from auditor.cli import UsageError, check_writable_report, examples
+from auditor.cli import UsageError, check_script, check_writable_report, examples
 from auditor.cli.gradprobe import add_settings_arguments, check_settings_arguments, settings_from
 
 
@@ -107,9 +107,7 @@ def _checked_program(args):
         return None
     if args.script is None or not args.model_from:
         raise UsageError("a program of your own needs both --model-from MODULE:FUNCTION and SCRIPT")
-    script = Path(args.script)
-    if not script.is_file():
-        raise UsageError(f"script {args.script!r} {'is not a file' if script.exists() else 'does not exist'}")
+    script = check_script(args.script)
     from auditor.jobs.script_projection import Program
     from auditor.model_from import check
     from auditor.targets import resolve
