@@ -8,9 +8,11 @@ from __future__ import annotations
 import math
 
 VARIANTS = ("baseline", "sparse-state", "grad-in-backward", "checkpointed", "low-precision", "lean",
-            "streaming")  # gradprobe.variants.VARIANTS
+            "streaming", "sharded")  # gradprobe.variants.VARIANTS
 STRATEGIES = ("magnitude", "wanda")  # gradprobe.strategies.STRATEGIES
 STORAGE_DTYPES = ("bf16", "fp16", "fp32")  # --storage-dtype
+FOLDER_VARIANTS = ("streaming",)  # pruned from a weights folder: `--weights-dtype` is its files' dtype
+TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def check_variant_name(name: str) -> None:

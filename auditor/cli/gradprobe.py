@@ -23,12 +23,15 @@ DEFAULT_TARGETS = ["mistral-7b"]
 def add_settings_arguments(p) -> None:
     """The GradProbe settings every command that runs the job takes: gradprobe's own options."""
     from gradprobe.cli import add_pruning_arguments
-    from gradprobe.settings import STRATEGIES, VARIANTS
+    from gradprobe.settings import STORAGE_DTYPES, STRATEGIES, VARIANTS
     p.add_argument("--variant", default="baseline", metavar="NAME",
                    help=f"GradProbe variant: {', '.join(VARIANTS)} (default: baseline)")
     p.add_argument("--strategy", default="magnitude", choices=STRATEGIES,
                    help="how candidates are scored: |w| (magnitude) or |w| times input norms (wanda)")
     add_pruning_arguments(p)
+    p.add_argument("--weights-dtype", choices=STORAGE_DTYPES, default="fp32",
+                   help="dtype of the weights folder a folder variant (streaming) prunes from "
+                        "(default fp32; a 7B checkpoint is usually bf16)")
     add_seed_argument(p)
 
 
@@ -36,19 +39,24 @@ def check_settings_arguments(args) -> None:
     """ValueError (one line) for a GradProbe setting or model option of those arguments; without
     torch, so a mistake is answered at once."""
     from gradprobe.cli import check_pruning_arguments
-    from gradprobe.settings import check_variant_name
+    from gradprobe.settings import FOLDER_VARIANTS, check_variant_name
     check_variant_name(args.variant)
     check_pruning_arguments(args)
+    if args.weights_dtype != "fp32" and args.variant not in FOLDER_VARIANTS:
+        raise ValueError(f"--weights-dtype is the dtype of a weights folder, which only "
+                         f"{', '.join(FOLDER_VARIANTS)} prunes from; variant {args.variant!r} builds its model in fp32")
 
 
 def settings_from(args, overrides: dict, device: str = "cpu"):
     """The job's Settings from those arguments, checked: ValueError (one line) if wrong."""
     check_settings_arguments(args)
     from auditor.jobs.gradprobe import Settings
+    from gradprobe.settings import TORCH_DTYPES
     return Settings(architecture=args.arch, overrides=overrides, variant=args.variant,
                     strategy=args.strategy, device=device, sequence_length=args.seq_len,
                     batch_size=args.batch_size, batches=args.batches, sparsity=args.sparsity,
-                    reduction=args.reduction, threshold=args.threshold, seed=args.seed)
+                    reduction=args.reduction, threshold=args.threshold, seed=args.seed,
+                    weights_dtype=TORCH_DTYPES[args.weights_dtype])
 
 
 def register(subparsers) -> None:

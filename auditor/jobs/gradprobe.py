@@ -56,6 +56,7 @@ class Settings:
     reduction: float = 0.1
     threshold: float = 2.0
     seed: int = 0
+    weights_dtype: str = "float32"  # of the weights folder, for a variant pruned from one (streaming)
 
     @property
     def tokens(self) -> int:
@@ -68,9 +69,20 @@ def pruner_class(variant: str) -> type:
     return getattr(factory, "func", factory)  # presets are partials of the class
 
 
+def folder_pruner(variant: str) -> type | None:
+    """The pruner the job audits on a weights folder instead of the variant's in-memory wrapper
+    (its class's `folder_pruner`: streaming, whose memory floor needs the model off memory)."""
+    return getattr(pruner_class(variant), "folder_pruner", None)
+
+
+def audited_class(variant: str) -> type:
+    """The pruner class whose run the job audits: the folder pruner where there is one."""
+    return folder_pruner(variant) or pruner_class(variant)
+
+
 def phase_classes(variant: str) -> list[type]:
-    """The variant's pruner class, then the pruners it runs inside its `prune` (`inner_pruners`)."""
-    found, pending = [], [pruner_class(variant)]
+    """The audited pruner class, then the pruners it runs inside its `prune` (`inner_pruners`)."""
+    found, pending = [], [audited_class(variant)]
     while pending:
         cls = pending.pop(0)
         if cls not in found:
@@ -93,7 +105,7 @@ def stage_targets(variant: str) -> list[str]:
 def pruner_categories(variant: str) -> dict[str, str]:
     """What the pruner's attributes are, in the report's words (`state_categories`; the census
     walks them by name)."""
-    return dict(getattr(pruner_class(variant), "state_categories", {}))
+    return dict(getattr(audited_class(variant), "state_categories", {}))
 
 
 def phase_label(variant: str):
@@ -109,7 +121,7 @@ def phase_label(variant: str):
 
 def not_projected(variant: str) -> str | None:
     """Why the variant cannot be projected (its class's `not_projected`), or None."""
-    return getattr(pruner_class(variant), "not_projected", None)
+    return getattr(audited_class(variant), "not_projected", None)
 
 
 def run_workload(settings: Settings) -> dict:
@@ -118,6 +130,8 @@ def run_workload(settings: Settings) -> dict:
     from architectures.calibration import synthetic_batches
     from gradprobe.variants import make_pruner
 
+    if folder_pruner(settings.variant):
+        return run_on_folder(settings)
     with auditor.stage("build model"):
         model = architectures.build_model(settings.architecture, seed=settings.seed,
                                           device=settings.device, **settings.overrides)
@@ -130,6 +144,35 @@ def run_workload(settings: Settings) -> dict:
         result = pruner.prune(batches, sparsity=settings.sparsity, num_batches=settings.batches,
                               reduction_factor=settings.reduction,
                               gradient_threshold=settings.threshold)
+    return {"candidates": result.candidates, "pruned": result.pruned,
+            "prunable": result.prunable, "sparsity": result.sparsity}
+
+
+def run_on_folder(settings: Settings) -> dict:
+    """The folder pruner's run, as its own command line runs it: the model is written as a weights
+    folder (in `weights_dtype`) and dropped, then pruned from the folder, one stage in memory at a
+    time. Traced, the folder's files are laid out but hold no bytes (fake tensors have none)."""
+    import tempfile
+
+    import architectures
+    from architectures.calibration import synthetic_batches
+    from gradprobe.streaming.writing import save_model
+
+    with tempfile.TemporaryDirectory(prefix="gradprobe-weights-") as scratch:
+        with auditor.stage("write weights folder"):
+            model = architectures.build_model(settings.architecture, seed=settings.seed, device=settings.device,
+                                              dtype=getattr(torch, settings.weights_dtype), **settings.overrides)
+            vocabulary = model.config.vocab_size
+            save_model(model, f"{scratch}/weights")
+            del model
+        batches = synthetic_batches(vocabulary, settings.sequence_length, settings.batch_size,
+                                    settings.batches, seed=settings.seed)
+        pruner = folder_pruner(settings.variant)(f"{scratch}/weights", settings.strategy)
+        auditor.track("pruner", pruner, categories=pruner_categories(settings.variant))
+        with auditor.stage("prune"):
+            result = pruner.prune(batches, f"{scratch}/pruned", sparsity=settings.sparsity,
+                                  num_batches=settings.batches, reduction_factor=settings.reduction,
+                                  gradient_threshold=settings.threshold)
     return {"candidates": result.candidates, "pruned": result.pruned,
             "prunable": result.prunable, "sparsity": result.sparsity}
 

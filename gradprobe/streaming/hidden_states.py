@@ -12,6 +12,8 @@ import shutil
 
 import torch
 
+from .safetensors_files import holds_values
+
 
 class SpilledStack:
     """A stack of lists of tensors: `push`, `top` (in memory), `pop` (read back from disk)."""
@@ -38,7 +40,8 @@ class SpilledStack:
         with open(path, "rb") as file:
             for dtype, shape in layout:
                 tensor = torch.empty(shape, dtype=dtype)
-                file.readinto(tensor.view(-1).view(torch.uint8).numpy())
+                if holds_values(tensor):  # a traced run's fake tensor: nothing was written
+                    file.readinto(tensor.view(-1).view(torch.uint8).numpy())
                 tensors.append(tensor)
         os.remove(path)
         return tensors
@@ -47,7 +50,8 @@ class SpilledStack:
         path = os.path.join(self.folder, f"{len(self.files):04d}.bin")
         with open(path, "wb") as file:
             for t in tensors:
-                file.write(t.contiguous().view(-1).view(torch.uint8).numpy().data)
+                if holds_values(t):
+                    file.write(t.contiguous().view(-1).view(torch.uint8).numpy().data)
         self.files.append((path, [(t.dtype, t.shape) for t in tensors]))
 
     @property

@@ -30,12 +30,10 @@ class StreamingOnModel:
     # Its structures: M_f read back, and the folder pruner's (kept on it as `streaming`).
     state_categories = {"masks": "masks", **{f"streaming.{name}": category for name, category
                                              in StreamingGradProbe.state_categories.items()}}
-    # Why it has no projection: fake tensors cannot go through the weights files streaming writes and
-    # reads, and this wrapper keeps the whole model in memory besides, which the folder API does not.
-    not_projected = ("streaming GradProbe is not projected: it writes and reads its weights as safetensors "
-                     "files, which fake tensors cannot pass through, and this on-model wrapper keeps the "
-                     "whole model in memory, which the folder API does not; its 7B figures are measured "
-                     "on a real 7B run instead (reports/gradprobe-streaming.md)")
+    # What the auditor's job audits and projects instead of this wrapper: the folder pruner on a
+    # weights folder, as `python -m gradprobe.streaming prune --weights FOLDER` runs (this wrapper
+    # keeps the whole model in memory besides, which is not streaming's memory).
+    folder_pruner = StreamingGradProbe
 
     def __init__(self, model: torch.nn.Module, strategy: str = "magnitude", per_layer: bool = False):
         if per_layer:

@@ -10,6 +10,11 @@ are produced, without ever holding a whole file in memory. The files are ordinar
 Format: 8 bytes little-endian header length N, N bytes of JSON header
 `{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}`, then the data,
 offsets relative to its start, tensors back to back.
+
+A tensor without values (a fake tensor of a traced run, or a meta tensor) has no bytes to read
+or write: it is made or taken with its shape and dtype, and the file's bytes are left alone. So
+the auditor's traced run goes through the same reads and writes as a real one (the files keep
+their full layout, unwritten), and measures the same tensors.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import struct
 from dataclasses import dataclass
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
@@ -62,9 +68,16 @@ def read_header(path: str) -> dict[str, StoredTensor]:
     return stored
 
 
+def holds_values(tensor: torch.Tensor) -> bool:
+    """Whether the tensor has bytes of its own (not a traced run's fake tensor, not on meta)."""
+    return not is_fake(tensor) and tensor.device.type != "meta"
+
+
 def read_tensor(stored: StoredTensor, into: torch.Tensor | None = None) -> torch.Tensor:
     """The tensor's bytes read straight into a fresh tensor of its stored dtype (or `into`)."""
     tensor = torch.empty(stored.shape, dtype=stored.dtype) if into is None else into
+    if not holds_values(tensor):
+        return tensor
     buffer = tensor.view(-1).view(torch.uint8).numpy()  # a byte view: numpy has no bfloat16
     with open(stored.path, "rb") as file:
         file.seek(stored.offset)
@@ -99,9 +112,11 @@ class SafetensorsWriter:
         dtype, shape = self.layout[name]
         if tensor.dtype != dtype or tuple(tensor.shape) != tuple(shape):
             raise ValueError(f"{name}: declared {dtype} {tuple(shape)}, got {tensor.dtype} {tuple(tensor.shape)}")
+        self.written.add(name)
+        if not holds_values(tensor):
+            return
         self.file.seek(self.data_start + self.offsets[name])
         self.file.write(tensor.detach().contiguous().view(-1).view(torch.uint8).numpy().data)
-        self.written.add(name)
 
     def close(self) -> None:
         self.file.close()

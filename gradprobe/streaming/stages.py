@@ -16,6 +16,7 @@ import weakref
 from dataclasses import dataclass
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..prunable import model_parameters, prunable_tensors
 from .families import family_of
@@ -61,7 +62,9 @@ class StagedModel:
     def __init__(self, config, folder: WeightsFolder | None = None):
         from transformers import AutoModelForCausalLM
         self.folder, self.config = folder, config
-        with torch.device("meta"):
+        # Shapes only, on meta whatever mode is active: built under a traced run's FakeTensorMode its
+        # parameters are fake tensors on meta, and freeing them crashed the process (torch 2.13).
+        with unset_fake_temporarily(), torch.device("meta"):
             self.meta = AutoModelForCausalLM.from_config(self.config)
         self.family = family_of(self.config, self.meta)
         parameters = model_parameters(self.meta)
