@@ -8,7 +8,10 @@ outputs pass through it, each new storage is counted once and uncounted by a fin
 it dies. It works the same on real and fake tensors, which is what lets a traced run of a 7B
 model on this machine be compared byte for byte with a real run of a small one.
 
-Tensors created before the meter starts are seeded from a scan of live objects.
+Tensors created before the meter starts are seeded from a scan of live objects. A storage resized
+in place (`UntypedStorage.resize_`, which no operator dispatches: FSDP2 frees a layer's gathered
+weights by resizing their storage to 0 and gathers them again into the same storage) counts at
+its new size from then on, as if the old one were freed and a new one made.
 
 What was alive at the peak (`at_peak`): each live storage has a row in a table (its size, the
 stage it was created in, the operator that created it, its census key), under an integer
@@ -71,7 +74,7 @@ class LiveTensorMeter(TorchDispatchMode):
         self.peak = 0
         self.at_peak = at_peak
         self.stage_path: str | None = None
-        self._serials: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storage -> serial
+        self._cells: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storage -> [serial, bytes] now
         self._serial = 0
         self._table: dict[int, list] = {}    # serial -> row, creation order
         self._peak_serial = 0                # the newest storage alive at the high
@@ -138,6 +141,16 @@ class LiveTensorMeter(TorchDispatchMode):
                 row[SEEN_OWNER] = owner
                 row[SEEN_CATEGORY] = (components.get(owner) or {}).get("category") or OTHER
 
+    def __enter__(self):
+        _RESIZE_WATCHERS.append(self)
+        _watch_resizes()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        _RESIZE_WATCHERS.remove(self)
+        _watch_resizes()
+        return super().__exit__(*exc)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         with AUDITOR_CODE:  # the meter's bookkeeping inside the program's op: never a stage
@@ -154,7 +167,7 @@ class LiveTensorMeter(TorchDispatchMode):
         except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
             return
         with self._lock:
-            if storage in self._serials:
+            if storage in self._cells:
                 return
             if not _holds_memory(tensor, storage):  # a wrapper subclass: its inner tensors do
                 self._track_inner(tensor, func, created_in)
@@ -162,19 +175,38 @@ class LiveTensorMeter(TorchDispatchMode):
             size = storage.nbytes()
             self._serial += 1
             serial = self._serial
-            self._serials[storage] = serial
+            cell = self._cells[storage] = [serial, size]
             self.live += size
             if self.at_peak:
                 where = caller_site() if func is not None and size >= SITE_MIN_BYTES else None
                 self._table[serial] = [serial, size, created_in, _op_name(func),
                                        self._key(storage, tensor), tensor.dtype is torch.bool,
                                        None, None, where]
-            if self.live > self.peak:
-                self.peak = self.live
-                self._peak_serial = serial
-                if self._freed_since_peak:
-                    self._freed_since_peak = []
-        weakref.finalize(storage, self._release, serial, size)
+            self._new_high()
+        weakref.finalize(storage, self._release, cell)
+
+    def _new_high(self) -> None:
+        if self.live > self.peak:
+            self.peak = self.live
+            self._peak_serial = self._serial
+            if self._freed_since_peak:
+                self._freed_since_peak = []
+
+    def resized(self, storage) -> None:
+        """A counted storage changed size in place: the old size is freed, the new one made
+        (a new serial, so a peak set taken before keeps the old size)."""
+        with self._lock:
+            cell = self._cells.get(storage)
+            if cell is None or storage.nbytes() == cell[1]:
+                return
+            row = self._table.get(cell[0])
+            self._release(cell)
+            self._serial += 1
+            cell[0], cell[1] = self._serial, storage.nbytes()
+            self.live += cell[1]
+            if self.at_peak and row is not None:
+                self._table[cell[0]] = [cell[0], cell[1], self.stage_path, "resize_", *row[4:]]
+            self._new_high()
 
     def _track_inner(self, tensor: torch.Tensor, func, created_in: str | None) -> None:
         """A wrapper's memory is its inner tensors' (a DTensor's local shard): the operator that
@@ -194,14 +226,32 @@ class LiveTensorMeter(TorchDispatchMode):
         except Exception:  # a storage whose address cannot be read: no owner for it
             return None
 
-    def _release(self, serial: int, size: int) -> None:
+    def _release(self, cell: list) -> None:
         with self._lock:
+            serial, size = cell
             self.live -= size
             if self._dynamic_threshold and self.mmap_threshold < size <= MMAP_THRESHOLD_MAX:
                 self.mmap_threshold = size  # glibc's rule when a block it mmapped is freed
             row = self._table.pop(serial, None)
             if row is not None and serial <= self._peak_serial:
                 self._freed_since_peak.append(row)
+
+
+_RESIZE_WATCHERS: list[LiveTensorMeter] = []  # the meters counting now
+_RESIZE = torch.UntypedStorage.resize_
+
+
+def _resize_counted(storage, size):
+    out = _RESIZE(storage, size)
+    with AUDITOR_CODE:
+        for meter in list(_RESIZE_WATCHERS):
+            meter.resized(storage)
+    return out
+
+
+def _watch_resizes() -> None:
+    """`UntypedStorage.resize_` tells the counting meters while there are any; torch's own otherwise."""
+    torch.UntypedStorage.resize_ = _resize_counted if _RESIZE_WATCHERS else _RESIZE
 
 
 class LiveTensorProbe:

@@ -14,6 +14,8 @@ Presets (each a `Variant` of switches over the baseline, run by `LowMemoryGradPr
                       embedding's gradients folded in by rows, never made whole
     streaming         `gradprobe.streaming` on a temporary weights folder (its memory floor needs
                       the folder API: `python -m gradprobe.streaming prune --weights FOLDER`)
+    sharded           the model sharded by FSDP2 over torchrun's ranks, each rank deciding for its
+                      own shard (`sharded`); alone, unsharded
 
 All but low-precision make exactly the baseline's decisions (same masks, same pruned weights).
 
@@ -37,6 +39,7 @@ from ..pruner import GradProbe
 from ..streaming.on_model import StreamingOnModel
 from .packed_mask import PackedMask, PackedMasks
 from .pruner import LowMemoryGradProbe
+from .sharded import ShardedGradProbe
 from .variant import Variant
 
 PRESETS: dict[str, Variant] = {
@@ -51,6 +54,7 @@ VARIANTS: dict[str, Callable[..., GradProbe]] = {
     "baseline": GradProbe,
     **{name: partial(LowMemoryGradProbe, variant=variant) for name, variant in PRESETS.items()},
     "streaming": StreamingOnModel,
+    "sharded": ShardedGradProbe,
 }
 
 
@@ -64,4 +68,4 @@ def make_pruner(name: str, model: torch.nn.Module, strategy="magnitude", per_lay
     return VARIANTS[name](model, strategy, per_layer=per_layer)
 
 
-__all__ = ["VARIANTS", "PRESETS", "Variant", "LowMemoryGradProbe", "PackedMask", "PackedMasks", "check_variant", "make_pruner"]
+__all__ = ["VARIANTS", "PRESETS", "Variant", "LowMemoryGradProbe", "ShardedGradProbe", "PackedMask", "PackedMasks", "check_variant", "make_pruner"]
