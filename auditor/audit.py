@@ -880,6 +880,11 @@ class Audit:
         kept_out = sum(min(spent, max(0.0, perf - began)) for began, spent in self._excluded_spans)
         return perf - self._t0 - kept_out
 
+    def open_stages(self) -> list[dict]:
+        """The stages open on this thread, outermost first (each as it started: id, path): what
+        data-dependent sizes are placed by (auditor.size_profiles)."""
+        return [opened.entry for opened in self._thread_stack()]
+
     def _thread_stack(self) -> list:
         stack = getattr(self._local, "stack", None)
         if stack is None:

@@ -18,7 +18,11 @@ output at the same site as that ratio times its own input (`SizeEstimates`).
 The ratio kept is the aggregate, total output over total input across the site's calls: it
 is what makes the traced run's total bytes right when the target makes the same kind of calls
 on more elements (the largest ratio would size every chunk of a mask as its densest one; the
-last is whichever chunk came last). The smallest and largest are kept beside it.
+last is whichever chunk came last). The smallest and largest are kept beside it. A site's calls
+are not equally dense, though, and a stage's peak rests on the call it was making: so each
+site also keeps its calls in order per stage path (`profile`), and the traced run sizes a call
+by the real calls at the same relative position, which keeps each path's aggregate
+(auditor.size_profiles); the aggregate alone where that cannot be placed.
 
 Where no real run observed a site, a ratio the program declares is used instead:
 
@@ -31,6 +35,7 @@ unknown: a traced record says which of its sizes rest on what, never silently.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -38,6 +43,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from auditor.allocation_sites import caller_site
 from auditor.expected_fraction import declared_fraction, expect_fraction  # noqa: F401
+from auditor.size_profiles import Profile, Replay
 
 aten = torch.ops.aten
 
@@ -53,6 +59,17 @@ WATCHED = frozenset((*SIZED_BY_VALUES, *COUNTING, READ_BACK))
 
 def op_name(func) -> str:
     return func._schema.name
+
+
+def open_stages() -> list[dict]:
+    """The audit's stages open on this thread, outermost first ([] outside an audit)."""
+    from auditor.stage import active_audit
+    audit = active_audit()
+    return audit.open_stages() if audit is not None else []
+
+
+def stage_path(stages: Sequence[dict]) -> str:
+    return stages[-1]["path"] if stages else ""
 
 
 def selection(func, args, kwargs) -> tuple[torch.Tensor, int, int] | None:
@@ -81,14 +98,19 @@ def counts_elements(func, args) -> bool:
 
 
 class SiteSizes:
-    """One site's calls of one operator: elements in and out, summed; smallest and largest ratio."""
-    __slots__ = ("calls", "input_numel", "output_numel", "largest", "low", "high")
+    """One site's calls of one operator: elements in and out, summed; smallest and largest ratio;
+    the calls in order per stage path (auditor.size_profiles)."""
+    __slots__ = ("calls", "input_numel", "output_numel", "largest", "low", "high", "profiles")
 
     def __init__(self) -> None:
         self.calls = self.input_numel = self.output_numel = self.largest = 0
         self.low, self.high = math.inf, 0.0
+        self.profiles: dict[str, Profile] = {}
 
-    def add(self, numel_in: int, numel_out: int) -> None:
+    def add(self, numel_in: int, numel_out: int, stages: Sequence[dict] = ()) -> None:
+        path = stage_path(stages)
+        profile = self.profiles.get(path) or self.profiles.setdefault(path, Profile())
+        profile.add(stages[-1]["id"] if stages else None, numel_in, numel_out)
         self.calls += 1
         self.input_numel += numel_in
         self.output_numel += numel_out
@@ -102,7 +124,8 @@ class SiteSizes:
         return {"site": site, "op": op, "calls": self.calls, "input_numel": self.input_numel,
                 "output_numel": self.output_numel, "largest_output": self.largest, "ratio": ratio,
                 "min_ratio": self.low if self.calls and self.low != math.inf else None,
-                "max_ratio": self.high if self.calls else None}
+                "max_ratio": self.high if self.calls else None,
+                "profile": {path: p.entry() for path, p in self.profiles.items()}}
 
 
 class SizeRecorder(TorchDispatchMode):
@@ -124,18 +147,18 @@ class SizeRecorder(TorchDispatchMode):
         if func is READ_BACK:
             counted = self._counts.get(args[0])
             if counted is not None:
-                site, op, numel = counted
-                self._site(site, op).add(numel, int(out))
+                site, op, numel, stages = counted
+                self._site(site, op).add(numel, int(out), stages)
         elif func in COUNTING:
             if counts_elements(func, args) and out.dim() == 0:
-                self._counts[out] = (caller_site() or NO_SITE, op_name(func), args[0].numel())
+                self._counts[out] = (caller_site() or NO_SITE, op_name(func), args[0].numel(), open_stages())
         else:
             sized = selection(func, args, {})
             if sized is not None:
                 _, numel, dim = sized
                 made = (out.numel() if func is aten.bincount.default else
                         out[0].numel() if func in UNIQUE else out.shape[dim])
-                self._site(caller_site() or NO_SITE, op_name(func)).add(numel, made)
+                self._site(caller_site() or NO_SITE, op_name(func)).add(numel, made, open_stages())
 
     def _site(self, site: str, op: str) -> SiteSizes:
         sizes = self.sites.get((site, op))
@@ -150,9 +173,11 @@ class SizeRecorder(TorchDispatchMode):
 
 
 class SizeEstimates:
-    """A traced run's sizing of data-dependent outputs: the real run's ratio at the same site,
-    else the declared fraction, else empty (unknown). `estimate=False`: every such size empty
-    (the lower bound a traced figure's estimated part is measured against).
+    """A traced run's sizing of data-dependent outputs: the real run's calls at the same site and
+    relative position (auditor.size_profiles), else the real run's ratio at the same site and
+    stage path, else at the same site, else the declared fraction, else empty (unknown).
+    `estimate=False`: every such size empty (the lower bound a traced figure's estimated part
+    is measured against).
 
     One mask read twice gets one count (its tensor, or an equal view of its storage), so a count
     read back and the selection it sizes agree, as they do in a real run; `unique` keeps counts
@@ -161,6 +186,7 @@ class SizeEstimates:
     def __init__(self, observed: list[dict] | None = None, estimate: bool = True):
         self.observed = {(e["site"], e["op"]): e for e in observed or ()}
         self.estimate = estimate
+        self.replay = Replay(observed or [] if estimate else [])
         self.sites: dict[tuple[str, str], dict] = {}
         self._by_tensor = WeakIdKeyDictionary()   # mask -> count
         self._by_storage = WeakIdKeyDictionary()  # mask's storage -> {(offset, shape, stride): count}
@@ -170,12 +196,27 @@ class SizeEstimates:
         site, op = caller_site() or NO_SITE, op_name(func)
         entry = self._entry(site, op)
         kind = "unique" if func in UNIQUE else "true"
+        stages = open_stages()
+        replayed = (self.replay.size(site, op, numel, stages)  # each call moves the position on
+                    if entry["source"] == OBSERVED else None)
         known = self._remembered(mask, kind)
         if known is None:
-            ratio = entry["ratio"]
-            known = 0 if ratio is None else min(numel, max(0, round(ratio * numel)))
+            if replayed is not None:
+                known = replayed
+                entry["replayed_calls"] += 1
+            else:
+                ratio = self._placed_ratio(entry, stage_path(stages))
+                known = 0 if ratio is None else min(numel, max(0, round(ratio * numel)))
             self._remember(mask, kind, known)
         return self._made(entry, numel, known)
+
+    def _placed_ratio(self, entry: dict, path: str) -> float | None:
+        """The real run's ratio at the site in this stage path where it ran there, else the site's."""
+        if entry["source"] == OBSERVED:
+            in_path = self.replay.ratio(entry["site"], entry["op"], path)
+            if in_path is not None:
+                return in_path
+        return entry["ratio"]
 
     def bins(self, func, values: torch.Tensor, minlength: int) -> int:
         """bincount's length: it follows the largest value, not the input's size, so the
@@ -195,7 +236,8 @@ class SizeEstimates:
         """An estimated size met a size the program computed otherwise (see tracing)."""
         key = (site, op)
         self.sites.setdefault(key, {"site": site, "op": op, "calls": 0, "input_numel": 0,
-                                    "output_numel": 0, "ratio": None, "source": None, "conflicts": 0})
+                                    "output_numel": 0, "ratio": None, "source": None, "conflicts": 0,
+                                    "replayed_calls": 0})
         self.sites[key]["conflicts"] += 1
 
     def _entry(self, site: str, op: str) -> dict:
@@ -203,7 +245,7 @@ class SizeEstimates:
         if entry is None or entry["source"] is None:
             ratio, source = self._ratio(site, op)
             base = {"site": site, "op": op, "calls": 0, "input_numel": 0, "output_numel": 0,
-                    "conflicts": 0} if entry is None else entry
+                    "conflicts": 0, "replayed_calls": 0} if entry is None else entry
             base.update(ratio=ratio, source=source)
             entry = self.sites[site, op] = base
         return entry

@@ -12,8 +12,9 @@ path; a count (`count_nonzero`, a bool tensor's `sum`) reads back its estimate i
 
 Operators whose output *size* depends on values (boolean indexing, `nonzero`,
 `masked_select`, `unique`, `bincount`) are sized by `auditor.data_dependent.SizeEstimates`: the real
-run's ratio at the same call site, else a fraction the program declared, else empty (the
-site is then listed as unknown). Every such call is also counted in `data_dependent`.
+run's calls at the same call site and relative position (auditor.size_profiles), else its ratio
+there, else a fraction the program declared, else empty (the site is then listed as unknown).
+Every such call is also counted in `data_dependent`.
 
 Estimated sizes can disagree with sizes the program computed another way (a slice bounded by
 a cumulative sum of counts, whose values a fake tensor does not have). Outputs of estimated

@@ -97,6 +97,11 @@ def estimate_note(projection: dict) -> str | None:
         amount = size(estimated) if estimated is not None else "an unmeasured part"
         parts.append(f"of the peak's live tensors, {amount} rest on data-dependent sizes "
                      f"estimated from {sources}")
+        replayed = sum(s.get("replayed_calls") or 0 for s in used)
+        if replayed:
+            parts.append(f"{replayed:,} of their {sum(s['calls'] for s in used):,} calls sized as the "
+                         "real run's calls at the same relative position, each path's ratio kept "
+                         "(auditor.size_profiles)")
     conflicts = sum(s.get("conflicts") or 0 for s in found)
     if conflicts:
         parts.append(f"{conflicts} operator calls where an estimate disagreed with a size the "
