@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+import architectures
 from auditor.analysis.projection import project
 from auditor.jobs import gradprobe as job
 from auditor.renderers.markdown import render
@@ -67,9 +68,11 @@ def test_the_job_reads_each_classes_declarations():
     from gradprobe.streaming import StreamingGradProbe
     assert job.stage_targets("baseline") == [f"gradprobe.pruner:GradProbe.{p}" for p in GradProbe.phases]
     assert job.pruner_categories("baseline") == GradProbe.state_categories
-    streaming = job.stage_targets("streaming")
-    assert "gradprobe.streaming.pruner:StreamingGradProbe.backward_layer" in streaming
-    assert len(streaming) == 2 + len(StreamingGradProbe.phases)
+    # streaming is audited as its folder pruner (the in-memory wrapper keeps the model besides)
+    assert job.audited_class("streaming") is StreamingGradProbe
+    assert job.stage_targets("streaming") == [f"gradprobe.streaming.pruner:StreamingGradProbe.{p}"
+                                              for p in StreamingGradProbe.phases]
+    assert job.pruner_categories("streaming") == StreamingGradProbe.state_categories
 
 
 def test_streaming_phases_are_per_stage_calls_labelled_by_stage_and_its_state_is_in_the_census(tmp_path, one_thread):
@@ -83,22 +86,20 @@ def test_streaming_phases_are_per_stage_calls_labelled_by_stage_and_its_state_is
     for stage in record["stages"]:
         for name, item in (stage.get("components") or {}).items():
             seen[name] = item["category"]
-    assert seen["pruner.streaming.records"] == "gradient records"
-    assert seen["pruner.streaming.candidates"] == "masks"
-    assert seen["pruner.streaming.hidden"] == "activations and temporaries"
-    assert seen["pruner.streaming.loaded_stage"] == "weights"
-    assert seen["pruner.masks"] == "masks"
+    assert seen["pruner.records"] == "gradient records"
+    assert seen["pruner.candidates"] == "masks"
+    assert seen["pruner.hidden"] == "activations and temporaries"
+    assert seen["pruner.loaded_stage"] == "weights"
+    # the folder was written a tensor at a time: the model was never in memory, one tensor was
+    written = next(s for s in record["stages"] if s["path"] == "write weights folder")
+    assert written["live_tensors"]["peak"] == 4 * max(architectures.parameter_sizes("tinystories-33m", **TINY))
 
 
-def test_streaming_is_not_projected_and_the_report_says_why(tmp_path, one_thread):
-    record = dict(audited("streaming", tmp_path))
+def test_a_variant_that_cannot_be_projected_says_why_instead_of_numbers(tmp_path, one_thread):
+    record = dict(audited("baseline", tmp_path), not_projected="this pruner is not projected: why")
     scaled = project(record, "mistral-7b")
     assert scaled["not_projected"] and scaled["peak"] is None and scaled["live_tensor_peak"] is None
-    traced = job.audit(job.Settings(architecture="mistral-7b", variant="streaming"), tmp_path / "traced",
-                       fake=True)
-    assert traced["not_projected"] and not any(s["path"].startswith("prune") for s in traced["stages"])
     record["projections"] = [scaled]
     summary = render(record).split("## Summary", 1)[1].split("\n## ", 1)[0]
-    assert "streaming GradProbe is not projected" in summary
-    assert "reports/gradprobe-streaming.md" in summary
+    assert "this pruner is not projected: why" in summary
     assert " GiB" not in summary.split("projected (scaled: mistral-7b)", 1)[1].split("\n", 1)[0]

@@ -149,25 +149,21 @@ def run_workload(settings: Settings) -> dict:
 
 
 def run_on_folder(settings: Settings) -> dict:
-    """The folder pruner's run, as its own command line runs it: the model is written as a weights
-    folder (in `weights_dtype`) and dropped, then pruned from the folder, one stage in memory at a
-    time. Traced, the folder's files are laid out but hold no bytes (fake tensors have none)."""
+    """The folder pruner's run, as its own command line runs it: on the checkpoint folder itself
+    (`--arch FOLDER` with safetensors weights, only read), or on random weights for the
+    architecture written tensor by tensor in `weights_dtype` (no process holds the model, as a 7B
+    run writes them), pruned a stage at a time. Traced, the files are laid out but hold no bytes."""
     import tempfile
 
     import architectures
     from architectures.calibration import synthetic_batches
-    from gradprobe.streaming.writing import save_model
 
     with tempfile.TemporaryDirectory(prefix="gradprobe-weights-") as scratch:
-        with auditor.stage("write weights folder"):
-            model = architectures.build_model(settings.architecture, seed=settings.seed, device=settings.device,
-                                              dtype=getattr(torch, settings.weights_dtype), **settings.overrides)
-            vocabulary = model.config.vocab_size
-            save_model(model, f"{scratch}/weights")
-            del model
+        weights = _weights_folder(settings, f"{scratch}/weights")
+        pruner = folder_pruner(settings.variant)(weights, settings.strategy)
+        vocabulary = architectures.make_config(settings.architecture, **settings.overrides).vocab_size
         batches = synthetic_batches(vocabulary, settings.sequence_length, settings.batch_size,
                                     settings.batches, seed=settings.seed)
-        pruner = folder_pruner(settings.variant)(f"{scratch}/weights", settings.strategy)
         auditor.track("pruner", pruner, categories=pruner_categories(settings.variant))
         with auditor.stage("prune"):
             result = pruner.prune(batches, f"{scratch}/pruned", sparsity=settings.sparsity,
@@ -175,6 +171,20 @@ def run_on_folder(settings: Settings) -> dict:
                                   gradient_threshold=settings.threshold)
     return {"candidates": result.candidates, "pruned": result.pruned,
             "prunable": result.prunable, "sparsity": result.sparsity}
+
+
+def _weights_folder(settings: Settings, scratch: str) -> str:
+    import glob
+
+    import architectures
+    from gradprobe.streaming.writing import generate_random_weights
+    folder = settings.architecture
+    if architectures.is_checkpoint_folder(folder) and glob.glob(f"{folder}/*.safetensors") and not settings.overrides:
+        return folder
+    with auditor.stage("write weights folder"):
+        config = architectures.make_config(settings.architecture, **settings.overrides)
+        generate_random_weights(config, scratch, seed=settings.seed, dtype=getattr(torch, settings.weights_dtype))
+    return scratch
 
 
 def audit(settings: Settings, out: Path, *, memray: bool = False, fake: bool = False,
