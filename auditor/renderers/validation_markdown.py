@@ -79,13 +79,15 @@ def render(result: dict, command: list[str] | None = None) -> str:
     reasons: dict[str, list[str]] = {t.get("not_printed", "no number"): [] for t in unchecked}
     for t in unchecked:
         reasons[t.get("not_printed", "no number")].append(f"{t['what']} ({t['method']})")
-    met_text = "**All targets met.**" if not unchecked else (
-        "**Every target with a number to check met.** Not checked: " + "; ".join(
-            f"{', '.join(names)}: {why}" for why, names in reasons.items()) + ".")
-    out += [met_text if not missed else
-            "**Missed:** " + "; ".join(f"{t['what']} ({t['method']}) {t['error']:+.2%} against ±{t['limit']:.0%}"
-                                       if t["error"] is not None else f"{t['what']} ({t['method']}): no reading"
-                                       for t in missed) + ".", ""]
+    not_checked = "Not checked: " + "; ".join(f"{', '.join(names)}: {why}" for why, names in reasons.items()) + "."
+    if missed:
+        out += ["**Missed:** " + "; ".join(f"{t['what']} ({t['method']}) {t['error']:+.2%} against ±{t['limit']:.0%}"
+                                           if t["error"] is not None else f"{t['what']} ({t['method']}): no reading"
+                                           for t in missed) + ".", ""]
+    else:
+        out += ["**All targets met.**" if not unchecked else "**Every target with a number to check met.**", ""]
+    if unchecked:  # the tables below still show such a projection's figures, for reading, not judging
+        out += [not_checked, ""]
     if command:
         out += ["```", shlex.join(command), "```", ""]
     out += ["## Targets", "", _table(*made["targets"]), ""]
