@@ -218,6 +218,8 @@ class _Ledger:
     def _storages_of(self, t: torch.Tensor) -> Iterator[tuple[tuple, int, str, bool]]:
         """(key, bytes, device, fake) of each non-empty storage holding `t`'s data."""
         for part in _parts(t):
+            if part.is_meta:  # shapes only, real run or traced (a FakeTensor is on the device it stands for)
+                continue
             fake = is_fake(part)
             try:
                 storage = part.untyped_storage()

@@ -219,7 +219,7 @@ def test_the_census_keeps_no_reference():
     assert ref() is None
 
 
-def test_fake_and_meta_tensors_count_only_when_asked():
+def test_fake_tensors_count_only_when_asked_and_meta_tensors_never():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode()
@@ -233,13 +233,15 @@ def test_fake_and_meta_tensors_count_only_when_asked():
 
     real = take_census(roots)
     assert not any(name.startswith(("big", "layer", "meta")) for name in real["components"])
-    assert real["fake_tensor_bytes"] >= 256 * 256 * 4 + 2 * weights + 400
+    assert real["fake_tensor_bytes"] >= 256 * 256 * 4 + 2 * weights
 
     fake = take_census(roots, count_fake=True)
     assert component(fake, "big") == {"category": "other", "bytes": 256 * 256 * 4, "tensors": 1}
     assert component(fake, "layer.parameters") == {"category": "weights", "bytes": weights, "tensors": 2}
     assert component(fake, "layer.grad") == {"category": "gradients", "bytes": weights, "tensors": 2}
-    assert component(fake, "meta")["bytes"] == 400
+    # a meta tensor is shapes only: a traced run's FakeTensor stands for memory, it does not (a
+    # streaming pruner's meta model structure counted as 27 GiB at 7B)
+    assert not any(name.startswith("meta") for name in fake["components"])
     with mode:  # taken at a stage end while the projection is still tracing
         inside = take_census(roots, count_fake=True)
     assert {k: v for k, v in inside["components"].items() if k.startswith(("big", "layer", "meta"))} == \
