@@ -14,11 +14,11 @@ index and value storages. Storages are keyed by `storage_key` (device and data p
 empty storages and wrapper subclasses without a storage of their own (their inner tensors
 are counted) are left out.
 
-Meta-device and `FakeTensor` tensors hold no memory: by default they are left out of the
-totals and only their nominal storage bytes are reported as `fake_tensor_bytes`. With
-`count_fake=True` (projection under `FakeTensorMode`) they are counted like real ones at
-their nominal storage size, keyed by storage identity since their data pointers mean
-nothing.
+Meta-device tensors are shapes only and never counted. `FakeTensor` tensors hold no memory
+but stand for some: by default they are left out of the totals and only their nominal storage
+bytes are reported as `fake_tensor_bytes`. With `count_fake=True` (projection under
+`FakeTensorMode`) they are counted like real ones at their nominal storage size, keyed by
+storage identity since their data pointers mean nothing.
 
 Who owns what: `auditor.ownership` walks the roots in registration order and claims what
 each reaches; each storage goes to its firmest claim, the first among equals. Storage
