@@ -19,13 +19,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 STREAMING_REPORT = ROOT / "reports" / "gradprobe-streaming.md"
+# Streaming prunes from a weights folder; the measured 7B run's was bf16, so its projection's is too.
+WEIGHTS = {"streaming": ["--weights-dtype", "bf16"]}
 
 
 def project(variant: str, folder: Path, reuse: bool = False) -> dict:
     run_dir = folder / variant
     command = ["auditor", "gradprobe", "--variant", variant, "--arch", "tinystories-33m",
                "--target", "mistral-7b", "--no-memray", "--run-dir", str(run_dir),
-               "-o", str(folder / f"{variant}.md")]
+               "-o", str(folder / f"{variant}.md"), *WEIGHTS.get(variant, [])]
     row: dict = {"variant": variant, "command": command}
     if not (reuse and (run_dir / "run.json").is_file()):
         done = subprocess.run([sys.executable, "-m", "auditor", *command[1:]], cwd=ROOT,
@@ -87,6 +89,9 @@ def render(rows: list[dict], measured: dict | None, argv: list[str]) -> str:
             continue
         if row["variant"] == "streaming" and measured:
             at_7b = f"{measured['rss'] / 2**20:,.1f} MiB (the 7B run below)"
+            projected = ((row.get("traced") or {}).get("peak") or {}).get("rss")
+            if projected:
+                at_7b += f"; traced {projected / measured['rss'] - 1:+.1%} off it"
         else:
             at_7b = "not run: the fp32 weights alone (27 GiB) exceed this machine's 24 GiB"
         lines.append(f"| {row['variant']} | {row['audited_peak'] / 2**20:,.1f} MiB | "
@@ -95,7 +100,8 @@ def render(rows: list[dict], measured: dict | None, argv: list[str]) -> str:
            "Projected from a TinyStories-33M audit of each variant (sequence 128, batch 1, 2 "
            "batches, s = 0.1, r = 0.1, tau = 2.0, magnitude). Traced: the job run on fake tensors "
            "at the 7B shapes, plus the audited run's RSS beyond tensors; scaled: each component "
-           "grown by its driver, fitted on traced calibration runs.", "",
+           "grown by its driver, fitted on traced calibration runs. Streaming prunes from a "
+           "weights folder written in bf16, as its measured 7B run did.", "",
            "```", shlex.join(["python", "benchmarks/variants_at_7b.py", *(a for a in argv if a != "--reuse")]),
            "```", "", *lines, ""]
     refused = {item["not_projected"] for r in rows for m in ("traced", "scaled")
