@@ -880,6 +880,11 @@ class Audit:
         kept_out = sum(min(spent, max(0.0, perf - began)) for began, spent in self._excluded_spans)
         return perf - self._t0 - kept_out
 
+    def live_tensor_bytes(self) -> int | None:
+        """Bytes of live tensors now, when the live-tensor meter runs (auditor.size_profiles
+        compares a real and a traced run's at the same call)."""
+        return self._live.read()[0] if self._live is not None else None
+
     def open_stages(self) -> list[dict]:
         """The stages open on this thread, outermost first (each as it started: id, path): what
         data-dependent sizes are placed by (auditor.size_profiles)."""

@@ -68,6 +68,13 @@ def open_stages() -> list[dict]:
     return audit.open_stages() if audit is not None else []
 
 
+def live_bytes() -> int | None:
+    """The audit's live-tensor bytes now (None without an audit or its meter)."""
+    from auditor.stage import active_audit
+    audit = active_audit()
+    return audit.live_tensor_bytes() if audit is not None else None
+
+
 def stage_path(stages: Sequence[dict]) -> str:
     return stages[-1]["path"] if stages else ""
 
@@ -107,9 +114,11 @@ class SiteSizes:
         self.low, self.high = math.inf, 0.0
         self.profiles: dict[str, Profile] = {}
 
-    def add(self, numel_in: int, numel_out: int, stages: Sequence[dict] = ()) -> None:
+    def add(self, numel_in: int, numel_out: int, stages: Sequence[dict] = (), live: int | None = None) -> None:
         path = stage_path(stages)
-        profile = self.profiles.get(path) or self.profiles.setdefault(path, Profile())
+        profile = self.profiles.get(path)
+        if profile is None:
+            profile = self.profiles[path] = Profile(live)
         profile.add(stages[-1]["id"] if stages else None, numel_in, numel_out)
         self.calls += 1
         self.input_numel += numel_in
@@ -147,18 +156,19 @@ class SizeRecorder(TorchDispatchMode):
         if func is READ_BACK:
             counted = self._counts.get(args[0])
             if counted is not None:
-                site, op, numel, stages = counted
-                self._site(site, op).add(numel, int(out), stages)
+                site, op, numel, stages, live = counted
+                self._site(site, op).add(numel, int(out), stages, live)
         elif func in COUNTING:
             if counts_elements(func, args) and out.dim() == 0:
-                self._counts[out] = (caller_site() or NO_SITE, op_name(func), args[0].numel(), open_stages())
+                self._counts[out] = (caller_site() or NO_SITE, op_name(func), args[0].numel(),
+                                     open_stages(), live_bytes())
         else:
             sized = selection(func, args, {})
             if sized is not None:
                 _, numel, dim = sized
                 made = (out.numel() if func is aten.bincount.default else
                         out[0].numel() if func in UNIQUE else out.shape[dim])
-                self._site(caller_site() or NO_SITE, op_name(func)).add(numel, made, open_stages())
+                self._site(caller_site() or NO_SITE, op_name(func)).add(numel, made, open_stages(), live_bytes())
 
     def _site(self, site: str, op: str) -> SiteSizes:
         sizes = self.sites.get((site, op))
@@ -197,7 +207,7 @@ class SizeEstimates:
         entry = self._entry(site, op)
         kind = "unique" if func in UNIQUE else "true"
         stages = open_stages()
-        replayed = (self.replay.size(site, op, numel, stages)  # each call moves the position on
+        replayed = (self.replay.size(site, op, numel, stages, live_bytes())  # each call moves the position on
                     if entry["source"] == OBSERVED else None)
         known = self._remembered(mask, kind)
         if known is None:

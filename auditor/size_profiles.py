@@ -15,12 +15,14 @@ loops, and each call gets the density of the real calls at its place.
 
 The growth g, fixed at a path's first call, is the smallest of: how much more input the traced
 run gave every site, and this site, in stage instances that have ended (each paired with the
-real run's instance of the same path and order), and this first call's input over the real
-path's first call's. A g at or below the truth keeps the path's total at its aggregate ratio
-exactly (the real calls are all used, the rest at the ratio: state summed over calls stays
-right); only a g above it would leave their end unused, so the smallest is taken. With no
-growth known (no stage has ended and the first calls are the same size, as fixed-size chunks
-are; or no stages at all) the path's aggregate ratio sizes every call. Either way each size is
+real run's instance of the same path and order); this first call's input over the real path's
+first call's; and the live tensors' bytes at that call over the real run's at its first call
+there. A g at or below the truth keeps the path's total at its aggregate ratio exactly (the
+real calls are all used, the rest at the ratio: state summed over calls stays right); only a g
+above it would leave their end unused (a first call that grew more than the rest, as an
+embedding does when the vocabulary grows most), so the smallest is taken. With no growth known
+(no stage has ended, no live-tensor meter, and the first calls are the same size, as
+fixed-size chunks are) the path's aggregate ratio sizes every call. Either way each size is
 an estimate, and the traced record counts the calls sized by replay (`replayed_calls`).
 """
 from __future__ import annotations
@@ -33,10 +35,12 @@ MAX_INSTANCES = 4096  # stage instances per site and path whose input is kept fo
 
 class Profile:
     """One site's calls of one operator in one stage path, in order: [elements in, out] per
-    point (a point is `bucket` consecutive calls), and the input of each stage instance."""
-    __slots__ = ("points", "bucket", "pending", "instances", "last", "counted")
+    point (a point is `bucket` consecutive calls), the input of each stage instance, and the
+    live-tensor bytes at the first call (`live`, None without the meter)."""
+    __slots__ = ("points", "bucket", "pending", "instances", "last", "counted", "live")
 
-    def __init__(self) -> None:
+    def __init__(self, live: int | None = None) -> None:
+        self.live = live
         self.points: list[list[int]] = []
         self.bucket, self.pending = 1, [0, 0, 0]  # in, out, calls not yet a point
         self.instances: list[int] = []
@@ -62,12 +66,13 @@ class Profile:
 
     def entry(self) -> dict:
         points = self.points + ([self.pending[:2]] if self.pending[2] else [])
-        return {"points": points, "calls_per_point": self.bucket, "instances": self.instances}
+        return {"points": points, "calls_per_point": self.bucket, "instances": self.instances,
+                "live_at_first": self.live}
 
 
 class Curve:
     """A path's real calls as cumulative elements out against cumulative elements in."""
-    __slots__ = ("x", "y", "ratio", "instances", "calls")
+    __slots__ = ("x", "y", "ratio", "instances", "calls", "live")
 
     def __init__(self, profile: dict):
         self.x, self.y = [0], [0]
@@ -76,6 +81,7 @@ class Curve:
             self.y.append(self.y[-1] + numel_out)
         self.ratio = self.y[-1] / self.x[-1] if self.x[-1] else 0.0
         self.instances = profile.get("instances") or []
+        self.live = profile.get("live_at_first")
         # each call's input, where points are single calls (a traced call is paired with the same-numbered one)
         self.calls = [p[0] for p in profile["points"]] if profile.get("calls_per_point", 1) == 1 else []
 
@@ -105,7 +111,7 @@ class Replay:
         curve = self.curves.get((site, op, path))
         return curve.ratio if curve is not None else None
 
-    def size(self, site: str, op: str, numel: int, stages: list[dict]) -> int | None:
+    def size(self, site: str, op: str, numel: int, stages: list[dict], live: int | None = None) -> int | None:
         """Elements out for a call of `numel` elements in at `site` (innermost stage last in
         `stages`), or None where no replay applies (no real calls there, no growth known yet)."""
         path = stages[-1]["path"] if stages else ""
@@ -117,7 +123,7 @@ class Replay:
             return None
         at = self.at.get(key)
         if at is None:
-            at = self.at[key] = [self._growth(site, op, curve, numel), 0.0, 0.0]
+            at = self.at[key] = [self._growth(site, op, curve, numel, live), 0.0, 0.0]
         growth, start, made = at
         if growth is None:
             return None
@@ -150,16 +156,15 @@ class Replay:
                 still.append((stage_id, key, number, current))
         self.open = still
 
-    def _growth(self, site: str, op: str, curve: Curve, numel: int) -> float | None:
+    def _growth(self, site: str, op: str, curve: Curve, numel: int, live: int | None) -> float | None:
         """A path's growth, fixed at its first call: the smallest of every site's growth in ended
-        instances, the site's own there, and this call's input over the real path's first call's
-        (unless they are equal: a fixed-size chunk says nothing of growth). Too small a growth
-        only reaches the end of the real calls sooner (the rest at the path's ratio, so the
-        path's total holds); too large a one would leave their end unused and the total off, as
-        when the instances that ended held more of what grew most than this path does."""
+        instances, the site's own there, this call's input over the real path's first call's
+        (unless they are equal: a fixed-size chunk says nothing of growth) and the live tensors'
+        bytes now over the real run's at that call (see the module's docstring)."""
         first = curve.calls[0] if curve.calls else 0
         found = [g for g in (_quotient(self.pairs.get(None)), _quotient(self.pairs.get((site, op))),
-                             numel / first if first and first != numel else None) if g is not None]
+                             numel / first if first and first != numel else None,
+                             live / curve.live if live and curve.live else None) if g is not None]
         return min(found) if found else None
 
 

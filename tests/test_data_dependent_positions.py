@@ -128,3 +128,18 @@ def test_a_growth_too_small_still_keeps_the_paths_total():
     made = [replay.size("a.py:1 f", "aten::nonzero", 100, stages) for _ in range(16)]
     assert made[0] == made[1] == 90 and made[2] < 10
     assert abs(sum(made) - 1600 * 96 / 400) <= 1
+
+
+def test_a_first_call_that_grew_most_does_not_set_the_growth_alone():
+    """An embedding-like first call grew 31x, the path 20x (as the live tensors did): growth 20,
+    so the path's total stays its ratio times its input; the first call's 31x alone would have
+    left the real calls' end unused and the total 50% high."""
+    real = {"site": "a.py:1 f", "op": "aten::nonzero", "profile": {"p": {
+        "points": [[100, 17], [50, 7], [100, 1]], "instances": [250], "live_at_first": 1000}}}
+    stages = [{"id": 1, "path": "p"}]
+
+    def total(live):
+        replay = Replay([real])
+        return sum(replay.size("a.py:1 f", "aten::nonzero", n, stages, live) for n in (3100, 1000, 900))
+    assert abs(total(20_000) - 0.1 * 5000) <= 1
+    assert total(None) > 1.4 * 0.1 * 5000
