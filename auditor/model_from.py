@@ -26,15 +26,11 @@ named before the program imports it by name (the command line does this).
 from __future__ import annotations
 
 import functools
-import inspect
-import types
 from dataclasses import asdict, dataclass, field
 
-from auditor import name_bindings
 from auditor.stage import active_audit
-from auditor.targets import Target, raw_attribute, resolve
+from auditor.targets import Patch, Target, raw_attribute, resolve
 
-_INHERITED = object()
 
 
 @dataclass(frozen=True)
@@ -77,28 +73,19 @@ class ModelFrom:
         if target is not None and not self._observed:
             raise ValueError(f"--model-from {spec!r} was never called in the real run: there is "
                              "no model to replace")
-        self._saved: object = None
+        self._patch: Patch | None = None
         self._building = False
-        self._copies: list = []
 
     def __enter__(self) -> "ModelFrom":
-        owner, name = self._target.owner, self._target.attribute
-        raw = raw_attribute(owner, name)
-        function = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
-        wrapper = self._replacing(function) if self.target else self._observing(function)
-        self._saved = vars(owner).get(name, _INHERITED)
-        setattr(owner, name, type(raw)(wrapper) if isinstance(raw, (classmethod, staticmethod)) else wrapper)
-        if isinstance(owner, types.ModuleType) and inspect.isfunction(raw):
-            self._copies = name_bindings.rebind(raw, wrapper, skip=vars(owner))
+        self._patch = Patch(self._target, lambda function, _: (self._replacing(function) if self.target
+                                                               else self._observing(function)),
+                            what="--model-from")
         return self
 
     def __exit__(self, *exc) -> None:
-        name_bindings.restore(self._copies)
-        self._copies = []
-        if self._saved is _INHERITED:  # a class's inherited from_pretrained: drop our override
-            delattr(self._target.owner, self._target.attribute)
-        else:
-            setattr(self._target.owner, self._target.attribute, self._saved)
+        if self._patch is not None:
+            self._patch.restore()
+            self._patch = None
 
     def _observing(self, original):
         @functools.wraps(original)

@@ -151,8 +151,7 @@ class Staging:
             if key not in seen:
                 seen.add(key)
                 self.targets.append(target)
-        self._saved: list[tuple[Target, object]] = []
-        self._copies: list = []  # module-level copies rebound (auditor.name_bindings)
+        self._patches: list[Patch] = []
 
     def receiver_classes(self) -> tuple[type, ...]:
         """The classes whose plain methods are staged (their calls have a receiver), less
@@ -169,40 +168,49 @@ class Staging:
 
     def apply(self) -> None:
         for target in self.targets:
-            owner_dict = vars(target.owner)
-            original = owner_dict.get(target.attribute, _MISSING)
-            raw = raw_attribute(target.owner, target.attribute)
-            replacement = _staged(raw, target)
             try:
-                setattr(target.owner, target.attribute, replacement)
-            except (AttributeError, TypeError) as error:
+                self._patches.append(Patch(target, lambda function, is_method, name=target.name:
+                                           _stage_calls(function, name, receiver=is_method)))
+            except ValueError:
                 self.restore()
-                raise ValueError(f"stage target {target.spec!r} cannot be patched: "
-                                 f"{error}") from None
-            self._saved.append((target, original))
-            if isinstance(target.owner, types.ModuleType) and inspect.isfunction(raw):
-                # `from lib import prune` ran before the patch: stage those copies too
-                self._copies += name_bindings.rebind(raw, replacement, skip=owner_dict)
+                raise
 
     def restore(self) -> None:
-        name_bindings.restore(self._copies)
-        self._copies = []
-        while self._saved:
-            target, original = self._saved.pop()
-            if original is _MISSING:  # was inherited: remove our override
-                delattr(target.owner, target.attribute)
-            else:
-                setattr(target.owner, target.attribute, original)
+        while self._patches:
+            self._patches.pop().restore()
 
 
-def _staged(raw, target: Target):
-    """The replacement attribute: same kind of descriptor, calls wrapped in a stage."""
-    if isinstance(raw, staticmethod):
-        return staticmethod(_stage_calls(raw.__func__, target.name, receiver=False))
-    if isinstance(raw, classmethod):
-        return classmethod(_stage_calls(raw.__func__, target.name, receiver=False))
-    is_method = isinstance(target.owner, type) and inspect.isfunction(raw)
-    return _stage_calls(raw, target.name, receiver=is_method)
+class Patch:
+    """A target's attribute replaced by a wrapper of its function, in the same kind of descriptor
+    (a static or class method stays one), with the copies other modules bound by name
+    (auditor.name_bindings); `restore` puts back what was there (nothing, where it was inherited)."""
+
+    def __init__(self, target: Target, wrap, what: str = "stage target"):
+        """`wrap(function, is_method)`: the new function; ValueError if the attribute cannot be set."""
+        self.target = target
+        owner_dict = vars(target.owner)
+        self.original = owner_dict.get(target.attribute, _MISSING)
+        raw = raw_attribute(target.owner, target.attribute)
+        descriptor = type(raw) if isinstance(raw, (classmethod, staticmethod)) else None
+        function = raw.__func__ if descriptor else raw
+        is_method = descriptor is None and isinstance(target.owner, type) and inspect.isfunction(raw)
+        replacement = wrap(function, is_method)
+        try:
+            setattr(target.owner, target.attribute, descriptor(replacement) if descriptor else replacement)
+        except (AttributeError, TypeError) as error:
+            raise ValueError(f"{what} {target.spec!r} cannot be patched: {error}") from None
+        self.copies: list = []
+        if isinstance(target.owner, types.ModuleType) and inspect.isfunction(raw):
+            # `from lib import prune` ran before the patch: patch those copies too
+            self.copies = name_bindings.rebind(raw, replacement, skip=owner_dict)
+
+    def restore(self) -> None:
+        name_bindings.restore(self.copies)
+        self.copies = []
+        if self.original is _MISSING:  # was inherited: remove our override
+            delattr(self.target.owner, self.target.attribute)
+        else:
+            setattr(self.target.owner, self.target.attribute, self.original)
 
 
 def _stage_calls(function, name: str, receiver: bool):

@@ -40,27 +40,15 @@ def test_every_declared_phase_is_a_stage_and_holds_the_prune_work(variant, tmp_p
     prune = next(s for s in record["stages"] if s["path"] == "prune")
     phases = [s for s in record["stages"] if s["parent"] == "prune"]
     assert phases and all(s.get("call") for s in phases)
-    # the prune work is inside the phases: its live-tensor high is one of theirs, no tensor work
-    # between them raises the live tensors, and the time between them is setup and the result's
-    # numbers (a phase left out of the declarations fails all three: measured 15-22% rises, 77% time)
+    # the prune work is inside the phases: its live-tensor high is one of theirs, and no tensor
+    # work between them raises the live tensors (a phase left out of the declarations fails both:
+    # measured 15-22% rises). Time between them is not checked: on a loaded 2-core machine it
+    # ranged from 4% to 40% of the prune stage's, a phase left out measured 77%.
     peak = prune["live_tensors"]["peak"]
     assert max(s["live_tensors"]["peak"] for s in phases) == peak
     between = [u for u in record["unstaged"] if u.get("parent") == "prune"]
     rises = [u["live_tensors"]["peak"] - u["live_tensors"]["start"] for u in between]
     assert max(rises) <= 0.01 * peak, rises
-    # time is noisy on a loaded 2-core machine (one CI run: a 20 ms stall in a 97 ms prune, 31%;
-    # quiet runs 4-12%), so a run over the bound is measured once more and the quicker one counts
-    fractions = [time_between_phases(record)]
-    if fractions[0] > 0.3:
-        fractions.append(time_between_phases(job.audit(settings(variant), tmp_path / "again")))
-    assert min(fractions) <= 0.3, fractions
-
-
-def time_between_phases(record: dict) -> float:
-    """The fraction of the prune stage's time spent outside its phases."""
-    prune = next(s for s in record["stages"] if s["path"] == "prune")
-    between = [u for u in record["unstaged"] if u.get("parent") == "prune"]
-    return sum(u["end_s"] - u["start_s"] for u in between) / (prune["end_s"] - prune["start_s"])
 
 
 def test_the_job_reads_each_classes_declarations():
@@ -92,7 +80,8 @@ def test_streaming_phases_are_per_stage_calls_labelled_by_stage_and_its_state_is
     assert seen["pruner.loaded_stage"] == "weights"
     # the folder was written a tensor at a time: the model was never in memory, one tensor was
     written = next(s for s in record["stages"] if s["path"] == "write weights folder")
-    assert written["live_tensors"]["peak"] == 4 * max(architectures.parameter_sizes("tinystories-33m", **TINY))
+    largest, model = (4 * f(architectures.parameter_sizes("tinystories-33m", **TINY)) for f in (max, sum))
+    assert largest <= written["live_tensors"]["peak"] < min(largest + 65536, model)
 
 
 def test_a_variant_that_cannot_be_projected_says_why_instead_of_numbers(tmp_path, one_thread):
