@@ -231,6 +231,8 @@ GRADPROBE_JOB = [
     (["--batches", "0"], "num_batches"),
     (["--variant", "nope"], "unknown variant 'nope'"),
     (["--strategy", "random"], "invalid choice"),
+    (["--weights-dtype", "bf16"], "only streaming prunes from"),  # the baseline builds fp32
+    (["--variant", "streaming", "--weights-dtype", "int8"], "invalid choice"),
     (["--seed", str(2**70)], "--seed must be between"),
     (["--target", "gpt-5"], "--target: unknown architecture"),
     (["--target", "mistral-7b", "--target", "mistral-7b"], "--target mistral-7b is given twice"),
