@@ -20,8 +20,9 @@ Estimated sizes can disagree with sizes the program computed another way (a slic
 a cumulative sum of counts, whose values a fake tensor does not have). Outputs of estimated
 sizes are marked (and what is made from them at another size, as their storages'); when an
 operator fails on mismatched shapes and one of its inputs is marked, it is run again with
-the marked inputs resized to the unmarked ones', and the site's `conflicts` counts it. The
-program's own arithmetic wins; the record says where that happened.
+the marked inputs resized to the unmarked ones' (all marked: to the first one's, as when one
+quantity was estimated twice), and the site's `conflicts` counts it. The program's own
+arithmetic wins; the record says where that happened.
 """
 from __future__ import annotations
 
@@ -138,21 +139,31 @@ class ValueFreeMode(TorchDispatchMode):
                 self._mark(item)
 
     def _reconciled(self, func, args, kwargs, error: RuntimeError):
-        """Run `func` again with its marked inputs resized to an unmarked input's leading size;
-        `error` again when no input is marked or that does not help."""
+        """Run `func` again with its estimated inputs resized to the program's own size; `error`
+        again when no size in this run was estimated or that does not help.
+
+        Marked inputs take an unmarked input's leading size. With every input marked (one
+        quantity estimated twice, sized a few elements apart) or none (sizes that came through
+        Python ints: a count read back, a file header written from an estimated tensor, as
+        streaming's G0 read back against its G1), the first input's size is taken."""
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.dim()]
+        marked = [t for t in tensors if self._is_marked(t)]
         plain = [t for t in tensors if not self._is_marked(t)]
         if func is aten.expand.default and self._is_marked(args[0]):  # to a size the program computed
             self.estimates.conflict(caller_site() or NO_SITE, op_name(func))
             return args[0].new_empty_strided(args[1], [0] * len(args[1]))  # a view's bytes: none new
-        if not plain or len(plain) == len(tensors):
+        if marked and plain:  # the program's own size wins
+            reference, adjustable = plain, marked
+        elif tensors and self.estimates.entries():  # all marked or none: the first input's size
+            reference, adjustable = tensors[:1], tensors[1:]
+        else:
             raise error
 
         def resized(item):
-            if not isinstance(item, torch.Tensor) or not item.dim() or not self._is_marked(item):
+            if not any(item is t for t in adjustable):
                 return item
-            like = next((t for t in plain if t.dim() == item.dim()), plain[0])
-            return item.new_empty((like.shape[0], *item.shape[1:]))
+            like = next((t for t in reference if t.dim() == item.dim()), reference[0])
+            return item if item.shape[0] == like.shape[0] else item.new_empty((like.shape[0], *item.shape[1:]))
         try:
             out = func(*tree_map(resized, args), **tree_map(resized, kwargs))
         except RuntimeError:

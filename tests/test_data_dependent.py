@@ -147,6 +147,25 @@ def test_estimate_that_disagrees_with_the_program_yields_to_it_and_is_counted(tm
     assert sum(s["conflicts"] for s in run.record["traced"]["estimated_sizes"]) == 1
 
 
+def test_one_quantity_estimated_in_two_passes_is_reconciled_and_counted(tmp_path):
+    """Sizes that reach tensors through Python ints (a count read back, then a buffer; a record
+    written to a file and read back) carry no mark: estimated in two passes a few elements
+    apart, the first input's size is taken, the conflict counted. With nothing estimated in the
+    run, a shape mismatch is the program's own error."""
+    with Audit(out=tmp_path / "twice", live_tensors=True, traced=True) as run:
+        weights = torch.empty(1000)
+        with expect_fraction(0.101):
+            first = torch.zeros(int(torch.count_nonzero(weights > 0)))
+        with expect_fraction(0.1):
+            second = torch.zeros(int(torch.count_nonzero(weights > 0.5)))
+        decided = first <= second * 3.0
+    assert decided.shape == first.shape == (101,) and second.shape == (100,)
+    assert sum(s["conflicts"] for s in run.record["traced"]["estimated_sizes"]) == 1
+    with pytest.raises(RuntimeError):
+        with Audit(out=tmp_path / "plain", live_tensors=True, traced=True):
+            torch.zeros(101) <= torch.zeros(100)
+
+
 def test_projection_carries_estimated_bytes_per_stage_and_component():
     traced = {"name": "t", "workload": {"architecture": "big"},
               "traced": {"estimated_sizes": [{"site": "a.py:1 f", "op": "aten::index", "calls": 2,
