@@ -65,7 +65,8 @@ def audited_prune(settings, out: Path, reduction: str = "own rows"):
         with auditor.stage("shard model"):  # joins torchrun's group, fully_shards (sharded only)
             make = VARIANTS[settings.variant] if settings.variant != "sharded" else ShardedGradProbe
             pruner = make(model, settings.strategy, **({"reduction": reduction} if make is ShardedGradProbe else {}))
-        auditor.track("pruner", pruner, categories=job.pruner_categories(settings.variant))
+            # named before the stage ends, or the census names it by its class, without categories
+            auditor.track("pruner", pruner, categories=job.pruner_categories(settings.variant))
         with auditor.stage("prune"):
             result = pruner.prune(batches, sparsity=settings.sparsity, num_batches=settings.batches,
                                   reduction_factor=settings.reduction, gradient_threshold=settings.threshold)
@@ -150,9 +151,13 @@ def _peaks(record: dict) -> dict:
     prune = [s for s in stages if s["path"] == "prune" or s["path"].startswith("prune/")]
     prune_live = max((s.get("live_tensors") or {}).get("peak") or 0 for s in prune)
     prune_rss = max(s["rss"]["peak"] for s in prune)
-    return {"rss": record["peak"]["rss"], "rss_stage": record["peak"]["stage"],
+    return {"rss": record["peak"]["rss"], "rss_stage": record["peak"]["stage"] or "(outside every stage)",
             "live": live["live_tensors"]["peak"], "live_stage": live["path"],
             "prune_rss": prune_rss, "prune_live": prune_live}
+
+
+def _code(stage: str) -> str:
+    return stage if stage.startswith("(") else f"`{stage}`"
 
 
 def render(rows: list, commands: list[str], args) -> str:
@@ -163,7 +168,7 @@ def render(rows: list, commands: list[str], args) -> str:
     for name, ranks, summary, peaks, seconds in rows:
         same = "yes" if summary["mask_digest"] == base_digest else "**NO**"
         for rank, p in enumerate(peaks):
-            lines.append(f"| {name} | {ranks} | {rank} | {size(p['rss'])} | `{p['rss_stage']}` | {size(p['live'])} | "
+            lines.append(f"| {name} | {ranks} | {rank} | {size(p['rss'])} | {_code(p['rss_stage'])} | {size(p['live'])} | "
                          f"`{p['live_stage']}` | {size(p['prune_live'])} | {same} | {seconds:.1f} s |")
     load = os.getloadavg()
     return "\n".join(["<!-- made by: " + shlex.join(["benchmarks/sharded_gradprobe.py", *sys.argv[1:]]) + " -->",

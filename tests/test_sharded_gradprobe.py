@@ -105,7 +105,8 @@ def test_the_pruner_state_is_this_ranks_shard(runs):
     for rank in (0, 1):
         record = load(runs["2 ranks"] / f"rank-{rank}")
         assert 0 < _state_bytes(record, ".candidates") < alone / 8 * 0.6  # bits, of about half the rows
-        assert _state_bytes(record, "model.parameters") < 0.6 * _state_bytes(load(runs["alone"]), "model.parameters")
+        # this rank's weights (its shards, which the pruner's `parameters` hold) against the whole model
+        assert 0 < _state_bytes(record, "parameters") < 0.6 * _state_bytes(load(runs["alone"]), "parameters")
 
 
 def _state_bytes(record: dict, component: str) -> int:

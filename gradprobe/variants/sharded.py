@@ -12,9 +12,9 @@ layer FSDP has all-gathered (and that layer's gradients before they are reduce-s
 
 Decisions are the baseline's, bit for bit: the magnitude threshold is the k-th smallest score
 over all shards (histograms summed over the ranks, exact), and every rank computes the full
-gradient of the same batch, which each rank then keeps its own rows of (`shards.REDUCTIONS`), so
-each shard of G0 and G1 is the baseline's. The result's counts are over every rank; its masks are gathered a tensor at a
-time when read (`GatheredMasks`: a collective, so every rank reads them in the same order).
+gradient of the same batch and keeps its own rows of it (`shards.REDUCTIONS`), so each shard of
+G0 and G1 is the baseline's. The result's counts are over every rank; its masks are gathered a
+tensor at a time when read (`GatheredMasks`: a collective, so every rank reads them in order).
 Alone (no process group of more than one rank) it runs unsharded, with the same decisions.
 """
 from __future__ import annotations
@@ -40,6 +40,8 @@ SHARD_STATE = Variant(state="sparse", gradients="in-backward")
 
 
 class ShardedGradProbe(LowMemoryGradProbe):
+    """GradProbe on this rank's shard of an FSDP2 model (see the module docstring)."""
+
     phases = ("select_candidates", "save_state", "record_original_gradients", "reduce_candidates",
               "record_reduced_gradients", "decide", "apply_masks")
     # `parameters` holds this rank's shard of every weight (plain tensors; the model's own are
