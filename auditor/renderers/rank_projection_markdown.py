@@ -1,0 +1,62 @@
+"""Markdown of a per-rank projection (auditor.analysis.rank_projection): each rank's projected
+peaks at each world size, how many devices of N GiB it needs, and a held-out check's errors."""
+from __future__ import annotations
+
+from auditor.analysis.rank_projection import fewest_devices
+from auditor.units import size
+
+GiB = 1 << 30
+BASIS = ("Basis: *live tensors* are the traced run's (rank r of N on torch's fake process group, "
+         "FakeTensorMode at the target's shapes): exact but for the bytes resting on data-dependent "
+         "size estimates (column *of which estimated*: boolean indexing at candidates, sized by the "
+         "audited real rank's ratios). *RSS* adds what the paired real rank's process held beyond its "
+         "live tensors in the same stage (interpreter, libraries, gloo, allocator slack) and the "
+         "allocator's retention growth: an estimate. A rank marked *as r* was not traced itself: its "
+         "shards have the shapes of rank r's, which was (ranks other than 0 with equal shards run the "
+         "same program on the same shapes).")
+
+
+def ranks_table(worlds: list[dict]) -> list[str]:
+    lines = ["| ranks | rank | traced | whole run: peak live tensors | in stage | sharded part: peak live "
+             "tensors | in stage | of which estimated | + one unit's buffer (upper bound) | sharded part: "
+             "projected peak RSS | in stage |", "|---:|---:|---|---:|---|---:|---|---:|---:|---:|---|"]
+    for world in worlds:
+        for r in world["ranks"]:
+            whole, part = r["whole"], r["sharded"]
+            traced = "itself" if r["traced_as"] == r["rank"] else f"as {r['traced_as']}"
+            lines.append(f"| {world['world_size']} | {r['rank']} | {traced} | {size(whole['live_tensors'])} | "
+                         f"`{whole['live_stage']}` | {size(part['live_tensors'])} | `{part['live_stage']}` | "
+                         f"{size(part['estimated'])} | {size(part['live_tensors_upper'])} | {size(part['rss'])} | "
+                         f"`{part['rss_stage']}` |")
+    return lines
+
+
+def devices_table(worlds: list[dict], budgets_gib: list[int]) -> list[str]:
+    sizes = ", ".join(str(w["world_size"]) for w in worlds)
+    lines = [f"| device memory | fewest ranks (of {sizes}): worst rank's sharded peak live tensors, upper bound, "
+             "fits | that rank's upper bound | traced peak alone | fewest ranks by traced peak alone | "
+             "fewest ranks by projected RSS + buffer (a CPU host per rank) |", "|---:|---:|---:|---:|---:|---:|"]
+    beyond = f"more than {worlds[-1]['world_size']}"
+    for gib in budgets_gib:
+        chosen = fewest_devices(worlds, gib * GiB)
+        worst = next((w["worst"]["sharded"] for w in worlds if w["world_size"] == chosen), None)
+        lines.append(f"| {gib} GiB | {chosen or beyond} | {size(worst['live_tensors_upper']) if worst else '-'} | "
+                     f"{size(worst['live_tensors']) if worst else '-'} | "
+                     f"{fewest_devices(worlds, gib * GiB, 'live_tensors') or beyond} | "
+                     f"{fewest_devices(worlds, gib * GiB, 'rss_upper') or beyond} |")
+    return lines
+
+
+def validation_table(rows: list[dict]) -> list[str]:
+    """rows: {world_size, rank, projected_live, projected_rss, errors: compare_rank's}."""
+    lines = ["| ranks | rank | real peak live tensors | projected (traced) | error | every stage (worst) | "
+             "sharded part: error | real within the upper bound | real peak RSS | projected | error |",
+             "|---:|---:|---:|---:|---:|---|---:|---|---:|---:|---:|"]
+    for row in rows:
+        e = row["errors"]
+        lines.append(f"| {row['world_size']} | {row['rank']} | {size(e['real']['live_tensors'])} | "
+                     f"{size(row['projected_live'])} | {e['live_tensors']:+.2%} | {e['every_stage']:+.2%} "
+                     f"(`{e['every_stage_worst']}`) | {e['sharded_live_tensors']:+.2%} | "
+                     f"{'yes' if e['within_upper'] else '**no**'} | {size(e['real']['rss'])} | "
+                     f"{size(row['projected_rss'])} | {e['rss']:+.2%} |")
+    return lines

@@ -1,0 +1,59 @@
+"""Per-rank projection of sharded GradProbe: rank r of N traced in one process on torch's fake
+process group, against a real 2-rank torchrun (gloo) at a held-out size."""
+from __future__ import annotations
+
+import pytest
+
+from auditor.analysis.rank_projection import compare_rank, fewest_devices, paired_rank, project_ranks
+from auditor.jobs.gradprobe import Settings
+from auditor.jobs.rank_projection import _chunk_rows, rank_classes, real_ranks, traced_ranks
+
+SMALL = dict(layers=2, hidden=64, vocab=250, heads=4)
+TARGET = dict(layers=2, hidden=128, vocab=1001, heads=4)  # 1001 rows: 501 and 500 on 2 ranks
+
+
+def _settings(overrides: dict) -> Settings:
+    return Settings(architecture="tinystories-33m", overrides=overrides, variant="sharded",
+                    sequence_length=16, batch_size=2, sparsity=0.3, threshold=0.0)
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory):
+    base = tmp_path_factory.mktemp("ranks")
+    small = real_ranks(_settings(SMALL), 2, base / "small")
+    traced = traced_ranks(_settings(TARGET), 2, base / "traced", small, lower_bound=False)
+    real = real_ranks(_settings(TARGET), 2, base / "target")
+    return project_ranks(small, {2: traced})[0], real
+
+
+def test_each_rank_is_projected_within_two_percent_of_its_real_run(checked):
+    projected, real = checked
+    for rank in projected["ranks"]:
+        errors = compare_rank(rank, real[rank["rank"]])
+        assert abs(errors["live_tensors"]) <= 0.02, (rank["rank"], errors)
+        # the sharded part: the traced peak, or up to one FSDP unit's buffer more (real gloo)
+        assert errors["sharded_live_tensors"] >= -0.02 and errors["within_upper"], (rank["rank"], errors)
+        assert abs(errors["rss"]) <= 0.05, (rank["rank"], errors)
+
+
+def test_ranks_are_traced_on_their_own_shards(checked):
+    projected, _ = checked
+    rank0, rank1 = projected["ranks"]
+    assert (rank0["traced_as"], rank1["traced_as"]) == (0, 1)
+    # the sharded part holds about half the model's weights: far below the whole model built first
+    assert rank1["sharded"]["live_tensors"] < 0.7 * rank1["whole"]["live_tensors"]
+    assert rank1["retained_buffer"] > 0
+
+
+def test_rank_classes_and_pairing():
+    assert [_chunk_rows(1001, 4, r) for r in range(4)] == [251, 251, 251, 248]
+    assert rank_classes(_settings(dict(SMALL, vocab=250)), 4) == [[0], [1, 2], [3]]  # 63, 63, 63, 61
+    assert rank_classes(_settings(dict(SMALL, vocab=256)), 4) == [[0], [1, 2, 3]]
+    assert [paired_rank(r, {0: {}, 1: {}}) for r in range(4)] == [0, 1, 1, 1]
+
+
+def test_fewest_devices_reads_the_worst_rank():
+    def world(n, peaks):
+        return {"world_size": n, "ranks": [{"sharded": {"live_tensors_upper": p}} for p in peaks]}
+    worlds = [world(2, [50, 90]), world(4, [30, 45]), world(8, [20, 25])]
+    assert [fewest_devices(worlds, b) for b in (100, 80, 45, 25, 24)] == [2, 4, 4, 8, None]
