@@ -160,6 +160,18 @@ class Audit:
         self._overhead = {"boundaries_s": 0.0, "census_s": 0.0, "labels_s": 0.0, "finish_s": 0.0}
         self._entered = False
         self.record_written = False  # run.json on disk (a full disk can cost it, not the run)
+        # Set when the audit is entered (`_start`, `_start_probes`): the run's process, clock and
+        # event log, and the probes that run (None: off).
+        self._pid, self._t0, self._audit_thread = 0, 0.0, 0
+        self._dir = self.folder
+        self._log: run_record.EventLog | None = None
+        self._log_warned = False
+        self._pending_warnings: list[str] = []
+        self._meters: list = []
+        self._probes: dict[str, dict] = {}
+        self._memray = self._torch_profiler = self._cuda = self._history = None
+        self._tracing = self._value_free = self._sizes = self._live = None
+        self._take_census = self._census_root = None
 
     @property
     def run_json(self) -> Path:
@@ -188,7 +200,7 @@ class Audit:
                 self.folder = _claim(self.folder, self.name)
             self._dir = Path(os.path.abspath(self.folder))  # where files go, whatever the
             self._log = run_record.EventLog(self._dir)      # program does with its cwd
-            self._pending_warnings: list[str] = []
+            self._pending_warnings = []
             probes = self._start_probes()
             self._reset_meters()  # the probes' own start (the meter's scan of objects) is no peak
             readings = self._read_meters()
