@@ -55,7 +55,8 @@ def audited_prune(settings, out: Path, reduction: str = "own rows"):
     from gradprobe.variants import VARIANTS, ShardedGradProbe
 
     with auditor.Audit(out=out, name=f"gradprobe-{settings.variant}-{settings.architecture}", census=True,
-                       live_tensors=True, stage_targets=job.stage_targets(settings.variant)) as run:
+                       live_tensors=True, stage_targets=job.stage_targets(settings.variant),
+                       command=shlex.join(["python", "benchmarks/sharded_gradprobe.py", *sys.argv[1:]])) as run:
         run.annotate("workload", job.workload(settings))
         with auditor.stage("build model"):
             model = build_model(settings.architecture, seed=settings.seed, **settings.overrides)
