@@ -77,10 +77,12 @@ def rank_audit(settings: Settings, out: Path, *, fake: bool, observed_sizes: lis
 
 
 def gather_buffers(model: torch.nn.Module, world_size: int) -> dict[str, int]:
-    """Bytes of each FSDP2 unit's whole flat buffer (its all-gather output, its reduce-scatter
-    input): every parameter of the unit padded to `world_size` equal chunks of rows. A real gloo
-    rank was seen holding one such buffer more than the traced rank at a peak (reports/
-    rank-projection-cpu.md), so the projection's upper bound adds the largest."""
+    """Bytes of each FSDP2 unit's whole flat buffer (its all-gather output): every parameter of the
+    unit padded to `world_size` equal chunks of rows. A real gloo rank was seen holding one more
+    all-gather output than the traced rank at a gradient pass's peak, in about half of its runs (the
+    root's and a layer's together; consistent with gloo's worker thread dropping the collective's
+    last reference after FSDP let it go; the fake process group has no such thread), so the
+    projection's upper bound adds the largest unit's (auditor.analysis.rank_projection)."""
     from gradprobe.variants.shards import decoder_layers
     units = {name: m for name, m in model.named_modules() if m in set(decoder_layers(model))}
     inside = {id(p) for m in units.values() for p in m.parameters()}

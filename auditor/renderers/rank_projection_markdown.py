@@ -26,7 +26,8 @@ def ranks_table(worlds: list[dict]) -> list[str]:
             traced = "itself" if r["traced_as"] == r["rank"] else f"as {r['traced_as']}"
             lines.append(f"| {world['world_size']} | {r['rank']} | {traced} | {size(whole['live_tensors'])} | "
                          f"`{whole['live_stage']}` | {size(part['live_tensors'])} | `{part['live_stage']}` | "
-                         f"{size(part['estimated'])} | {size(part['live_tensors_upper'])} | {size(part['rss'])} | "
+                         f"{size(part['estimated']) if world.get('estimates_measured', True) else 'not measured'} | "
+                         f"{size(part['live_tensors_upper'])} | {size(part['rss'])} | "
                          f"`{part['rss_stage']}` |")
     return lines
 
