@@ -35,6 +35,7 @@ unknown: a traced record says which of its sizes rest on what, never silently.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 import torch
@@ -76,7 +77,12 @@ def live_bytes() -> int | None:
 
 
 def stage_path(stages: Sequence[dict]) -> str:
-    return stages[-1]["path"] if stages else ""
+    """The innermost stage's path without call numbers (`f#3/g#2` -> `f/g`): a staged callable's
+    calls are one path, in order, however many a larger model makes."""
+    return _CALL_NUMBER.sub("", stages[-1]["path"]) if stages else ""
+
+
+_CALL_NUMBER = re.compile(r"#\d+(?=/|$)")
 
 
 def selection(func, args, kwargs) -> tuple[torch.Tensor, int, int] | None:
@@ -207,7 +213,7 @@ class SizeEstimates:
         entry = self._entry(site, op)
         kind = "unique" if func in UNIQUE else "true"
         stages = open_stages()
-        replayed = (self.replay.size(site, op, numel, stages, live_bytes())  # each call moves the position on
+        replayed = (self.replay.size(site, op, numel, stage_path(stages), stages, live_bytes())  # moves on
                     if entry["source"] == OBSERVED else None)
         known = self._remembered(mask, kind)
         if known is None:

@@ -111,10 +111,11 @@ class Replay:
         curve = self.curves.get((site, op, path))
         return curve.ratio if curve is not None else None
 
-    def size(self, site: str, op: str, numel: int, stages: list[dict], live: int | None = None) -> int | None:
-        """Elements out for a call of `numel` elements in at `site` (innermost stage last in
-        `stages`), or None where no replay applies (no real calls there, no growth known yet)."""
-        path = stages[-1]["path"] if stages else ""
+    def size(self, site: str, op: str, numel: int, path: str, stages: list[dict],
+             live: int | None = None) -> int | None:
+        """Elements out for a call of `numel` elements in at `site` in stage `path` (innermost
+        stage last in `stages`), or None where no replay applies (no real calls there, no growth
+        known yet)."""
         self._pair_ended({s["id"] for s in stages})
         key = (site, op, path)
         self._count_instance(key, stages[-1]["id"] if stages else None, numel)

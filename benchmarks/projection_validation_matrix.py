@@ -31,6 +31,7 @@ SIZES = {  # small -> held-out target: 11.7x (GPT-Neo) and 11.8x (Mistral) in pa
                  "--target-intermediate", "1376", "--target-vocab", "8192"]),
 }
 STRATEGY = {"gpt-neo": "magnitude", "mistral": "wanda"}
+MAGNITUDE_ONLY = {"sharded"}  # its shards do not gather WANDA's input norms
 PROGRAM_TARGET = ["--target", "llama-2-7b", "--target-layers", "2", "--target-hidden", "512",
                   "--target-intermediate", "1376", "--target-heads", "4", "--target-vocab", "512"]
 PROGRAMS = {
@@ -48,7 +49,7 @@ def cases() -> dict[str, list[str]]:
         for family, (arch, small, target) in SIZES.items():
             found[f"{variant} / {family}"] = [
                 "--arch", arch, *small, "--target", arch, *target, "--variant", variant,
-                "--strategy", STRATEGY[family]]
+                "--strategy", "magnitude" if variant in MAGNITUDE_ONLY else STRATEGY[family]]
     for method, stages in PROGRAMS.items():
         found[f"program: {method}"] = [
             "--model-from", "pruning.tiny_llama:build_llama", *sum((["--stage", s] for s in stages), []),

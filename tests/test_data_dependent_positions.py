@@ -125,7 +125,7 @@ def test_a_growth_too_small_still_keeps_the_paths_total():
     replay = Replay([real])
     stages = [{"id": 1, "path": "p"}]
     replay._growth = lambda *args: 2.0
-    made = [replay.size("a.py:1 f", "aten::nonzero", 100, stages) for _ in range(16)]
+    made = [replay.size("a.py:1 f", "aten::nonzero", 100, "p", stages) for _ in range(16)]
     assert made[0] == made[1] == 90 and made[2] < 10
     assert abs(sum(made) - 1600 * 96 / 400) <= 1
 
@@ -140,6 +140,34 @@ def test_a_first_call_that_grew_most_does_not_set_the_growth_alone():
 
     def total(live):
         replay = Replay([real])
-        return sum(replay.size("a.py:1 f", "aten::nonzero", n, stages, live) for n in (3100, 1000, 900))
+        return sum(replay.size("a.py:1 f", "aten::nonzero", n, "p", stages, live) for n in (3100, 1000, 900))
     assert abs(total(20_000) - 0.1 * 5000) <= 1
     assert total(None) > 1.4 * 0.1 * 5000
+
+
+def select_layer(scores: torch.Tensor, density: float, data: torch.Tensor) -> torch.Tensor:
+    """One layer's kept rows (staged per call: `select_layer`, `select_layer#2`, ...)."""
+    return data[scores < density].to(torch.float64).sum(1)
+
+
+def prune_by_depth(layers: int, rows: int = 256) -> list[torch.Tensor]:
+    """Deep layers keep 90% of their rows, shallow ones 2%: the densities follow relative depth."""
+    scores = ((torch.arange(rows, dtype=torch.float64) + 0.5) * GOLDEN) % 1.0
+    data = [torch.full((rows, WIDTH), 7, dtype=torch.uint8) for _ in range(layers)]
+    return [select_layer(scores, 0.9 if 2 * i >= layers else 0.02, d) for i, d in enumerate(data)]
+
+
+def test_a_staged_callable_with_more_calls_is_placed_by_relative_depth(tmp_path):
+    """Each call of a staged callable is its own stage (`select_layer#5`): the real run's 4 calls
+    are one path in order, and the traced run's 8 map onto them by relative position (the growth,
+    2x, from the live tensors: twice the layers' data)."""
+    def run(name: str, layers: int, **options) -> dict:
+        with Audit(out=tmp_path / name, live_tensors=True, stage_targets=[select_layer], **options) as audit:
+            del prune_by_depth(layers)[:]
+        return audit.record
+    small = run("small", 4, record_sizes=True)
+    assert {p for e in small["data_dependent_sizes"] for p in e["profile"]} == {"select_layer"}
+    real = run("real", 8)
+    traced = run("traced", 8, traced=True, observed_sizes=small["data_dependent_sizes"])
+    errors = _errors(traced, real)
+    assert len(errors) == 8 and all(abs(e) < 0.02 for e in errors.values()), errors
