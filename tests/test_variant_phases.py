@@ -81,7 +81,8 @@ def test_streaming_phases_are_per_stage_calls_labelled_by_stage_and_its_state_is
     # the folder was written a tensor at a time: the model was never in memory, one tensor was
     written = next(s for s in record["stages"] if s["path"] == "write weights folder")
     largest, model = (4 * f(architectures.parameter_sizes("tinystories-33m", **TINY)) for f in (max, sum))
-    assert largest <= written["live_tensors"]["peak"] < min(largest + 65536, model)
+    rise = written["live_tensors"]["peak"] - written["live_tensors"]["start"]  # others' tensors may live on
+    assert largest <= rise < min(largest + 65536, model), written["live_tensors"]
 
 
 def test_a_variant_that_cannot_be_projected_says_why_instead_of_numbers(tmp_path, one_thread):
