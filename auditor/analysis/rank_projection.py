@@ -11,13 +11,14 @@ tensors (interpreter, libraries, gloo, allocator slack) stage by stage, plus the
 retention growth. The paired real rank is the same rank where the audited run had it, else its
 highest rank other than 0 (rank 0 may do more; the others run one program on their own rows).
 
-Two peaks per rank: the whole program's, and the sharded part's (from "shard model" on): the
-audited program builds the whole model on every rank before FSDP2 shards it, which a device run
-avoids by building it elsewhere; the device count is read from the sharded part.
+Two peaks per rank: the whole program's, and the sharded part's (the prune, after FSDP2 sharded
+the model): the audited program builds the whole model on every rank and holds it while
+`fully_shard` copies out its shards, which a device run avoids by building it elsewhere (meta or
+the host); the device count is read from the sharded part.
 """
 from __future__ import annotations
 
-SHARDED_FROM = ("shard model", "prune")  # the stages (and their children) after the model is sharded
+SHARDED_FROM = ("prune",)  # the stages (and their children) once the model is sharded
 
 
 def paired_rank(rank: int, real: dict[int, dict]) -> int:

@@ -170,8 +170,16 @@ def traced_rank(settings: Settings, world_size: int, rank: int, out: Path, obser
 
 
 def _traced_child(settings, world_size, rank, out: Path, observed, estimate, timeout_s) -> dict:
+    """The traced record in OUT/rank-R/: traced now, or the one a finished earlier trace left there
+    (a 7B trace takes minutes) if it traced these settings at this world size."""
     from auditor.jobs.fresh_process import run_module
-    from auditor.record import rank_folder_name
+    from auditor.record import RUN_FILE, load, rank_folder_name
+    if (out / rank_folder_name(rank) / RUN_FILE).is_file():
+        earlier = load(out / rank_folder_name(rank))
+        if (earlier["workload"]["settings"] != asdict(settings)
+                or (earlier.get("rank") or {}).get("world_size") != world_size):
+            raise ValueError(f"{out / rank_folder_name(rank)} holds a trace of other settings: choose a new folder")
+        return earlier
     out.mkdir(parents=True, exist_ok=True)
     sizes = out / f"sizes-rank-{rank}.json"
     sizes.write_text(json.dumps({"observed": observed, "estimate": estimate}))
