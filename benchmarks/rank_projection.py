@@ -146,11 +146,15 @@ What the held-out check above found (read off its table and records):
 - Ranks whose shards need no padding (rank 0 of 2; ranks 0-2 of 4): peak live tensors within 0.01%,
   every stage within 0.02%. The target met.
 - The last rank, whose shards FSDP2 pads (vocabulary 8191 rows: 4,096 and 4,095 at 2 ranks; at 4 the
-  intermediate size too): projected too high, by padded gradient shards made in the first gradient
-  pass (`aten::new_zeros`; at 2 ranks the two vocabulary-sized parameters', 2 x 8 MiB), which the
-  traced rank keeps alive to the end and the real rank frees. Why the fake tensors outlive the real ones was not found in the time: the error is on
-  the safe side and only on padded ranks. Mistral-7B's shapes divide evenly by 2, 4 and 8 (one shard
-  class besides rank 0), so no rank of its projection below is padded.
+  intermediate size too): projected too high, by a second, padded copy of each padded parameter's
+  shard (`aten::new_zeros` in the first gradient pass; at 2 ranks the embedding's and the head's,
+  2 x 8 MiB), alive to the end. Cause (torch's source, and a fake storage's data pointer checked
+  to read 0): FSDP2's `reset_sharded_param` (torch/distributed/fsdp/_fully_shard/_fsdp_param.py)
+  keeps a padded shard only when its storage's data pointer is > 0 and the same as before; under
+  tracing it is 0, so FSDP2 pads a new copy while the old storage stays referenced (the pruner's
+  views of the shards). A fake-tensor artefact, on the safe side, and only on padded ranks: Mistral-7B's
+  shapes divide evenly by 2, 4 and 8 (one shard class besides rank 0), so no rank of its projection
+  below is padded.
 - RSS: not met. Each rank's RSS beyond its live tensors grew from about 380 MiB at the audited size
   to 510-550 MiB at the held-out size, which pairing with the audited rank's stages plus the
   allocator's retention model does not give: projected RSS is 16-23% low. Live tensors are the
