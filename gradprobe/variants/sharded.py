@@ -47,8 +47,8 @@ class ShardedGradProbe(LowMemoryGradProbe):
     # `parameters` holds this rank's shard of every weight (plain tensors; the model's own are
     # DTensors wrapping them): weights, as the census should name them.
     state_categories = {**LowMemoryGradProbe.state_categories, "parameters": "weights"}
-    not_projected = ("a sharded run is projected per rank at a target world size, which the traced "
-                     "projection does not do yet")
+    not_projected = ("a sharded run is projected per rank at a target world size, not as one process: "
+                     "benchmarks/rank_projection.py (reports/rank-projection-cpu.md)")
 
     def __init__(self, model: torch.nn.Module, strategy="magnitude", per_layer: bool = False, *,
                  reduction: str = "own rows"):
