@@ -72,7 +72,7 @@ def fewest_devices(worlds: list[dict], budget: int, figure: str = "live_tensors_
 def compare_rank(projected: dict, real_record: dict) -> dict:
     """A projected rank against the real run of the same rank at the target (held-out check):
     peak live tensors over the run and every stage's, peak RSS, as signed errors."""
-    real_stages = {}
+    real_stages: dict[str, dict] = {}
     for s in real_record["stages"]:
         if s.get("status") != "open":
             real_stages.setdefault(s["path"], s)
