@@ -89,9 +89,11 @@ def render(rows: list[dict], measured: dict | None, argv: list[str]) -> str:
             continue
         if row["variant"] == "streaming" and measured:
             at_7b = f"{measured['rss'] / 2**20:,.1f} MiB (the 7B run below)"
-            projected = ((row.get("traced") or {}).get("peak") or {}).get("rss")
-            if projected:
-                at_7b += f"; traced {projected / measured['rss'] - 1:+.1%} off it"
+            # the 7B run wrote its weights folder in a process of its own: its prune is compared
+            prune = next((s for s in (row.get("traced") or {}).get("stages") or [] if s["path"] == "prune"), None)
+            if prune and prune.get("rss_peak"):
+                at_7b += (f"; traced prune stage {_gib(prune['rss_peak'])}, "
+                          f"{prune['rss_peak'] / measured['rss'] - 1:+.1%} off it")
         else:
             at_7b = "not run: the fp32 weights alone (27 GiB) exceed this machine's 24 GiB"
         lines.append(f"| {row['variant']} | {row['audited_peak'] / 2**20:,.1f} MiB | "
