@@ -144,6 +144,11 @@ def run_workload(settings: Settings) -> dict:
         result = pruner.prune(batches, sparsity=settings.sparsity, num_batches=settings.batches,
                               reduction_factor=settings.reduction,
                               gradient_threshold=settings.threshold)
+    return result_numbers(result)
+
+
+def result_numbers(result) -> dict:
+    """What the record keeps of a pruning result (in memory or from a folder)."""
     return {"candidates": result.candidates, "pruned": result.pruned,
             "prunable": result.prunable, "sparsity": result.sparsity}
 
@@ -159,21 +164,20 @@ def run_on_folder(settings: Settings) -> dict:
     from architectures.calibration import synthetic_batches
 
     with tempfile.TemporaryDirectory(prefix="gradprobe-weights-") as scratch:
-        weights = _weights_folder(settings, f"{scratch}/weights")
+        config = architectures.make_config(settings.architecture, **settings.overrides)
+        weights = _weights_folder(settings, config, f"{scratch}/weights")
         pruner = folder_pruner(settings.variant)(weights, settings.strategy)
-        vocabulary = architectures.make_config(settings.architecture, **settings.overrides).vocab_size
-        batches = synthetic_batches(vocabulary, settings.sequence_length, settings.batch_size,
+        batches = synthetic_batches(config.vocab_size, settings.sequence_length, settings.batch_size,
                                     settings.batches, seed=settings.seed)
         auditor.track("pruner", pruner, categories=pruner_categories(settings.variant))
         with auditor.stage("prune"):
             result = pruner.prune(batches, f"{scratch}/pruned", sparsity=settings.sparsity,
                                   num_batches=settings.batches, reduction_factor=settings.reduction,
                                   gradient_threshold=settings.threshold)
-    return {"candidates": result.candidates, "pruned": result.pruned,
-            "prunable": result.prunable, "sparsity": result.sparsity}
+    return result_numbers(result)
 
 
-def _weights_folder(settings: Settings, scratch: str) -> str:
+def _weights_folder(settings: Settings, config, scratch: str) -> str:
     import glob
 
     import architectures
@@ -182,7 +186,6 @@ def _weights_folder(settings: Settings, scratch: str) -> str:
     if architectures.is_checkpoint_folder(folder) and glob.glob(f"{folder}/*.safetensors") and not settings.overrides:
         return folder
     with auditor.stage("write weights folder"):
-        config = architectures.make_config(settings.architecture, **settings.overrides)
         generate_random_weights(config, scratch, seed=settings.seed, dtype=getattr(torch, settings.weights_dtype))
     return scratch
 
