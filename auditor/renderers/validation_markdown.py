@@ -90,7 +90,7 @@ def render(result: dict, command: list[str] | None = None) -> str:
         out += [not_checked, ""]
     if command:
         out += ["```", shlex.join(command), "```", ""]
-    out += ["## Targets", "", _table(*made["targets"]), ""]
+    out += ["## Targets", "", _table(*made["targets"]), ""] + _resting_on_estimates(result)
     out += ["## Peaks", "", "Live tensors: the highest live-tensor meter reading of any stage. RSS: the "
             "run's highest RSS.", "", _table(*made["peaks"]), ""]
     out += ["## Stages", "", "Peak inside each stage, real against projected.", "", _table(*made["stages"]), ""]
@@ -104,6 +104,21 @@ def render(result: dict, command: list[str] | None = None) -> str:
             f"- memory available when checked: {units.size(result['available'])} "
             f"(margin {units.size(result['margin'])})"]
     return "\n".join(out).rstrip() + "\n"
+
+
+def _resting_on_estimates(result: dict) -> list[str]:
+    """The stages the every-stage target leaves out, and the worst of them, said under the table."""
+    lines = []
+    for t in result["targets"]:
+        worst = t.get("resting_on_estimates")
+        if worst:
+            lines += [f"{t['what'].capitalize()} ({t['method']}) is judged on the {t['stages']:,} "
+                      f"stage{'' if t['stages'] == 1 else 's'} whose sizes are exact. {worst['stages']:,} more rest partly on estimated "
+                      "value-dependent sizes, not held to it: the run's total of such a structure is "
+                      "estimated, but its split across the target's tensors depends on values. The worst "
+                      f"is {worst['error']:+.2%}, {md.code(worst['path'])} "
+                      f"({worst['estimated_share']:.0%} of its projected bytes estimated).", ""]
+    return lines
 
 
 def _data_dependent(result: dict) -> list[str]:
