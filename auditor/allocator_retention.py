@@ -4,20 +4,34 @@ glibc serves blocks below its mmap threshold from the heap, and each thread's ar
 to its trim threshold (twice the mmap threshold) free at its top. The threshold starts at
 128 KiB and follows the largest mmapped block freed, up to 32 MiB on 64-bit (a threshold set
 in the environment stays fixed). The live-tensor meter follows it (`allocator_threshold` of a
-stage's live tensors); a small run's stays small, a large one's reaches tens of MiB, so what
-the arenas may keep grows by 0 to threads x 2 x the difference. Projections take the middle,
-threads x the difference.
+stage's live tensors); a small run's stays small, a large one's reaches tens of MiB, and the
+heap then holds blocks up to that size, freed ones included.
 
-Measured on GradProbe (GPT-Neo, 1 -> 2 layers, hidden 128 -> 512): RSS beyond tensors grew
-from 366 to 429 MiB, and stayed at 366 with the threshold fixed (MALLOC_MMAP_THRESHOLD_=131072).
+How much more a larger run keeps is not given by the trim thresholds alone: holes between live
+blocks count too, and some come from buffers no dispatch mode sees (inside a matmul, on worker
+threads). The projections take it as FACTOR x threads x the threshold's growth, FACTOR measured:
+on the projection-validation matrix's ten GradProbe cases (reports/projection-validation-matrix.md,
+1 layer at hidden 128 -> 2 layers at hidden 512, thresholds 2-4 MiB -> 16 MiB, 2 threads) the
+RSS beyond live tensors grew by 0.75 to 2.46 times threads x the threshold's growth, 1.5 on
+average (GPT-Neo's tied 16 MiB embedding gradients sit at the top of that range, Mistral's at the
+bottom). RANGE is that spread, printed with each projected figure.
+Also measured: GPT-Neo 1 -> 2 layers, hidden 128 -> 512, RSS beyond tensors grew from 366 to
+429 MiB, and stayed at 366 with the threshold fixed (MALLOC_MMAP_THRESHOLD_=131072).
 """
 from __future__ import annotations
 
 MMAP_THRESHOLD_START = 128 * 1024
 MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
+FACTOR = 1.5
+RANGE = (0.75, 2.5)
 
 
 def growth(threads: int, audited_threshold: int, target_threshold: float) -> int:
-    """The retention growth a projection adds: the middle of 0 to threads x 2 x the threshold's
-    growth (never below 0)."""
-    return max(round(threads * (target_threshold - audited_threshold)), 0)
+    """The retention growth a projection adds: FACTOR x threads x the threshold's growth
+    (never below 0)."""
+    return max(round(FACTOR * threads * (target_threshold - audited_threshold)), 0)
+
+
+def growth_range(growth_added: int) -> list[int]:
+    """The measured spread around a growth `growth()` gave."""
+    return [round(growth_added * RANGE[0] / FACTOR), round(growth_added * RANGE[1] / FACTOR)]

@@ -1,12 +1,12 @@
 """The allocator's retention growth in projections: the live-tensor meter follows glibc's dynamic
-mmap threshold, and projections add threads x its growth (the middle of what the arenas may
-keep) to the RSS beyond tensors."""
+mmap threshold, and projections add a measured factor x threads x its growth to the RSS beyond
+tensors."""
 from __future__ import annotations
 
 import torch
 
 from auditor.analysis.traced_projection import project_traced
-from auditor.allocator_retention import MMAP_THRESHOLD_START
+from auditor.allocator_retention import FACTOR, MMAP_THRESHOLD_START, RANGE
 from auditor.probes.live_tensors import LiveTensorMeter
 
 MiB = 2**20
@@ -46,9 +46,10 @@ def test_the_traced_projection_adds_the_retention_the_target_threshold_allows():
     traced = _record(threshold=16 * MiB, rss=0, tensors=270 * MiB)
     (stage,) = project_traced(real, traced)["stages"]
     assert stage["beyond_measured"] == 370 * MiB
-    assert stage["allocator_growth"] == 2 * (16 - 2) * MiB  # threads x the threshold's growth
-    assert stage["allocator_growth_range"] == [0, 2 * 2 * (16 - 2) * MiB]  # up to each trim threshold
-    assert stage["rss_peak"] == 270 * MiB + 370 * MiB + 28 * MiB
+    growth = round(FACTOR * 2 * (16 - 2) * MiB)  # the factor x threads x the threshold's growth
+    assert stage["allocator_growth"] == growth
+    assert stage["allocator_growth_range"] == [round(growth * r / FACTOR) for r in RANGE]
+    assert stage["rss_peak"] == 270 * MiB + 370 * MiB + growth
 
 
 def test_calls_the_real_run_did_not_make_take_their_stage_s_most():

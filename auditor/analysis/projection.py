@@ -347,7 +347,7 @@ def _project_stage(stage: dict, key: tuple, fit: _Fit, dtype_factor: float, thre
         "unseen_tensors": {"bytes": unseen, "projected": unseen_projected, **unseen_how},
         "transient": {"bytes": transient, "projected": transient_projected, **transient_how},
         "beyond_tensors": beyond_tensors, "beyond_measured": measured_beyond,
-        "allocator_growth": growth, "allocator_growth_range": [0, 2 * growth],
+        "allocator_growth": growth, "allocator_growth_range": allocator_retention.growth_range(growth),
         "tensor_end": tensor_end, "tensor_peak": tensor_peak,
         "rss_peak": tensor_peak + beyond_tensors,
     }

@@ -84,7 +84,7 @@ def _stage(traced: dict, real: "_RealBeyond", estimated: dict | None = None) -> 
     return {"path": traced["path"], "components": components,
             "tensor_peak": tensor_peak, "rss_peak": tensor_peak + beyond_tensors,
             "beyond_tensors": beyond_tensors, "beyond_measured": measured, "beyond_from": source,
-            "allocator_growth": growth, "allocator_growth_range": [0, 2 * growth], "estimated": (estimated or {}).get("live_tensors", 0)}
+            "allocator_growth": growth, "allocator_growth_range": allocator_retention.growth_range(growth), "estimated": (estimated or {}).get("live_tensors", 0)}
 
 
 class _RealBeyond:
