@@ -125,7 +125,13 @@ What broke: FSDP2 under FakeTensorMode builds its default DeviceMesh from `torch
 the values back; fake tensors have none (plain FakeTensorMode raises DataDependentOutputException;
 the project's value-free mode reads them as 0, so every rank became rank 0 of a mesh of zeros and
 every shard came out empty, shape (0,)). The mesh is now built before tracing, on real tensors, and
-handed to `fully_shard` as its default; nothing else of FSDP2 is replaced.
+handed to `fully_shard` as its default.
+
+And a padded shard: FSDP2 keeps a rank's padded shard (rows that do not divide evenly) only when it
+is a plain `torch.Tensor` whose storage pointer is nonzero and unchanged (`reset_sharded_param`);
+a fake shard is neither, so a traced last rank padded each such shard a second time (+9-11% on it).
+While tracing, a fake shard still on the storage FSDP2 padded is kept, as a real one is
+(`_KeepPaddedShards`); nothing else of FSDP2 is replaced.
 
 What differs from a real gloo rank: in about half of the real rank-runs, a gradient pass's peak
 holds one more FSDP all-gather output (the root's and a layer's at once) than the traced rank;
@@ -139,26 +145,6 @@ Two peaks per rank: the whole program's is at `build model` or `shard model`: th
 FSDP2 copies out the rank's shards; a device run builds it elsewhere (on meta or on the host) and
 keeps only its shard, so the device count is read from the sharded part (`prune` and its phases). GPU figures are live tensors:
 the CUDA context and the caching allocator's slack come on top and are not projected."""
-
-
-FINDINGS = """\
-What the held-out check above found (read off its table and records):
-- Ranks whose shards need no padding (rank 0 of 2; ranks 0-2 of 4): peak live tensors within 0.01%,
-  every stage within 0.02%. The target met.
-- The last rank, whose shards FSDP2 pads (vocabulary 8191 rows: 4,096 and 4,095 at 2 ranks; at 4 the
-  intermediate size too): projected too high, by a second, padded copy of each padded parameter's
-  shard (`aten::new_zeros` in the first gradient pass; at 2 ranks the embedding's and the head's,
-  2 x 8 MiB), alive to the end. Cause (torch's source, and a fake storage's data pointer checked
-  to read 0): FSDP2's `reset_sharded_param` (torch/distributed/fsdp/_fully_shard/_fsdp_param.py)
-  keeps a padded shard only when its storage's data pointer is > 0 and the same as before; under
-  tracing it is 0, so FSDP2 pads a new copy while the old storage stays referenced (the pruner's
-  views of the shards). A fake-tensor artefact, on the safe side, and only on padded ranks: Mistral-7B's
-  shapes divide evenly by 2, 4 and 8 (one shard class besides rank 0), so no rank of its projection
-  below is padded.
-- RSS: not met. Each rank's RSS beyond its live tensors grew from about 380 MiB at the audited size
-  to 510-550 MiB at the held-out size, which pairing with the audited rank's stages plus the
-  allocator's retention model does not give: projected RSS is 16-23% low. Live tensors are the
-  projected quantity here; RSS is reported as a lower estimate."""
 
 
 def render(args) -> None:
@@ -175,7 +161,7 @@ def render(args) -> None:
                   f"then run for real with torchrun: {v['held_out']}, {v['scale']:.1f}x the parameters, at "
                   f"{' and '.join(sorted({str(r['world_size']) for r in v['rows']}))} ranks. Settings: {SETTINGS}. Targets as for single-process traced projection: "
                   "peak live tensors within 2% (run and every stage), RSS within 5%.", "",
-                  *md.validation_table(v["rows"]), "", FINDINGS, "",
+                  *md.validation_table(v["rows"]), "", *md.validation_findings(v["rows"]), "",
                   f"`{v['command']}` ({v['seconds']:.0f} s, load average {v['load_average']})", ""]
     for path in sorted(run_dir.glob("projection-*.json")):
         p = json.loads(path.read_text())
