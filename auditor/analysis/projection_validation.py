@@ -104,7 +104,8 @@ def check_targets(result: dict) -> list[dict]:
 def _stage_errors(stages: list[dict], method: str) -> tuple[list[tuple], list[tuple]]:
     """(error, path, share of the projected bytes estimated) of each stage with a reading:
     the exact ones, and those resting partly on estimates."""
-    exact, estimated = [], []
+    exact: list[tuple] = []
+    estimated: list[tuple] = []
     for s in stages:
         projected = s[method] or {}
         err = error(projected.get("tensor_peak"), s["real"]["tensor_peak"])
