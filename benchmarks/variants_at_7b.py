@@ -21,6 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 STREAMING_REPORT = ROOT / "reports" / "gradprobe-streaming.md"
 # Streaming prunes from a weights folder; the measured 7B run's was bf16, so its projection's is too.
 WEIGHTS = {"streaming": ["--weights-dtype", "bf16"]}
+# Sharded is projected rank by rank (auditor project-ranks) at these world sizes.
+WORLD_SIZES = ["2", "4", "8"]
 
 
 def project(variant: str, folder: Path, reuse: bool = False) -> dict:
@@ -43,6 +45,33 @@ def project(variant: str, folder: Path, reuse: bool = False) -> dict:
     for item in record.get("projections") or []:
         row[item.get("method", "scaled")] = item
     return row
+
+
+def project_ranks(folder: Path, reuse: bool = False) -> dict:
+    """Sharded's per-rank projection to 7B: `auditor project-ranks` (reused when its folder holds one)."""
+    run_dir = folder / "sharded-ranks"
+    command = ["auditor", "project-ranks", "--arch", "tinystories-33m", "--target", "mistral-7b",
+               "--world-size", *WORLD_SIZES, "--run-dir", str(run_dir), "-o", str(folder / "sharded-ranks.md")]
+    row: dict = {"command": command}
+    if not (reuse and (run_dir / "rank-projection.json").is_file()):
+        done = subprocess.run([sys.executable, "-m", "auditor", *command[1:]], cwd=ROOT,
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            row["failure"] = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+            return row
+    import json
+    row["worlds"] = json.loads((run_dir / "rank-projection.json").read_text())["worlds"]
+    return row
+
+
+def _per_rank(ranks: dict | None) -> str:
+    """The traced cell of the sharded row: its worst rank's sharded part at each world size."""
+    if not ranks:
+        return "not projected (see below)"
+    if "failure" in ranks:
+        return f"per-rank projection FAILED: {ranks['failure'].replace('|', '/')}"
+    return "per rank (worst rank, sharded part, live tensors): " + ", ".join(
+        f"{_gib(w['worst']['sharded']['live_tensors'])} at {w['world_size']}" for w in ranks["worlds"]) + " ranks"
 
 
 def _reprojected(record: dict, run_dir: Path) -> list[dict]:
@@ -104,7 +133,7 @@ def _projected(item: dict | None) -> str:
     return text
 
 
-def render(rows: list[dict], measured: dict | None, argv: list[str]) -> str:
+def render(rows: list[dict], measured: dict | None, argv: list[str], ranks: dict | None = None) -> str:
     lines = ["| variant | audited peak RSS (TinyStories-33M) | projected 7B, traced | projected 7B, scaled | measured at 7B |",
              "|---|---:|---|---|---|"]
     for row in rows:
@@ -120,8 +149,9 @@ def render(rows: list[dict], measured: dict | None, argv: list[str]) -> str:
                           f"{prune['rss_peak'] / measured['rss'] - 1:+.1%} off it")
         else:
             at_7b = "not run: the fp32 weights alone (27 GiB) exceed this machine's 24 GiB"
+        traced = _per_rank(ranks) if row["variant"] == "sharded" else _projected(row.get("traced"))
         lines.append(f"| {row['variant']} | {row['audited_peak'] / 2**20:,.1f} MiB | "
-                     f"{_projected(row.get('traced'))} | {_projected(row.get('scaled'))} | {at_7b} |")
+                     f"{traced} | {_projected(row.get('scaled'))} | {at_7b} |")
     out = ["# Every GradProbe variant at Mistral-7B: projected, and measured where it ran", "",
            "Projected from a TinyStories-33M audit of each variant (sequence 128, batch 1, 2 "
            "batches, s = 0.1, r = 0.1, tau = 2.0, magnitude). Traced: the job run on fake tensors "
@@ -134,6 +164,8 @@ def render(rows: list[dict], measured: dict | None, argv: list[str]) -> str:
                if (item := r.get(m)) and item.get("not_projected")}
     out += [f"Not projected: {why}" for why in sorted(refused)] + ([""] if refused else [])
     out += ["## Commands", ""] + [f"- {r['variant']}: `{shlex.join(r['command'])}`" for r in rows]
+    if ranks:
+        out += [f"- sharded, per rank: `{shlex.join(ranks['command'])}`"]
     if measured:
         out += ["", "Streaming at 7B (reports/gradprobe-streaming.md, section 2, bf16 weights on disk):",
                 "", f"`{measured['command']}`"]
@@ -159,8 +191,12 @@ def main() -> int:
     for variant in args.variant or list(VARIANTS):
         print(f"{variant} ...", file=sys.stderr, flush=True)
         rows.append(project(variant, folder, args.reuse))
-    Path(args.output).write_text(render(rows, streaming_measured(), sys.argv[1:]))
-    return 0 if all("failure" not in r for r in rows) else 1
+    ranks = None
+    if any(r["variant"] == "sharded" for r in rows):
+        print("sharded, per rank ...", file=sys.stderr, flush=True)
+        ranks = project_ranks(folder, args.reuse)
+    Path(args.output).write_text(render(rows, streaming_measured(), sys.argv[1:], ranks))
+    return 0 if all("failure" not in r for r in [*rows, ranks or {}]) else 1
 
 
 if __name__ == "__main__":

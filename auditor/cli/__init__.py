@@ -16,7 +16,7 @@ from pathlib import Path
 
 from architectures.options import HelpFormatter, examples, installed_version  # noqa: F401 (the commands' shared help)
 
-SUBCOMMANDS = ["run", "gradprobe", "train_step", "report", "rebuild", "compare", "validate_projection", "export"]
+SUBCOMMANDS = ["run", "gradprobe", "train_step", "report", "rebuild", "compare", "validate_projection", "project_ranks", "export"]
 
 
 class UsageError(Exception):

@@ -268,6 +268,25 @@ def traced_ranks(settings: Settings, world_size: int, out: Path, real: dict[int,
     return found
 
 
+def project_world_sizes(small: Settings, target: Settings, world_sizes: list[int], out: Path, ranks: int = 2,
+                        every_rank: bool = False, progress=lambda text: None) -> list[dict]:
+    """`auditor project-ranks`: `small` audited for real on `ranks` ranks (OUT/audited-R-ranks/), the
+    target traced at each world size (OUT/traced-N-ranks/), each rank projected
+    (auditor.analysis.rank_projection.project_ranks; the per-stage rows stay in the traced records)."""
+    from auditor.analysis.rank_projection import project_ranks
+    progress(f"auditing {small.architecture} on {ranks} real ranks (torchrun, gloo)")
+    real = real_ranks(small, ranks, out / f"audited-{ranks}-ranks")
+    traced = {}
+    for world in sorted(set(world_sizes)):
+        progress(f"tracing {target.architecture} at {world} ranks on fake tensors")
+        traced[world] = traced_ranks(target, world, out / f"traced-{world}-ranks", real, every_rank=every_rank)
+    worlds = project_ranks(real, traced)
+    for world in worlds:
+        for rank in world["ranks"]:
+            rank.pop("stages")
+    return worlds
+
+
 def real_ranks(settings: Settings, world_size: int, out: Path, timeout_s: int = 1800) -> dict[int, dict]:
     """A real torchrun of `world_size` ranks (gloo on CPU, one thread each): {rank: its record}."""
     import subprocess

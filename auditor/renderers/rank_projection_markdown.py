@@ -41,11 +41,33 @@ def devices_table(worlds: list[dict], budgets_gib: list[int]) -> list[str]:
     for gib in budgets_gib:
         chosen = fewest_devices(worlds, gib * GiB)
         worst = next((w["worst"]["sharded"] for w in worlds if w["world_size"] == chosen), None)
-        lines.append(f"| {gib} GiB | {chosen or beyond} | {size(worst['live_tensors_upper']) if worst else '-'} | "
+        lines.append(f"| {gib:g} GiB | {chosen or beyond} | {size(worst['live_tensors_upper']) if worst else '-'} | "
                      f"{size(worst['live_tensors']) if worst else '-'} | "
                      f"{fewest_devices(worlds, gib * GiB, 'live_tensors') or beyond} | "
                      f"{fewest_devices(worlds, gib * GiB, 'rss_upper') or beyond} |")
     return lines
+
+
+def render_projection(worlds: list[dict], small, target, budgets_gib: list[float],
+                      command: list[str] | None = None) -> str:
+    """The `auditor project-ranks` report: each rank at each world size, then the device counts."""
+    import shlex
+
+    def label(settings) -> str:
+        extra = ", ".join(f"{k} {v}" for k, v in settings.overrides.items())
+        return f"`{settings.architecture}`" + (f" ({extra})" if extra else "")
+    out = [f"# Sharded GradProbe (FSDP2), rank by rank: {label(small)} projected to {label(target)}", ""]
+    if command:
+        out += ["```", shlex.join(command), "```", ""]
+    out += [BASIS, "", "Two peaks per rank: the whole run's, at `build model` or `shard model` (the job builds "
+            "the whole model on every rank before FSDP2 copies out its shards), and the sharded part's "
+            "(`prune` and its phases), which a device run that builds its model on meta or on the host "
+            "has alone; device counts read the sharded part.", "", f"## Each rank at {', '.join(str(w['world_size']) for w in worlds)} ranks", "",
+            *ranks_table(worlds), "", "## How many devices", "",
+            "The fewest ranks whose worst rank's sharded part fits each device size. GPU figures are "
+            "live tensors: the CUDA context and the caching allocator's slack come on top.", "",
+            *devices_table(worlds, budgets_gib), ""]
+    return "\n".join(out)
 
 
 def validation_findings(rows: list[dict], live_limit: float = 0.02, rss_limit: float = 0.05) -> list[str]:

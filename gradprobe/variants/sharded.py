@@ -48,7 +48,7 @@ class ShardedGradProbe(LowMemoryGradProbe):
     # DTensors wrapping them): weights, as the census should name them.
     state_categories = {**LowMemoryGradProbe.state_categories, "parameters": "weights"}
     not_projected = ("a sharded run is projected per rank at a target world size, not as one process: "
-                     "benchmarks/rank_projection.py (reports/rank-projection-cpu.md)")
+                     "auditor project-ranks (reports/rank-projection-cpu.md)")
 
     def __init__(self, model: torch.nn.Module, strategy="magnitude", per_layer: bool = False, *,
                  reduction: str = "own rows"):
