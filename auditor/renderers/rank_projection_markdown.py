@@ -32,7 +32,7 @@ def ranks_table(worlds: list[dict]) -> list[str]:
     return lines
 
 
-def devices_table(worlds: list[dict], budgets_gib: list[int]) -> list[str]:
+def devices_table(worlds: list[dict], budgets_gib: list[float]) -> list[str]:
     sizes = ", ".join(str(w["world_size"]) for w in worlds)
     lines = [f"| device memory | fewest ranks (of {sizes}): worst rank's sharded peak live tensors, upper bound, "
              "fits | that rank's upper bound | traced peak alone | fewest ranks by traced peak alone | "
