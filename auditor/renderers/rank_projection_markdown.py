@@ -39,12 +39,13 @@ def devices_table(worlds: list[dict], budgets_gib: list[float]) -> list[str]:
              "fewest ranks by projected RSS + buffer (a CPU host per rank) |", "|---:|---:|---:|---:|---:|---:|"]
     beyond = f"more than {worlds[-1]['world_size']}"
     for gib in budgets_gib:
-        chosen = fewest_devices(worlds, gib * GiB)
+        budget = round(gib * GiB)
+        chosen = fewest_devices(worlds, budget)
         worst = next((w["worst"]["sharded"] for w in worlds if w["world_size"] == chosen), None)
         lines.append(f"| {gib:g} GiB | {chosen or beyond} | {size(worst['live_tensors_upper']) if worst else '-'} | "
                      f"{size(worst['live_tensors']) if worst else '-'} | "
-                     f"{fewest_devices(worlds, gib * GiB, 'live_tensors') or beyond} | "
-                     f"{fewest_devices(worlds, gib * GiB, 'rss_upper') or beyond} |")
+                     f"{fewest_devices(worlds, budget, 'live_tensors') or beyond} | "
+                     f"{fewest_devices(worlds, budget, 'rss_upper') or beyond} |")
     return lines
 
 
