@@ -15,14 +15,15 @@ One thing breaks under FakeTensorMode: FSDP2 builds its default DeviceMesh from 
 and reads its values back (`tolist`); under fake tensors those values do not exist (the project's
 value-free mode reads them as 0, and every rank became rank 0 of a mesh of zeros: empty shards).
 So the mesh is built before tracing begins, on real tensors, and `fully_shard` is given it when it
-asks for its default (`_DefaultMesh`); nothing else of FSDP2 is replaced.
+asks for its default (`_DefaultMesh`).
 
 And one thing differs: FSDP2 keeps a padded shard (a rank whose rows do not divide evenly) only if
 its storage's data pointer is nonzero and unchanged (`FSDPParam.reset_sharded_param`); a fake
 storage's pointer reads 0, so a traced rank padded a second copy of every padded shard that a real
 rank does not (+9-11% on the last rank); FSDP2 also checks the shard is a plain `torch.Tensor`,
 which a FakeTensor is not. While tracing, a fake shard still on the storage FSDP2 padded is kept
-as a real one is (`_KeepPaddedShards`, around `FSDPParam.reset_sharded_param`).
+as a real one is (`_KeepPaddedShards`, around `FSDPParam.reset_sharded_param`). Nothing else of
+FSDP2 is replaced.
 
 Both modes run the same audited program (`rank_workload`): build, "shard model" (the pruner joins
 the process group and fully_shards), "prune". Ranks whose shards have the same shapes, other than
