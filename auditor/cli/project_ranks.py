@@ -16,7 +16,8 @@ import json
 import sys
 from pathlib import Path
 
-from architectures.options import add_seed_argument, add_size_arguments, at_least, size_overrides
+from architectures.options import (add_seed_argument, add_size_arguments, at_least, check_model_options,
+                                   size_overrides)
 from auditor.cli import UsageError, check_writable_report, examples
 from auditor.cli.progress import StatusLine
 
@@ -84,19 +85,13 @@ def main(args) -> int:
 
 def _checked(args):
     """The small and the target settings, every argument checked before any work (one line, exit 2)."""
-    import architectures
-    from architectures.options import check_sequence_length
     from auditor.jobs.gradprobe import Settings
     from gradprobe.cli import check_pruning_arguments
     from gradprobe.settings import TORCH_DTYPES
     target_overrides = size_overrides(args, "target-")
     try:
         check_pruning_arguments(args)
-        try:
-            architectures.config_fields(args.target, **target_overrides)
-        except architectures.UnknownArchitecture as error:
-            raise ValueError(f"--target: {error}") from None
-        check_sequence_length(args.target, args.seq_len, target_overrides)
+        check_model_options(args, "target", prefix="target-")
         at_least(args.ranks, 1, "--ranks")
         for world in args.world_size:
             at_least(world, 1, "--world-size")

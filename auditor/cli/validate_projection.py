@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from architectures.options import add_size_arguments, add_threads_argument, check_sequence_length, size_overrides
+from architectures.options import add_size_arguments, add_threads_argument, check_model_options, size_overrides
 from auditor.cli import UsageError, check_script, check_writable_report, examples
 from auditor.cli.gradprobe import add_settings_arguments, check_settings_arguments, settings_from
 
@@ -127,16 +127,10 @@ def _checked_program(args):
 
 def _checked(args):
     """Every argument validated before anything runs: bad input is one line, exit 2."""
-    import architectures
-
     overrides, target_overrides = size_overrides(args), size_overrides(args, "target-")
     try:
         check_settings_arguments(args)
-        try:
-            architectures.config_fields(args.target, **target_overrides)
-        except architectures.UnknownArchitecture as error:
-            raise ValueError(f"--target: {error}") from None
-        check_sequence_length(args.target, args.seq_len, target_overrides)
+        check_model_options(args, "target", prefix="target-")
         _size(args.margin, "--margin")
         if args.available is not None and _size(args.available, "--available") == 0:
             raise ValueError("--available must be more than 0 bytes")
