@@ -47,13 +47,24 @@ def decoys(tmp_path, monkeypatch):
     return tmp_path
 
 
+def _complete_events(text: str) -> list[dict]:
+    """The events of a log being written: a line the writer has not finished can end in a
+    nested '}' (a long event goes out in several writes), so a line counts once it parses."""
+    events = []
+    for line in text.splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return events
+
+
 def pid_once_started(folder: Path, stage: str, timeout_s: float = 60) -> int:
     """The audited child's pid, once `stage` has finished in its event log."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()
-                      if line.endswith("}")]
+            events = _complete_events((folder / "events.jsonl").read_text())
         except FileNotFoundError:
             events = []
         if any(e["event"] == "stage_finished" and e["stage"]["path"] == stage for e in events):

@@ -27,7 +27,13 @@ def events(folder: Path) -> list[dict]:
         lines = (folder / "events.jsonl").read_text().splitlines()
     except FileNotFoundError:
         return []
-    return [json.loads(line) for line in lines if line.endswith("}")]
+    found = []
+    for line in lines:  # a line still being written can end in a nested '}': it counts once it parses
+        try:
+            found.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return found
 
 
 def wait_for_stage(folder: Path, path: str, timeout_s: float = 90) -> int:
