@@ -312,9 +312,10 @@ def rss_basis(item: dict, stage_path: str | None) -> str | None:
     tensors = ("tensors measured on fake tensors at the target's shapes" if item.get("method") == "traced"
                else "tensors grown by their drivers")
     growth = entry.get("allocator_growth") or 0
+    low, high = entry.get("allocator_growth_range") or (0, 2 * growth)  # older records: the old model's
     return (f"RSS = {tensors} + {units.size(entry['beyond_measured'])} beyond tensors measured at the "
-            f"audited scale" + (f" + {units.size(growth)} allocator retention growth (modeled; 0 to "
-                                f"{units.size(2 * growth)})" if growth else ""))
+            f"audited scale" + (f" + {units.size(growth)} allocator retention growth (modeled; "
+                                f"{units.size(low)} to {units.size(high)})" if growth else ""))
 
 
 def _hide_unexplained(view: ProjectionView, item: dict) -> ProjectionView:
