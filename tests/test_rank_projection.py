@@ -88,3 +88,17 @@ def test_a_traced_padded_rank_keeps_its_padded_shard(mode, kept):
     done = subprocess.run([sys.executable, "-c", _PADDED_SHARD, mode], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == kept
+
+
+def test_the_held_out_findings_are_read_off_the_rows():
+    from auditor.renderers.rank_projection_markdown import validation_findings
+
+    def row(world, rank, live, stage, rss, within=True):
+        return {"world_size": world, "rank": rank, "errors": {
+            "live_tensors": live, "every_stage": stage, "rss": rss, "within_upper": within,
+            "real": {"live_tensors": 100 * 2**20, "rss": 600 * 2**20 + rank * 2**20}}}
+    text = "\n".join(validation_findings([row(2, 0, 0.0, 0.001, -0.03), row(2, 1, -0.004, 0.03, -0.2, within=False)]))
+    assert "worst -0.40% (rank 1 of 2)" in text and "Target ±2%: met (**missed** on every stage)" in text
+    assert "not on rank 1 of 2." in text
+    assert "-20.00% to -3.00% (worst rank 1 of 2). Target ±5%: **missed**" in text
+    assert "500.0 MiB to 501.0 MiB" in text
