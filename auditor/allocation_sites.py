@@ -88,20 +88,27 @@ _ROOTS: tuple[str, ...] | None = None
 _PLUMBING = tuple(os.path.join("torch", *parts) for parts in (
     ("_ops.py",), ("_compile.py",), ("_dynamo", ""), ("nn", "modules", "module.py"), ("utils", "_contextlib.py"),
     ("utils", "_python_dispatch.py")))
-_METER = os.path.join(AUDITOR, "probes", "live_tensors.py")
+# The auditor's own files by their place in the package, not by this checkout's absolute path:
+# a report re-made from a record elsewhere (a fresh clone) must drop the same frames.
+_METER = os.path.join("auditor", "probes", "live_tensors.py")
 # Dispatch modes an operator passes through on its way to the allocator: the live-tensor meter,
 # and the recorder of data-dependent sizes (auditor.data_dependent) in real runs.
-_DISPATCH_MODES = {_METER, os.path.join(AUDITOR, "data_dependent.py")}
-_WRAPPERS = {(os.path.join(AUDITOR, "targets.py"), "staged_call"),
-             (os.path.join(AUDITOR, "stage.py"), "staged")}
+_DISPATCH_MODES = (_METER, os.path.join("auditor", "data_dependent.py"))
+_WRAPPERS = {os.path.join("auditor", "targets.py"): "staged_call", os.path.join("auditor", "stage.py"): "staged"}
+
+
+def _in_package(filename: str, paths) -> str | None:
+    """The package-relative path in `paths` that `filename` is, if any."""
+    return next((p for p in paths if filename == p or filename.endswith(os.sep + p)), None)
 
 
 def passes_through(function: str, filename: str, below_an_operator: bool = True) -> bool:
     """True for a frame that is plumbing between the code that asked and the allocator.
     `below_an_operator`: an inner frame is torch's operator call (without it, the meter's
     dispatch frame is allocating for itself)."""
-    if filename in _DISPATCH_MODES:
+    if _in_package(filename, _DISPATCH_MODES):
         return function == "__torch_dispatch__" and below_an_operator
-    if (filename, function) in _WRAPPERS:
+    wrapper = _in_package(filename, _WRAPPERS)
+    if wrapper is not None and _WRAPPERS[wrapper] == function:
         return True
     return any(part in filename for part in _PLUMBING)

@@ -53,7 +53,7 @@ def test_the_auditors_own_frames_are_never_a_site():
     auditor_file = memray_trace.AUDITOR + "census.py"
     user_file = __file__
     torch_ops = torch.__file__.replace("__init__.py", "_ops.py")
-    meter = allocation_sites._METER
+    meter = memray_trace.AUDITOR + "probes/live_tensors.py"
     # made by the auditor, called from the user's code: the auditor's (summed apart)
     assert memray_trace.site_frame([("sweep", auditor_file, 10), ("main", user_file, 5)])[1] == auditor_file
     # a user's operator run through the live-tensor meter's dispatch: the user's
@@ -66,6 +66,15 @@ def test_the_auditors_own_frames_are_never_a_site():
     library = torch.__file__.replace("__init__.py", "functional.py")
     stack = [("stft", library, 3), ("staged_call", wrapper, 200), ("main", user_file, 9)]
     assert memray_trace.site_frame(stack) == ("main", user_file, 9)
+
+
+def test_plumbing_frames_recorded_in_another_checkout_pass_through_too():
+    # a report re-made in a fresh clone reads frames recorded under the first checkout's path
+    elsewhere = "/elsewhere/checkout/auditor/"
+    assert allocation_sites.passes_through("__torch_dispatch__", elsewhere + "probes/live_tensors.py")
+    assert allocation_sites.passes_through("staged_call", elsewhere + "targets.py")
+    assert not allocation_sites.passes_through("take_census", elsewhere + "census.py")
+    assert not allocation_sites.passes_through("__torch_dispatch__", "/elsewhere/my_auditor/probes/live_tensors.py")
 
 
 def test_the_stage_at_a_time_is_the_innermost_open():
