@@ -1,0 +1,39 @@
+"""Committed reports whose records are committed beside them are made again from those records
+alone, byte for byte, in a fresh copy of the tracked files (as a fresh clone would)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from auditor.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+REPORTS = {  # report -> the record folders `auditor report` is given
+    "train-step-cpu.md": sorted(f"reports/train-step-cpu-runs/{p.name}"
+                                for p in (ROOT / "reports" / "train-step-cpu-runs").iterdir() if p.is_dir()),
+    "multi-rank-cpu-2-ranks.md": ["reports/multi-rank-cpu-runs/2-ranks"],
+    "multi-rank-cpu-4-ranks.md": ["reports/multi-rank-cpu-runs/4-ranks"],
+}
+
+
+def _tracked_copy(folder: str, into: Path) -> None:
+    listed = subprocess.run(["git", "ls-files", folder], cwd=ROOT, capture_output=True, text=True, check=True)
+    for name in listed.stdout.split():
+        (into / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, into / name)
+
+
+@pytest.mark.parametrize("report", sorted(REPORTS))
+def test_a_committed_report_is_made_again_from_its_records(report, tmp_path, monkeypatch):
+    if not (ROOT / ".git").exists():
+        pytest.skip("needs the repository's file list (git)")
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    shutil.copy2(ROOT / ".gitignore", tmp_path / ".gitignore")  # the report says what git ignores
+    for folder in REPORTS[report]:
+        _tracked_copy(folder, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", *REPORTS[report], "-o", f"reports/{report}"]) == 0
+    assert (tmp_path / "reports" / report).read_text() == (ROOT / "reports" / report).read_text()
