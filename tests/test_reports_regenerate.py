@@ -37,3 +37,24 @@ def test_a_committed_report_is_made_again_from_its_records(report, tmp_path, mon
     monkeypatch.chdir(tmp_path)
     assert main(["report", *REPORTS[report], "-o", f"reports/{report}"]) == 0
     assert (tmp_path / "reports" / report).read_text() == (ROOT / "reports" / report).read_text()
+
+
+def _committed_records() -> list[str]:
+    if not (ROOT / ".git").exists():
+        return []
+    listed = subprocess.run(["git", "ls-files", "reports"], cwd=ROOT, capture_output=True, text=True, check=True)
+    return sorted({str(Path(name).parent) for name in listed.stdout.split()
+                   if name.endswith("/run.json") and (ROOT / Path(name).parent / "events.jsonl").is_file()})
+
+
+def test_every_committed_run_json_is_its_event_log_assembled():
+    # run.json is exactly assemble(events): auditor run, train-step, torchrun ranks, gradprobe jobs
+    import json
+
+    from auditor.record import rebuild
+    folders = _committed_records()
+    if not folders:
+        pytest.skip("needs the repository's file list (git)")
+    assert len(folders) >= 30
+    for folder in folders:
+        assert rebuild(ROOT / folder, write=False) == json.loads((ROOT / folder / "run.json").read_text()), folder
