@@ -11,7 +11,9 @@ BASIS = ("Basis: *live tensors* are the traced run's (rank r of N on torch's fak
          "size estimates (column *of which estimated*: boolean indexing at candidates, sized by the "
          "audited real rank's ratios). *RSS* adds what the paired real rank's process held beyond its "
          "live tensors in the same stage (interpreter, libraries, gloo, allocator slack) and the "
-         "allocator's retention growth: an estimate. A rank marked *as r* was not traced itself: its "
+         "allocator's retention growth: a lower estimate, which leaves out the buffers gloo allocates "
+         "on its worker threads for each collective (benchmarks/gloo_collective_rss.py measures them; "
+         "reports/rank-projection-cpu.md shows how far below real gloo ranks it fell). A rank marked *as r* was not traced itself: its "
          "shards have the shapes of rank r's, which was (ranks other than 0 with equal shards run the "
          "same program on the same shapes).")
 
