@@ -31,12 +31,8 @@ def project(variant: str, folder: Path, reuse: bool = False) -> dict:
                "--target", "mistral-7b", "--no-memray", "--run-dir", str(run_dir),
                "-o", str(folder / f"{variant}.md"), *WEIGHTS.get(variant, [])]
     row: dict = {"variant": variant, "command": command}
-    if not (reuse and (run_dir / "run.json").is_file()):
-        done = subprocess.run([sys.executable, "-m", "auditor", *command[1:]], cwd=ROOT,
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            row["failure"] = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-            return row
+    if not (reuse and (run_dir / "run.json").is_file()) and not _ran(command, row):
+        return row
     import auditor
     record = auditor.load(run_dir)
     if reuse:
@@ -47,18 +43,22 @@ def project(variant: str, folder: Path, reuse: bool = False) -> dict:
     return row
 
 
+def _ran(command: list[str], row: dict) -> bool:
+    """Run an auditor command in a fresh process; on failure, its last stderr line in row["failure"]."""
+    done = subprocess.run([sys.executable, "-m", "auditor", *command[1:]], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        row["failure"] = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+    return done.returncode == 0
+
+
 def project_ranks(folder: Path, reuse: bool = False) -> dict:
     """Sharded's per-rank projection to 7B: `auditor project-ranks` (reused when its folder holds one)."""
     run_dir = folder / "sharded-ranks"
     command = ["auditor", "project-ranks", "--arch", "tinystories-33m", "--target", "mistral-7b",
                "--world-size", *WORLD_SIZES, "--run-dir", str(run_dir), "-o", str(folder / "sharded-ranks.md")]
     row: dict = {"command": command}
-    if not (reuse and (run_dir / "rank-projection.json").is_file()):
-        done = subprocess.run([sys.executable, "-m", "auditor", *command[1:]], cwd=ROOT,
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            row["failure"] = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-            return row
+    if not (reuse and (run_dir / "rank-projection.json").is_file()) and not _ran(command, row):
+        return row
     import json
     row["worlds"] = json.loads((run_dir / "rank-projection.json").read_text())["worlds"]
     return row
