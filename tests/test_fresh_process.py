@@ -187,7 +187,18 @@ def test_a_folder_holding_a_record_is_refused_before_the_child_starts(sleeper, t
     assert (run / "run.json").read_bytes() == before
 
 
-def test_ctrl_c_in_the_parent_waits_for_the_child_and_carries_its_stages(sleeper, tmp_path, monkeypatch):
+@pytest.fixture
+def python_ctrl_c():
+    """Python's own Ctrl-C handler while the test runs, whatever this process inherited: a job
+    a shell starts in the background without job control ignores SIGINT, and python then never
+    raises KeyboardInterrupt (CI run that way failed this test)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_in_the_parent_waits_for_the_child_and_carries_its_stages(sleeper, tmp_path, monkeypatch,
+                                                                         python_ctrl_c):
     """SIGINT to the parent alone (the child is not told by a terminal): the child is sent
     SIGINT after the grace period and its interrupted record comes back with the exception."""
     monkeypatch.setattr(fresh_process, "GRACE_S", 1)
