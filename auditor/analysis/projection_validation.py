@@ -86,6 +86,7 @@ def check_targets(result: dict) -> list[dict]:
         if why:  # nothing printed, so nothing to hold to a target: said, not counted as met
             checked.append({**asdict(target), "error": None, "met": None, "not_printed": why})
             continue
+        extra: dict = {}
         if target.what == "peak live tensors":
             err = error(result["peak"][target.method]["live_tensors"], result["peak"]["real"]["live_tensors"])
         elif target.what == "peak RSS":
@@ -93,11 +94,9 @@ def check_targets(result: dict) -> list[dict]:
         else:
             exact, estimated = _stage_errors(result["stages"], target.method)
             err = max(exact, key=lambda e: abs(e[0]))[0] if exact else None
-            checked.append({**asdict(target), "error": err, "met": err is not None and abs(err) <= target.limit,
-                            "stages": len(exact), "resting_on_estimates": _worst(estimated)})
-            continue
+            extra = {"stages": len(exact), "resting_on_estimates": _worst(estimated)}
         checked.append({**asdict(target), "error": err,
-                        "met": err is not None and abs(err) <= target.limit})
+                        "met": err is not None and abs(err) <= target.limit, **extra})
     return checked
 
 
