@@ -48,7 +48,8 @@ def register(subparsers) -> None:
                    help="device sizes in GiB the report finds the fewest ranks for (default: 24 40 80)")
     p.add_argument("--run-dir", help="folder for every run (default: a new folder under runs/)")
     p.add_argument("-o", "--output", help="markdown report (default: rank-projection.md in the run folder)")
-    p.set_defaults(handler=main)
+    # the one variant that runs on ranks, and the settings it takes (auditor.cli.gradprobe.settings_from)
+    p.set_defaults(handler=main, variant="sharded", strategy="magnitude", weights_dtype="fp32")
 
 
 def main(args) -> int:
@@ -85,12 +86,11 @@ def main(args) -> int:
 
 def _checked(args):
     """The small and the target settings, every argument checked before any work (one line, exit 2)."""
-    from auditor.jobs.gradprobe import Settings
-    from gradprobe.cli import check_pruning_arguments
-    from gradprobe.settings import TORCH_DTYPES
-    target_overrides = size_overrides(args, "target-")
+    from dataclasses import replace
+
+    from auditor.cli.gradprobe import settings_from
     try:
-        check_pruning_arguments(args)
+        small = settings_from(args, size_overrides(args))
         check_model_options(args, "target", prefix="target-")
         at_least(args.ranks, 1, "--ranks")
         for world in args.world_size:
@@ -102,9 +102,4 @@ def _checked(args):
         raise UsageError(str(error)) from None
     if args.output is not None:
         check_writable_report(args.output)
-    common = dict(variant="sharded", strategy="magnitude", sequence_length=args.seq_len,
-                  batch_size=args.batch_size, batches=args.batches, sparsity=args.sparsity,
-                  reduction=args.reduction, threshold=args.threshold, seed=args.seed,
-                  weights_dtype=TORCH_DTYPES["fp32"])
-    return (Settings(architecture=args.arch, overrides=size_overrides(args), **common),
-            Settings(architecture=args.target, overrides=target_overrides, **common))
+    return small, replace(small, architecture=args.target, overrides=size_overrides(args, "target-"))
