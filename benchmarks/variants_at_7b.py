@@ -77,19 +77,14 @@ def _per_rank(ranks: dict | None) -> str:
 def _reprojected(record: dict, run_dir: Path) -> list[dict]:
     """A reused run's projections made again from its records (the audit, its calibration and the
     traced run stay as they are), so that the table follows the analysis code; written back."""
-    import json
-
     from auditor.analysis.projection import project
     from auditor.analysis.traced_projection import project_traced
+    from auditor.jobs.gradprobe import load_traced
     from auditor.record import write_derived
     made = []
     for old in record.get("projections") or []:
         if old.get("method", "scaled") == "traced":
-            traced_dir = run_dir / f"traced-{old['target']}"
-            traced = json.loads((traced_dir / "run.json").read_text())
-            if (traced_dir / "estimated_bytes.json").is_file():
-                traced["estimated_bytes"] = json.loads((traced_dir / "estimated_bytes.json").read_text())
-            made.append(project_traced(record, traced))
+            made.append(project_traced(record, load_traced(run_dir / f"traced-{old['target']}")))
         else:
             made.append(project(record, old["target"]))
     write_derived(run_dir, "projections", made)

@@ -283,6 +283,9 @@ def minimum(settings: Settings, prunable: int) -> dict:
             "note": "algorithm state only; activations and one tensor's gradient at a time come on top"}
 
 
+ESTIMATED_BYTES = "estimated_bytes.json"  # beside a traced run's run.json: the bytes resting on estimates
+
+
 def traced_audit(settings: Settings, out: Path, timeout_s: int = 1800,
                  observed_sizes: list | None = None) -> dict:
     """The job traced on fake tensors in a fresh process (a 7B model fits: nothing is allocated),
@@ -294,7 +297,15 @@ def traced_audit(settings: Settings, out: Path, timeout_s: int = 1800,
     if has_estimates(record):
         lower = _traced_child(settings, Path(out) / "lower-bound", timeout_s, None, estimate=False)
         record["estimated_bytes"] = estimated_bytes(record, lower)
-        (Path(out) / "estimated_bytes.json").write_text(json.dumps(record["estimated_bytes"], indent=1))
+        (Path(out) / ESTIMATED_BYTES).write_text(json.dumps(record["estimated_bytes"], indent=1))
+    return record
+
+
+def load_traced(out: Path) -> dict:
+    """The record `traced_audit` left in `out`, with its `estimated_bytes` where it had estimates."""
+    record = json.loads((Path(out) / "run.json").read_text())
+    if (Path(out) / ESTIMATED_BYTES).is_file():
+        record["estimated_bytes"] = json.loads((Path(out) / ESTIMATED_BYTES).read_text())
     return record
 
 
