@@ -4,7 +4,8 @@ Why not `safetensors.safe_open`: it maps the whole file, and every page it touch
 process's RSS until the file is closed, so a layer read through it is resident twice (the mapped
 file and the tensor). Here a tensor is read with one `readinto` into its own buffer, and written
 into a file whose header was laid out in advance, so tensors can be written in any order, as they
-are produced, without ever holding a whole file in memory. The files are ordinary safetensors:
+are produced, without ever holding a whole file in memory (their bulk bypasses the page cache:
+`direct_writes`). The files are ordinary safetensors:
 `safetensors.torch.load_file` and `transformers` read them.
 
 Format: 8 bytes little-endian header length N, N bytes of JSON header
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
+
+from .direct_writes import PositionedFile
 
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
@@ -104,8 +107,8 @@ class SafetensorsWriter:
         text = json.dumps(header, separators=(",", ":")).encode()
         text += b" " * (-len(text) % 8)  # data starts 8-byte aligned, as the reference writer does
         self.data_start, self.offsets, self.written = 8 + len(text), offsets, set()
-        self.file = open(path, "wb")
-        self.file.write(struct.pack("<Q", len(text)) + text)
+        self.file = PositionedFile(path)
+        self.file.write_at(0, memoryview(struct.pack("<Q", len(text)) + text))
         self.file.truncate(self.data_start + end)
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
@@ -115,8 +118,8 @@ class SafetensorsWriter:
         self.written.add(name)
         if not holds_values(tensor):
             return
-        self.file.seek(self.data_start + self.offsets[name])
-        self.file.write(tensor.detach().contiguous().view(-1).view(torch.uint8).numpy().data)
+        self.file.write_at(self.data_start + self.offsets[name],
+                           tensor.detach().contiguous().view(-1).view(torch.uint8).numpy().data)
 
     def close(self) -> None:
         self.file.close()
