@@ -217,3 +217,21 @@ def test_candidates_are_the_baselines_and_reduce_as_it_does():
         mask = torch.zeros(weight.shape, dtype=torch.uint8)
         candidates.scatter(mask, torch.ones(candidates.count(), dtype=torch.uint8))
         assert torch.equal(mask.bool(), expected)
+
+
+def test_batches_of_one_shape_go_through_the_layers_together_and_decide_as_apart(family, weights, tmp_path):
+    """Batches of one shape are stacked through each decoder layer; their gradients stay apart, so
+    the decisions are the baseline's with batches of two shapes interleaved (three groups' worth)."""
+    from architectures.calibration import synthetic_batches
+    from gradprobe.streaming.pruner import stacked_groups
+    long = synthetic_batches(256, sequence_length=16, batch_size=1, num_batches=2, seed=1)
+    short = synthetic_batches(256, sequence_length=11, batch_size=1, num_batches=1, seed=2)
+    batches = [long[0], short[0], long[1]]
+    assert stacked_groups(list(CalibrationBatches(batches, 3))) == [[0, 2], [1]]
+    arch, overrides = TINY[family]
+    model = build_model(arch, seed=0, **overrides)
+    baseline = GradProbe(model).prune(batches, num_batches=3, sparsity=0.1, gradient_threshold=0.0)
+    result = StreamingGradProbe(weights).prune(batches, str(tmp_path / "out"), num_batches=3, sparsity=0.1,
+                                               gradient_threshold=0.0)
+    assert 0 < result.pruned < result.candidates
+    assert mask_digest(result.masks) == mask_digest(baseline.masks)

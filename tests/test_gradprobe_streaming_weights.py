@@ -35,7 +35,7 @@ def streamed(stored, threshold, reduction=None, scale=None):
     weight.candidates = Candidates(stored, threshold, scale)
     weight.threshold, weight.reduction, weight.scale = threshold, reduction, scale
     received = []
-    weight.consume = received.append
+    weight.consume = lambda values, part: received.append(values)
     return weight, received
 
 

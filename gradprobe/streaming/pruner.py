@@ -133,7 +133,9 @@ class StreamingGradProbe:
         self.records: dict[str, CandidateGradients] = {}
         self.hidden: SpilledStack | None = None  # per layer boundary, per batch; on disk but the top
         self.counting: HalfMagnitudes | None = None  # t of half-precision weights, counted in the G0 pass
-        self.batch = 0  # the batch being backpropagated: the gradient hooks read it
+        self.batch = 0  # the batch being backpropagated through the embeddings or the head
+        self.groups: list[list[int]] = []  # batches run through a decoder layer together (`stacked_groups`)
+        self.group: list[int] = []  # the batches whose gradients flow now, in their stacked order
         self.loaded_stage: LoadedStage | None = None  # the stage in memory
         self.block_buffers = BLOCK_BUFFERS  # where its weights and gradients are converted a block at a time
         self.scratch: str | None = None
@@ -260,6 +262,7 @@ class StreamingGradProbe:
     def gradient_pass(self, batches: list, loss_fn: Callable,
                       stage_done: Callable[[Stage, dict[str, CandidateGradients], LoadedStage], None]) -> None:
         self.stage_done, self.records = stage_done, {}
+        self.groups = stacked_groups(batches)
         self.hidden = SpilledStack(tempfile.mkdtemp(prefix="hidden-", dir=self.scratch))
         try:
             layer_inputs = self.forward(batches)
@@ -281,8 +284,10 @@ class StreamingGradProbe:
 
     @torch.no_grad()
     def forward_embeddings(self, batches: list) -> None:
+        """Each batch embedded; the hidden states of each group of batches concatenated, for the layers."""
         with self.resident(self.model.embeddings) as stage:
-            self.hidden.push([self.model.family.embed(stage.modules, x) for x, _ in batches])
+            embedded = [self.model.family.embed(stage.modules, x) for x, _ in batches]
+            self.hidden.push([torch.cat([embedded[batch] for batch in group]) for group in self.groups])
 
     @torch.no_grad()
     def forward_layer(self, layer: Stage, layer_inputs: list[dict]) -> None:
@@ -291,30 +296,46 @@ class StreamingGradProbe:
                               for h, inputs in zip(self.hidden.top(), layer_inputs)])
 
     def backward_head(self, batches: list, loss_fn: Callable) -> list[torch.Tensor]:
+        """The loss of each batch apart; the gradient at the last layer's output, per group."""
         from transformers.modeling_outputs import CausalLMOutputWithPast
-        outputs = self.hidden.pop()
+        grads = []
         with self.resident(self.model.head, backward=True) as stage:
-            for self.batch, (hidden, (_, y)) in enumerate(zip(outputs, batches)):
-                logits = self.model.family.logits(stage.modules, hidden.requires_grad_())
-                loss_fn(CausalLMOutputWithPast(logits=logits), y).backward()  # as loss_fn(model(x), y)
-                del logits  # its graph node holds the head's weight: gone before the stage is dropped
-                self.progress(Moment("batch", stage.stage.name, self.batch))
-        return [hidden.grad for hidden in outputs]
+            for group, outputs in zip(self.groups, self.hidden.pop()):
+                parts = [part.detach().requires_grad_() for part in outputs.chunk(len(group))]
+                for self.batch, hidden in zip(group, parts):
+                    self._flowing(stage, [self.batch])
+                    logits = self.model.family.logits(stage.modules, hidden)
+                    loss_fn(CausalLMOutputWithPast(logits=logits), batches[self.batch][1]).backward()
+                    del logits  # its graph node holds the head's weight: gone before the stage is dropped
+                    self.progress(Moment("batch", stage.stage.name, self.batch))
+                grads.append(torch.cat([hidden.grad for hidden in parts]))
+        return grads
 
     def backward_layer(self, layer: Stage, layer_inputs: list[dict], grads: list) -> list[torch.Tensor]:
         """Recompute the layer from its saved input, backpropagate the gradient at its output."""
         inputs = self.hidden.pop()
         with self.resident(layer, backward=True) as stage:
-            for self.batch, (hidden, extra, grad) in enumerate(zip(inputs, layer_inputs, grads)):
+            for group, hidden, extra, grad in zip(self.groups, inputs, layer_inputs, grads):
+                self._flowing(stage, group)
                 self.model.family.run_layer(stage.layer, hidden.requires_grad_(), extra).backward(grad)
-                self.progress(Moment("batch", layer.name, self.batch))
+                for batch in group:
+                    self.progress(Moment("batch", layer.name, batch))
         return [hidden.grad for hidden in inputs]
 
     def backward_embeddings(self, batches: list, grads: list) -> None:
         with self.resident(self.model.embeddings, backward=True) as stage:
-            for self.batch, ((x, _), grad) in enumerate(zip(batches, grads)):
-                self.model.family.embed(stage.modules, x).backward(grad)
-                self.progress(Moment("batch", "embeddings", self.batch))
+            for group, grad in zip(self.groups, grads):
+                for self.batch, part in zip(group, grad.chunk(len(group))):
+                    self._flowing(stage, [self.batch])
+                    self.model.family.embed(stage.modules, batches[self.batch][0]).backward(part)
+                    self.progress(Moment("batch", "embeddings", self.batch))
+
+    def _flowing(self, stage: LoadedStage, group: list[int]) -> None:
+        """The batches whose gradients come next, stacked in this order: each weight gradient is
+        taken for each of them apart."""
+        self.group = group
+        for weight in stage.weights.values():
+            weight.stacked = len(group)
 
     @contextmanager
     def resident(self, stage: Stage, backward: bool = False):
@@ -378,8 +399,8 @@ class StreamingGradProbe:
                 tensor.register_post_accumulate_grad_hook(_drop_grad)
 
     def _consumer(self, name: str, complete: bool) -> Callable:
-        def consume(values: torch.Tensor) -> None:  # a weight's gradient at its candidates, one batch
-            self.records[name].add(self.batch, values, complete)
+        def consume(values: torch.Tensor, part: int) -> None:  # a weight's gradient at its candidates, one batch
+            self.records[name].add(self.group[part], values, complete)
         return consume
 
     # -- output ---------------------------------------------------------------------------------
@@ -426,6 +447,19 @@ class StreamingGradProbe:
                 "hidden states": self.hidden.nbytes if self.hidden else 0,
                 "candidate positions": size(w.candidates.positions for w in streamed if w.candidates),
                 "gradient records": sum(r.nbytes for r in self.records.values())}
+
+
+def stacked_groups(batches: list) -> list[list[int]]:
+    """Batches that go through each decoder layer together: those of one shape, first seen first.
+
+    Concatenated, they share each converted weight block and make larger products; every row's
+    result is the same as alone (the products and the per-row reductions on this machine's BLAS:
+    `tests/test_gradprobe_streaming.py` checks the masks bit for bit). Gradients stay per batch.
+    """
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for number, (x, _) in enumerate(batches):
+        groups.setdefault(tuple(x.shape), []).append(number)
+    return list(groups.values())
 
 
 def _drop_grad(tensor: torch.Tensor) -> None:

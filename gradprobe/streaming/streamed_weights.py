@@ -37,12 +37,17 @@ class StreamedWeight:
     In the reduced pass (`reduction` set) each converted block is reduced where its scores are
     below `threshold` (the candidates, found again from the block's own values), as the baseline's
     `reduce_candidates` does: `torch.where(score < t, block * r, block)`.
+
+    `stacked` calibration batches may come through at once, concatenated along the input's first
+    dimension: every converted block then serves them all, and the weight gradient is still taken
+    for each batch apart, `consume(values, part)` with part = 0 .. stacked - 1.
     """
 
     def __init__(self, stored: torch.Tensor):
         self.stored, self.width = stored, stored.shape[1]
         self.candidates: Candidates | None = None
-        self.consume: Callable[[torch.Tensor], None] | None = None
+        self.consume: Callable[[torch.Tensor, int], None] | None = None
+        self.stacked = 1
         self.reduction: float | None = None
         self.threshold: float | None = None
         self.scale: torch.Tensor | None = None  # WANDA's ||X_j||, [1, width]
@@ -158,16 +163,22 @@ class StreamedLinear(torch.autograd.Function):
         if ctx.needs_input_grad[0]:  # as autograd's mm backward: g @ W, here over column blocks of W
             grad_x = torch.cat([g.mm(weight.columns(start, end)) for start, end in weight.column_blocks()],
                                dim=1).view(x.shape)
-        if weight.consume is not None:  # g.T @ x over row blocks, each read at the candidates and dropped
-            x2 = x.reshape(-1, x.shape[-1])
-            values = torch.empty(weight.candidates.count())
-            for start, end in weight.row_blocks():
-                low, high = weight.candidates.range_bounds(start * weight.width, end * weight.width)
-                block = torch.mm(g[:, start:end].t(), x2, out=_GRADIENT.take((end - start, x2.shape[1])))
-                values[low:high] = block.view(-1).index_select(
-                    0, weight.candidates.positions[low:high] - start * weight.width)
-            weight.consume(values)
+        if weight.consume is not None:  # each stacked batch's g.T @ x, at the candidates
+            xs = x.reshape(weight.stacked, -1, x.shape[-1])
+            gs = g.reshape(weight.stacked, -1, g.shape[-1])
+            for part in range(weight.stacked):
+                weight.consume(_gradient_at_candidates(weight, gs[part], xs[part]), part)
         return grad_x, None, None  # bias gradients are never read: biases are not prunable
+
+
+def _gradient_at_candidates(weight: StreamedWeight, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """g.T @ x over row blocks, each read at the candidates and dropped: no dense weight gradient."""
+    values = torch.empty(weight.candidates.count())
+    for start, end in weight.row_blocks():
+        low, high = weight.candidates.range_bounds(start * weight.width, end * weight.width)
+        block = torch.mm(g[:, start:end].t(), x, out=_GRADIENT.take((end - start, x.shape[1])))
+        values[low:high] = block.view(-1).index_select(0, weight.candidates.positions[low:high] - start * weight.width)
+    return values
 
 
 class StreamedEmbedding(torch.autograd.Function):
@@ -185,12 +196,15 @@ class StreamedEmbedding(torch.autograd.Function):
         (where,) = ctx.saved_tensors
         weight = ctx.weight
         if weight.consume is not None:
-            rows = torch.zeros(ctx.used.numel(), weight.width)  # the used rows of the dense gradient
-            rows.index_add_(0, where.view(-1), grad.reshape(-1, weight.width))  # token order
-            values = torch.zeros(weight.candidates.count())
             flat, chosen = weight.candidates_in_rows(ctx.used)
-            values[chosen] = rows.view(-1).index_select(0, flat)
-            weight.consume(values)
+            wheres = where.view(weight.stacked, -1)
+            grads = grad.reshape(weight.stacked, -1, weight.width)
+            for part in range(weight.stacked):
+                rows = torch.zeros(ctx.used.numel(), weight.width)  # the used rows of the dense gradient
+                rows.index_add_(0, wheres[part], grads[part])  # token order
+                values = torch.zeros(weight.candidates.count())
+                values[chosen] = rows.view(-1).index_select(0, flat)
+                weight.consume(values, part)
         return None, None, None
 
 
