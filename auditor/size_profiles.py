@@ -120,7 +120,7 @@ class Replay:
         key = (site, op, path)
         self._count_instance(key, stages[-1]["id"] if stages else None, numel)
         curve = self.curves.get(key)
-        if curve is None:
+        if curve is None or numel == 0:  # an empty input makes nothing and says nothing of growth
             return None
         at = self.at.get(key)
         if at is None:

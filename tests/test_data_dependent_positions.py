@@ -150,6 +150,17 @@ def test_a_first_call_that_grew_most_does_not_set_the_growth_alone():
     assert total(None) > 1.4 * 0.1 * 5000
 
 
+def test_an_empty_first_call_says_nothing_of_growth():
+    """A path whose first traced call selects from an empty slice (a part with no candidates):
+    it makes nothing, and the growth comes from the next call that has an input."""
+    real = {"site": "a.py:1 f", "op": "aten::index", "profile": {"p": {
+        "points": [[100, 10], [100, 10]], "instances": [200], "live_at_first": 1000}}}
+    replay = Replay([real])
+    stages = [{"id": 1, "path": "p"}]
+    made = [replay.size("a.py:1 f", "aten::index", n, "p", stages, 2000) for n in (0, 200, 200)]
+    assert made == [None, 20, 20]  # growth 2 (the live tensors'), fixed at the first call with an input
+
+
 def select_layer(scores: torch.Tensor, density: float, data: torch.Tensor) -> torch.Tensor:
     """One layer's kept rows (staged per call: `select_layer`, `select_layer#2`, ...)."""
     return data[scores < density].to(torch.float64).sum(1)
