@@ -14,7 +14,7 @@ from gradprobe.streaming.safetensors_files import SafetensorsWriter
 
 def written(path: str, pieces: dict[int, bytes], size: int, monkeypatch, direct: bool) -> bytes:
     if not direct:
-        monkeypatch.setattr(direct_writes, "_open_direct", lambda path: None)
+        monkeypatch.setattr(direct_writes, "_open_direct", lambda path, mode=None: None)
     file = PositionedFile(path)
     assert (file.direct is not None) == direct or not direct_supported(path)
     file.truncate(size)
@@ -77,3 +77,22 @@ def test_a_filesystem_that_refuses_o_direct_gets_plain_writes(tmp_path, monkeypa
     file.close()
     with open(path, "rb") as handle:
         assert handle.read() == b"\0" + data + data
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_read_at_reads_back_any_range(tmp_path, monkeypatch, direct):
+    monkeypatch.setattr(direct_writes, "BUFFER_BYTES", 2 * ALIGN)
+    if not direct:
+        monkeypatch.setattr(direct_writes, "_open_direct", lambda path, mode=None: None)
+    data = bytes(torch.randint(0, 256, (9 * ALIGN + 77,), generator=torch.Generator().manual_seed(1),
+                               dtype=torch.uint8).tolist())
+    path = str(tmp_path / "f")
+    with open(path, "wb") as handle:
+        handle.write(data)
+    for offset, length in [(0, len(data)), (3, 5), (ALIGN - 1, 3 * ALIGN + 2), (5 * ALIGN, 4 * ALIGN + 77),
+                           (len(data) - 10, 10)]:
+        into = bytearray(length)
+        assert direct_writes.read_at(path, offset, memoryview(into)) == length
+        assert bytes(into) == data[offset:offset + length]
+    into = bytearray(100)  # past the end: fewer bytes
+    assert direct_writes.read_at(path, len(data) - 40, memoryview(into)) == 40

@@ -1,4 +1,4 @@
-"""Positioned writes to one file whose bulk bypasses the page cache (`O_DIRECT`).
+"""Positioned writes (and reads of files read once) whose bulk bypasses the page cache (`O_DIRECT`).
 
 A 7B prune writes about 25 GB (pruned weights, masks, G0 scratch). Through the page cache each
 written page is first a freshly allocated cache page: on this project's 2-core VM that cost 2.5 s
@@ -11,6 +11,9 @@ Each write's 4 KiB-aligned middle goes through a reused aligned buffer to an `O_
 the unaligned head and tail (under 4 KiB each) through an ordinary one. A page is therefore only
 ever written one way: a head or tail page lies outside every aligned middle. Where `O_DIRECT` is
 refused (tmpfs, some network filesystems), every write is an ordinary one.
+
+A file written this way is not in the page cache; one that is read once (G0 on scratch) is read
+back the same way, `read_at`, so no cache page is made for it either.
 """
 from __future__ import annotations
 
@@ -87,11 +90,48 @@ class PositionedFile:
                     return
 
 
-def _open_direct(path: str) -> int | None:
+def _open_direct(path: str, mode: int = os.O_WRONLY) -> int | None:
     flag = getattr(os, "O_DIRECT", None)
     if flag is None:
         return None
     try:
-        return os.open(path, os.O_WRONLY | flag)
+        return os.open(path, mode | flag)
     except OSError:
         return None
+
+
+def read_at(path: str, offset: int, into: memoryview) -> int:
+    """Read `len(into)` bytes of `path` from `offset` into `into`, the aligned bulk with `O_DIRECT`.
+
+    Returns the number of bytes read (fewer at the end of the file)."""
+    into = into.cast("B")
+    direct = _open_direct(path, os.O_RDONLY)
+    plain = os.open(path, os.O_RDONLY)
+    try:
+        start, end = -(-offset // ALIGN) * ALIGN, (offset + len(into)) // ALIGN * ALIGN
+        if direct is None or end <= start:
+            return _read_plain(plain, offset, into)
+        done = _read_plain(plain, offset, into[:start - offset])
+        with memoryview(_Bounce.get()) as view:
+            for at in range(start, end, BUFFER_BYTES):
+                length = min(BUFFER_BYTES, end - at)
+                got = os.preadv(direct, [view[:length]], at)
+                into[at - offset:at - offset + got] = view[:got]
+                done += got
+                if got < length:  # the file ends here
+                    return done
+        return done + _read_plain(plain, end, into[end - offset:])
+    finally:
+        os.close(plain)
+        if direct is not None:
+            os.close(direct)
+
+
+def _read_plain(fd: int, offset: int, into: memoryview) -> int:
+    done = 0
+    while done < len(into):
+        got = os.preadv(fd, [into[done:]], offset + done)
+        if got == 0:
+            break
+        done += got
+    return done

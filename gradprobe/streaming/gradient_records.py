@@ -57,13 +57,14 @@ class ScratchRecords:
 
     def load(self, stage_file: str) -> dict[str, torch.Tensor]:
         path = self._path(stage_file)
-        maxima = {name: read_tensor(stored) for name, stored in read_header(path).items()}
+        maxima = {name: read_tensor(stored, once=True) for name, stored in read_header(path).items()}
         os.remove(path)  # read once: the scratch folder shrinks as the reduced pass goes
         return maxima
 
     def open(self, stage_file: str) -> dict[str, Callable[[], torch.Tensor]]:
         """Like `load`, but each tensor is read when its reader is called; `remove` when done."""
-        return {name: partial(read_tensor, stored) for name, stored in read_header(self._path(stage_file)).items()}
+        return {name: partial(read_tensor, stored, once=True)
+                for name, stored in read_header(self._path(stage_file)).items()}
 
     def remove(self, stage_file: str) -> None:
         os.remove(self._path(stage_file))

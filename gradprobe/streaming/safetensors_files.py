@@ -23,12 +23,13 @@ import json
 import math
 import os
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
-from .direct_writes import PositionedFile
+from .direct_writes import PositionedFile, read_at
 
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
@@ -76,16 +77,22 @@ def holds_values(tensor: torch.Tensor) -> bool:
     return not is_fake(tensor) and tensor.device.type != "meta"
 
 
-def read_tensor(stored: StoredTensor, into: torch.Tensor | None = None) -> torch.Tensor:
-    """The tensor's bytes read straight into a fresh tensor of its stored dtype (or `into`)."""
+def read_tensor(stored: StoredTensor, into: torch.Tensor | None = None, once: bool = False) -> torch.Tensor:
+    """The tensor's bytes read straight into a fresh tensor of its stored dtype (or `into`).
+
+    once: the file is read this once (scratch): its bulk bypasses the page cache (`read_at`)."""
     tensor = torch.empty(stored.shape, dtype=stored.dtype) if into is None else into
     if not holds_values(tensor):
         return tensor
     buffer = tensor.view(-1).view(torch.uint8).numpy()  # a byte view: numpy has no bfloat16
-    with open(stored.path, "rb") as file:
-        file.seek(stored.offset)
-        if file.readinto(buffer) != stored.nbytes:
-            raise ValueError(f"{stored.path!r} ends inside a tensor: the file is truncated")
+    if once:
+        read = read_at(stored.path, stored.offset, memoryview(buffer))
+    else:
+        with open(stored.path, "rb") as file:
+            file.seek(stored.offset)
+            read = file.readinto(buffer)
+    if read != stored.nbytes:
+        raise ValueError(f"{stored.path!r} ends inside a tensor: the file is truncated")
     return tensor
 
 
@@ -116,10 +123,26 @@ class SafetensorsWriter:
         if tensor.dtype != dtype or tuple(tensor.shape) != tuple(shape):
             raise ValueError(f"{name}: declared {dtype} {tuple(shape)}, got {tensor.dtype} {tuple(tensor.shape)}")
         self.written.add(name)
-        if not holds_values(tensor):
-            return
-        self.file.write_at(self.data_start + self.offsets[name],
-                           tensor.detach().contiguous().view(-1).view(torch.uint8).numpy().data)
+        self._write_at(name, 0, tensor)
+
+    def write_in_parts(self, name: str, parts: Iterable[tuple[int, torch.Tensor]]) -> None:
+        """`name`'s values as (first element, flat part) pairs that cover it in order: a tensor
+        never whole in memory (a 7B mask written from one reused 2 MiB buffer)."""
+        dtype, shape = self.layout[name]
+        covered = 0
+        for first, part in parts:
+            if part.dtype != dtype or first != covered:
+                raise ValueError(f"{name}: a part of {part.dtype} at element {first}, expected {dtype} at {covered}")
+            self._write_at(name, first * dtype.itemsize, part)
+            covered += part.numel()
+        if covered != math.prod(shape):
+            raise ValueError(f"{name}: parts cover {covered} of {math.prod(shape)} elements")
+        self.written.add(name)
+
+    def _write_at(self, name: str, byte_offset: int, tensor: torch.Tensor) -> None:
+        if holds_values(tensor):
+            self.file.write_at(self.data_start + self.offsets[name] + byte_offset,
+                               tensor.detach().contiguous().view(-1).view(torch.uint8).numpy().data)
 
     def close(self) -> None:
         self.file.close()
