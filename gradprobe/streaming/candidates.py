@@ -13,6 +13,7 @@ the blocks again would cost ~50x the time, every batch).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from itertools import chain
 
 import torch
@@ -40,6 +41,7 @@ def global_threshold(folder: WeightsFolder, names: list[str], sparsity: float,
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 CHUNK_ELEMENTS = 1 << 19  # 2 MiB of fp32 scores: under the mmap threshold (`heap.MMAP_THRESHOLD`)
+MASK_PART = 1 << 21  # 2 MiB of a uint8 mask, likewise
 
 
 class HalfMagnitudes:
@@ -129,13 +131,27 @@ class Candidates:
         low, high = torch.searchsorted(self.positions, bounds).tolist()
         return low, high
 
-    def mark(self, mask: torch.Tensor, chosen: torch.Tensor, step: int = 1 << 20) -> None:
-        """mask[candidate] = 1 where `chosen` (one bool per candidate), a million at a time (the
-        int64 index that indexing makes is then 8 MiB, not 8 bytes per candidate)."""
-        flat = mask.view(-1)
+    def zero_chosen(self, weight: torch.Tensor, chosen: torch.Tensor, step: int = 1 << 20) -> None:
+        """weight[candidate] = 0 where `chosen` (one bool per candidate), in place, a million at a time
+        (the int64 index that indexing makes is then 8 MiB, not 8 bytes per candidate)."""
+        flat = weight.view(-1)
         for start in range(0, self.count(), step):
             positions = self.positions[start:start + step][chosen[start:start + step]]
-            flat.index_fill_(0, positions.to(torch.int64), 1)
+            flat.index_fill_(0, positions.to(torch.int64), 0)
+
+    def mask_parts(self, chosen: torch.Tensor | None, part: int = MASK_PART) -> Iterator[tuple[int, torch.Tensor]]:
+        """The uint8 mask, 1 at the chosen candidates (none: all 0), as (first element, part) pairs
+        over the flat tensor; every part is the same reused buffer, valid until the next."""
+        size = self.weight.numel()
+        buffer = torch.empty(min(size, part), dtype=torch.uint8)
+        for start in range(0, size, part):
+            end = min(size, start + part)
+            values = buffer[:end - start].zero_()
+            if chosen is not None:
+                low, high = self.range_bounds(start, end)
+                positions = self.positions[low:high][chosen[low:high]]
+                values.index_fill_(0, (positions - start).to(torch.int64), 1)
+            yield start, values
 
     def scatter(self, target: torch.Tensor, values: torch.Tensor) -> None:
         """Put `values` (one per candidate, in `gather`'s order) into `target` at the candidates."""

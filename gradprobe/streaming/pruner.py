@@ -416,14 +416,14 @@ class StreamingGradProbe:
             for name in stage.owns:
                 streamed = loaded.weights.get(name)
                 weight = streamed.stored if streamed else self.folder.load(name)  # in its stored dtype
-                mask = torch.zeros(weight.shape, dtype=torch.uint8)
                 chosen = pruned(name)
-                if chosen is not None:
-                    streamed.candidates.mark(mask, chosen)
-                    weight.masked_fill_(mask.view(torch.bool), 0)  # 0/1 bytes read as bool: no copy
+                if chosen is None:
+                    masks.write_in_parts(name, _zeros(weight.numel()))
+                else:
+                    streamed.candidates.zero_chosen(weight, chosen)
+                    masks.write_in_parts(name, streamed.candidates.mask_parts(chosen))
                 file.write(name, weight)
-                masks.write(name, mask)
-                del weight, mask, chosen
+                del weight, chosen
                 release_free_memory()
 
     def _check_output(self, out: str) -> None:
@@ -460,6 +460,13 @@ def stacked_groups(batches: list) -> list[list[int]]:
     for number, (x, _) in enumerate(batches):
         groups.setdefault(tuple(x.shape), []).append(number)
     return list(groups.values())
+
+
+def _zeros(size: int, part: int = 1 << 21):
+    """An all-zero uint8 mask of `size` elements, as `Candidates.mask_parts` gives one."""
+    buffer = torch.zeros(min(size, part), dtype=torch.uint8)
+    for start in range(0, size, part):
+        yield start, buffer[:min(size, start + part) - start]
 
 
 def _drop_grad(tensor: torch.Tensor) -> None:
