@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/gradprobe_streaming.py --part mistral-7b [--weights DIR] [--cleanup]
     .venv/bin/python benchmarks/gradprobe_streaming.py --part layer-breakdown
     .venv/bin/python benchmarks/gradprobe_streaming.py --part exactness
+    .venv/bin/python benchmarks/gradprobe_streaming.py --part writes [--runs 3]
 
 1. TinyStories-33M (fp32, seq 128, batch 1, 2 batches, s = 0.1, r = 0.1, tau = 2.0, magnitude):
    the baseline CLI (`python -m gradprobe`) and the streaming CLI (`python -m gradprobe.streaming
@@ -19,7 +20,10 @@
 
 4. Bit-exactness of the blocked fp32 compute at every Mistral-7B weight shape: the streamed Linear
    (bf16 weight converted and multiplied in blocks of rows or columns, reduced or not) against
-   `F.linear` and autograd on the whole fp32 weight.
+   `F.linear` and autograd on the whole fp32 weight; and two batches stacked through it against
+   each batch alone (output, input gradient, each batch's weight gradient at the candidates).
+5. Writing one 7B decoder layer's outputs (pruned bf16 weights, uint8 masks) as the pruner writes
+   them, the bulk with O_DIRECT, against plain buffered writes of the same bytes.
 
 Peak RSS is the kernel's high-water mark of the pruning process (ru_maxrss). Wall times are noisy
 when other jobs share the machine's two cores; the load average is printed with each part.
@@ -225,40 +229,104 @@ def exactness(threads: int) -> None:
     import torch
     import torch.nn.functional as F
 
-    from gradprobe.streaming.candidates import Candidates
-    from gradprobe.streaming.streamed_weights import StreamedLinear, StreamedWeight
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     t = 0.0036  # about 10% of N(0, 0.02) weights
     print("| weight [out, in] | reduced | row blocks | column blocks | output | input gradient | "
-          "weight gradient at candidates |\n|---|---|---|---|---|---|---|")
+          "weight gradient at candidates | 2 batches stacked, against each alone |\n|---|---|---|---|---|---|---|---|")
     for shape in [(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (32000, 4096)]:
         stored = (torch.randn(shape) * 0.02).to(torch.bfloat16)
         for reduction in (None, 0.1):
-            weight = StreamedWeight(stored)
-            weight.candidates, weight.threshold, weight.reduction = Candidates(stored, t), t, reduction
-            received = []
-            weight.consume = received.append
-            x = torch.randn(1, 128, shape[1], requires_grad=True)
-            y = StreamedLinear.apply(x, weight, None)
             whole = stored.float()
             if reduction:
                 whole = torch.where(whole.abs() < t, whole * reduction, whole)  # reduce_candidates
-            whole.requires_grad_()
-            x_ = x.detach().clone().requires_grad_()
-            expected = F.linear(x_, whole)
-            grad = torch.randn_like(y)
-            y.backward(grad)
-            expected.backward(grad)
-            same = [torch.equal(y, expected), torch.equal(x.grad, x_.grad),
-                    torch.equal(received[0], whole.grad[stored.float().abs() < t])]
+            alone, same = [], [True, True, True]
+            for _ in range(2):
+                x, grad = torch.randn(1, 128, shape[1]), torch.randn(1, 128, shape[0])
+                weight, y, x_grad, received = _streamed_pass(stored, t, reduction, x, grad)
+                expected_w = whole.clone().requires_grad_()
+                x_ = x.clone().requires_grad_()
+                expected = F.linear(x_, expected_w)
+                expected.backward(grad)
+                same = [same[0] and torch.equal(y, expected.detach()), same[1] and torch.equal(x_grad, x_.grad),
+                        same[2] and torch.equal(received[0], expected_w.grad[stored.float().abs() < t])]
+                alone.append((x, grad, y, x_grad, received[0]))
+            _, y2, x_grad2, received2 = _streamed_pass(stored, t, reduction, torch.cat([a[0] for a in alone]),
+                                                       torch.cat([a[1] for a in alone]), stacked=2)
+            stacked = (torch.equal(y2, torch.cat([a[2] for a in alone]))
+                       and torch.equal(x_grad2, torch.cat([a[3] for a in alone]))
+                       and all(torch.equal(r, a[4]) for r, a in zip(received2, alone)))
             print(f"| {list(shape)} | {reduction or 'no'} | {len(list(weight.row_blocks()))} | "
-                  f"{len(list(weight.column_blocks()))} | " + " | ".join("identical" if s else "DIFFERENT" for s in same) + " |")
+                  f"{len(list(weight.column_blocks()))} | " + " | ".join("identical" if s else "DIFFERENT" for s in same)
+                  + f" | {'identical' if stacked else 'DIFFERENT'} |")
+
+
+def _streamed_pass(stored, t, reduction, x, grad, stacked: int = 1):
+    """StreamedLinear forward and backward on x (`stacked` batches along dim 0): the weight, output,
+    input gradient and the weight gradients at the candidates, one per batch."""
+    from gradprobe.streaming.candidates import Candidates
+    from gradprobe.streaming.streamed_weights import StreamedLinear, StreamedWeight
+    weight = StreamedWeight(stored)
+    weight.candidates, weight.threshold, weight.reduction, weight.stacked = Candidates(stored, t), t, reduction, stacked
+    received = []
+    weight.consume = lambda values, part: received.append(values)
+    x = x.clone().requires_grad_()
+    y = StreamedLinear.apply(x, weight, None)
+    y.backward(grad)
+    return weight, y.detach(), x.grad, received
+
+
+# -- 5. writing a 7B decoder layer's outputs: through the page cache, or past it --------------------
+
+def writes(rounds: int) -> None:
+    """One Mistral-7B decoder layer's pruned bf16 weights and uint8 masks written as the pruner
+    writes them (`SafetensorsWriter`, O_DIRECT bulk), against plain buffered writes of the same
+    bytes; alternating, fresh files each time, wall and CPU time of the writing process."""
+    import torch
+
+    from gradprobe.streaming.safetensors_files import SafetensorsWriter
+    shapes = {"q": (4096, 4096), "k": (1024, 4096), "v": (1024, 4096), "o": (4096, 4096),
+              "gate": (14336, 4096), "up": (14336, 4096), "down": (4096, 14336)}
+    tensors = {f"{name}.weight": (torch.randn(shape) * 0.02).to(torch.bfloat16) for name, shape in shapes.items()}
+    tensors.update({f"{name}.mask": torch.zeros(shape, dtype=torch.uint8) for name, shape in shapes.items()})
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    folder = tempfile.mkdtemp(prefix="gradprobe-streaming-writes-")
+
+    def plain(path):
+        with open(path, "wb") as file:
+            for tensor in tensors.values():
+                file.write(tensor.view(-1).view(torch.uint8).numpy().data)
+
+    def direct(path):
+        with SafetensorsWriter(path, {n: (t.dtype, tuple(t.shape)) for n, t in tensors.items()}) as writer:
+            for name, tensor in tensors.items():
+                writer.write(name, tensor)
+
+    print(f"one Mistral-7B decoder layer's outputs: {total / 1e6:,.0f} MB a round, written to {rounds} "
+          f"fresh files a way, alternating ({load()})\n")
+    print("| round | way | wall s | system CPU s | MB/s |\n|---|---|---|---|---|")
+    times: dict[str, list[float]] = {"buffered (page cache)": [], "O_DIRECT bulk (the pruner's)": []}
+    try:
+        for number in range(rounds):
+            for (way, write) in zip(times, (plain, direct)):
+                before, start = os.times(), time.perf_counter()
+                write(os.path.join(folder, f"{number}-{len(times[way])}-{write.__name__}"))
+                seconds, after = time.perf_counter() - start, os.times()
+                times[way].append(seconds)
+                print(f"| {number + 1} | {way} | {seconds:.2f} | {after.system - before.system:.2f} | "
+                      f"{total / 1e6 / seconds:,.0f} |")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    medians = {way: sorted(values)[len(values) // 2] for way, values in times.items()}
+    plain_s, direct_s = medians.values()
+    print(f"\nmedian: buffered {plain_s:.2f} s, O_DIRECT {direct_s:.2f} s: {plain_s / direct_s:.1f}x "
+          f"({load()} at the end)")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["tinystories", "mistral-7b", "estimate", "layer-breakdown", "exactness"],
+    parser.add_argument("--part", choices=["tinystories", "mistral-7b", "estimate", "layer-breakdown", "exactness",
+                                           "writes"],
                         required=True)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
@@ -275,6 +343,8 @@ def main() -> int:
         exactness(args.threads)
     elif args.part == "layer-breakdown":
         layer_breakdown(args.threads)
+    elif args.part == "writes":
+        writes(max(3, args.runs))
     else:
         mistral(args.weights, args.out, args.threads, args.cleanup)
     return 0
