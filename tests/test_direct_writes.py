@@ -96,3 +96,16 @@ def test_read_at_reads_back_any_range(tmp_path, monkeypatch, direct):
         assert bytes(into) == data[offset:offset + length]
     into = bytearray(100)  # past the end: fewer bytes
     assert direct_writes.read_at(path, len(data) - 40, memoryview(into)) == 40
+
+
+def test_the_reused_buffer_grows_when_a_write_needs_more(tmp_path, monkeypatch):
+    """The aligned buffer outlives the write that made it: one made small serves a larger one too."""
+    data = bytes(range(256)) * (12 * ALIGN // 256)
+    for buffer_bytes in (ALIGN, 4 * ALIGN):
+        monkeypatch.setattr(direct_writes, "BUFFER_BYTES", buffer_bytes)
+        path = str(tmp_path / f"f{buffer_bytes}")
+        file = PositionedFile(path)
+        file.write_at(0, memoryview(data))
+        file.close()
+        with open(path, "rb") as handle:
+            assert handle.read() == data

@@ -32,9 +32,10 @@ class _Bounce:
     buffer: mmap.mmap | None = None
 
     @classmethod
-    def get(cls) -> mmap.mmap:
-        if cls.buffer is None:
-            cls.buffer = mmap.mmap(-1, BUFFER_BYTES)
+    def get(cls, size: int) -> mmap.mmap:
+        """The buffer, at least `size` bytes (made again, larger, if it is smaller)."""
+        if cls.buffer is None or len(cls.buffer) < size:
+            cls.buffer = mmap.mmap(-1, size)
         return cls.buffer
 
 
@@ -73,7 +74,7 @@ class PositionedFile:
             data, offset = data[written:], offset + written
 
     def _direct(self, offset: int, data: memoryview) -> None:
-        with memoryview(_Bounce.get()) as view:
+        with memoryview(_Bounce.get(BUFFER_BYTES)) as view:
             for start in range(0, len(data), BUFFER_BYTES):
                 chunk = data[start:start + BUFFER_BYTES]
                 view[:len(chunk)] = chunk
@@ -112,7 +113,7 @@ def read_at(path: str, offset: int, into: memoryview) -> int:
         if direct is None or end <= start:
             return _read_plain(plain, offset, into)
         done = _read_plain(plain, offset, into[:start - offset])
-        with memoryview(_Bounce.get()) as view:
+        with memoryview(_Bounce.get(BUFFER_BYTES)) as view:
             for at in range(start, end, BUFFER_BYTES):
                 length = min(BUFFER_BYTES, end - at)
                 got = os.preadv(direct, [view[:length]], at)
