@@ -14,10 +14,14 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 # The main job: audit GradProbe on the TinyStories-33M architecture (CPU), project it to
-# Mistral-7B (scaled and traced) and write the report.
+# Mistral-7B (scaled and traced) and write the report. Its run record is kept beside the report
+# (replaced each time), so `auditor report reports/gradprobe-tinystories-33m-runs/audit` makes
+# the same report again.
+AUDIT_RUN := reports/gradprobe-tinystories-33m-runs/audit
 audit: setup
+	rm -rf $(AUDIT_RUN)
 	$(VENV)/bin/auditor gradprobe --arch tinystories-33m --target mistral-7b \
-		-o reports/gradprobe-tinystories-33m.md
+		--run-dir $(AUDIT_RUN) -o reports/gradprobe-tinystories-33m.md
 
 test: setup
 	$(VENV)/bin/ruff check --quiet auditor gradprobe architectures tests benchmarks examples
