@@ -17,6 +17,7 @@ REPORTS = {  # report -> the record folders `auditor report` is given
     "multi-rank-cpu-2-ranks.md": ["reports/multi-rank-cpu-runs/2-ranks"],
     "multi-rank-cpu-4-ranks.md": ["reports/multi-rank-cpu-runs/4-ranks"],
     "gradprobe-tinystories-33m.md": ["reports/gradprobe-tinystories-33m-runs/audit"],  # `make audit`'s
+    "example-hessian-pruner.md": ["reports/example-hessian-pruner-runs/run"],  # the README's walkthrough
 }
 
 
