@@ -19,6 +19,9 @@ REPORTS = {  # report -> the record folders `auditor report` is given
     "gradprobe-tinystories-33m.md": ["reports/gradprobe-tinystories-33m-runs/audit"],  # `make audit`'s
     "example-hessian-pruner.md": ["reports/example-hessian-pruner-runs/run"],  # the README's walkthrough
 }
+COMPARISONS = {  # report -> its comparison record, rendered again by `auditor compare --from`
+    "compare-tinystories-33m.md": "reports/compare-tinystories-33m.json",
+}
 
 
 def _tracked_copy(folder: str, into: Path) -> None:
@@ -28,17 +31,30 @@ def _tracked_copy(folder: str, into: Path) -> None:
         shutil.copy2(ROOT / name, into / name)
 
 
-@pytest.mark.parametrize("report", sorted(REPORTS))
-def test_a_committed_report_is_made_again_from_its_records(report, tmp_path, monkeypatch):
+def _fresh_copy(paths: list[str], into: Path, monkeypatch) -> None:
+    """The tracked files under `paths` in a new git repository (the report says what git ignores)."""
     if not (ROOT / ".git").exists():
         pytest.skip("needs the repository's file list (git)")
-    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
-    shutil.copy2(ROOT / ".gitignore", tmp_path / ".gitignore")  # the report says what git ignores
-    for folder in REPORTS[report]:
-        _tracked_copy(folder, tmp_path)
-    monkeypatch.chdir(tmp_path)
+    subprocess.run(["git", "init", "-q"], cwd=into, check=True)
+    shutil.copy2(ROOT / ".gitignore", into / ".gitignore")
+    for path in paths:
+        _tracked_copy(path, into)
+    monkeypatch.chdir(into)
+
+
+@pytest.mark.parametrize("report", sorted(REPORTS))
+def test_a_committed_report_is_made_again_from_its_records(report, tmp_path, monkeypatch):
+    _fresh_copy(REPORTS[report], tmp_path, monkeypatch)
     assert main(["report", *REPORTS[report], "-o", f"reports/{report}"]) == 0
     assert (tmp_path / "reports" / report).read_text() == (ROOT / "reports" / report).read_text()
+
+
+@pytest.mark.parametrize("report", sorted(COMPARISONS))
+def test_a_committed_comparison_is_made_again_from_its_record(report, tmp_path, monkeypatch):
+    _fresh_copy([COMPARISONS[report]], tmp_path, monkeypatch)
+    assert main(["compare", "--from", COMPARISONS[report], "-o", f"reports/{report}"]) == 0
+    assert (tmp_path / "reports" / report).read_text() == (ROOT / "reports" / report).read_text()
+    assert (tmp_path / COMPARISONS[report]).read_text() == (ROOT / COMPARISONS[report]).read_text()
 
 
 def _committed_records() -> list[str]:
