@@ -12,6 +12,10 @@
     .venv/bin/python benchmarks/rank_projection.py render --run-dir runs/rank-projection \
         -o reports/rank-projection-cpu.md
 
+The committed report's run folder is `reports/rank-projection-cpu-runs` (the records of the steps
+above, memray files left out): `render --run-dir reports/rank-projection-cpu-runs -o
+reports/rank-projection-cpu.md` makes the committed report again, byte for byte.
+
 Each step writes its rows as JSON in the run folder (validation.json, projection-TARGET.json);
 `render` writes the markdown from them, with the commands the steps ran.
 """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,11 @@ REPORTS = {  # report -> the record folders `auditor report` is given
 }
 COMPARISONS = {  # report -> its comparison record, rendered again by `auditor compare --from`
     "compare-tinystories-33m.md": "reports/compare-tinystories-33m.json",
+}
+
+
+RENDERED = {  # report -> (benchmark script that renders it from its run folder, the run folder)
+    "rank-projection-cpu.md": ("benchmarks/rank_projection.py", "reports/rank-projection-cpu-runs"),
 }
 
 
@@ -55,6 +61,15 @@ def test_a_committed_comparison_is_made_again_from_its_record(report, tmp_path, 
     assert main(["compare", "--from", COMPARISONS[report], "-o", f"reports/{report}"]) == 0
     assert (tmp_path / "reports" / report).read_text() == (ROOT / "reports" / report).read_text()
     assert (tmp_path / COMPARISONS[report]).read_text() == (ROOT / COMPARISONS[report]).read_text()
+
+
+@pytest.mark.parametrize("report", sorted(RENDERED))
+def test_a_committed_benchmark_report_is_rendered_again_from_its_run_folder(report, tmp_path, monkeypatch):
+    script, folder = RENDERED[report]
+    _fresh_copy([folder], tmp_path, monkeypatch)
+    subprocess.run([sys.executable, str(ROOT / script), "render", "--run-dir", folder, "-o", f"reports/{report}"],
+                   cwd=tmp_path, check=True, capture_output=True)
+    assert (tmp_path / "reports" / report).read_text() == (ROOT / "reports" / report).read_text()
 
 
 def _committed_records() -> list[str]:
