@@ -23,13 +23,17 @@ time:
                                (`decision.is_pruned`), write the stage's pruned weights (from the
                                stored weights still in memory) and masks.
 
+Calibration batches of one shape go through each decoder layer together (`stacked_groups`): each
+converted weight block serves them all, and each weight gradient is still taken per batch.
+
 A stage's candidates are found again from its stored weights and t each time it is loaded, and
 dropped with it (`candidates`). Between stages, freed heap memory is handed back to the OS (`heap`),
 so each stage starts from the same RSS.
 
 The output folder gets the pruned weights (the stored dtype, one file per stage) with config.json
 and an index, so `from_pretrained` loads it; masks go to one safetensors file, a uint8 0/1 tensor
-per parameter (1 = pruned). The input folder is only read.
+per parameter (1 = pruned), written from one reused part at a time. Every output's bulk bypasses
+the page cache (`direct_writes`). The input folder is only read.
 """
 from __future__ import annotations
 
@@ -49,7 +53,7 @@ from ..decision import is_pruned
 from ..loss import causal_lm_loss
 from ..pruner import check_settings
 from ..strategies import _hook_input_norms
-from .candidates import HALF_DTYPES, Candidates, HalfMagnitudes, global_threshold
+from .candidates import HALF_DTYPES, MASK_PART, Candidates, HalfMagnitudes, global_threshold
 from .gradient_records import CandidateGradients, ScratchRecords
 from .heap import keep_large_blocks_out_of_the_heap, release_free_memory
 from .hidden_states import SpilledStack
@@ -462,7 +466,7 @@ def stacked_groups(batches: list) -> list[list[int]]:
     return list(groups.values())
 
 
-def _zeros(size: int, part: int = 1 << 21):
+def _zeros(size: int, part: int = MASK_PART):
     """An all-zero uint8 mask of `size` elements, as `Candidates.mask_parts` gives one."""
     buffer = torch.zeros(min(size, part), dtype=torch.uint8)
     for start in range(0, size, part):
