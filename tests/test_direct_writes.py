@@ -1,6 +1,7 @@
 """Positioned writes whose aligned bulk bypasses the page cache: the bytes land where they should."""
 from __future__ import annotations
 
+import fcntl
 import os
 
 import pytest
@@ -109,3 +110,26 @@ def test_the_reused_buffer_grows_when_a_write_needs_more(tmp_path, monkeypatch):
         file.close()
         with open(path, "rb") as handle:
             assert handle.read() == data
+
+
+def test_a_read_the_filesystem_refuses_with_o_direct_is_read_plainly(tmp_path, monkeypatch):
+    monkeypatch.setattr(direct_writes, "BUFFER_BYTES", 2 * ALIGN)
+    data = bytes(range(256)) * (7 * ALIGN // 256) + b"tail"
+    path = str(tmp_path / "f")
+    with open(path, "wb") as handle:
+        handle.write(data)
+    if direct_writes._open_direct(path, os.O_RDONLY) is None:
+        pytest.skip("this filesystem refuses O_DIRECT at open already")
+    real, calls = os.preadv, []
+
+    def refuse_direct(fd, buffers, offset):
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            calls.append(offset)
+            if len(calls) > 1:  # the first aligned chunk reads, the next is refused
+                raise OSError(22, "Invalid argument")
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", refuse_direct)
+    into = bytearray(len(data) - 5)
+    assert direct_writes.read_at(path, 5, memoryview(into)) == len(data) - 5
+    assert bytes(into) == data[5:] and len(calls) == 2

@@ -116,7 +116,13 @@ def read_at(path: str, offset: int, into: memoryview) -> int:
         with memoryview(_Bounce.get(BUFFER_BYTES)) as view:
             for at in range(start, end, BUFFER_BYTES):
                 length = min(BUFFER_BYTES, end - at)
-                got = os.preadv(direct, [view[:length]], at)
+                try:
+                    got = os.preadv(direct, [view[:length]], at)
+                except OSError as error:
+                    if error.errno != errno.EINVAL:
+                        raise
+                    # opened with O_DIRECT but refused to read that way: the rest as plain reads
+                    return done + _read_plain(plain, at, into[at - offset:])
                 into[at - offset:at - offset + got] = view[:got]
                 done += got
                 if got < length:  # the file ends here
