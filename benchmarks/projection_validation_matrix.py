@@ -5,10 +5,13 @@ each at a scale-up of 8x or more in parameters.
 
     python benchmarks/projection_validation_matrix.py --run-dir runs/matrix \\
         -o reports/projection-validation-matrix.md [--case NAME ...]
+    python benchmarks/projection_validation_matrix.py --from reports/projection-validation-matrix.json \\
+        -o reports/projection-validation-matrix.md      # the report again from its record, running nothing
 
 Each case is one `auditor validate-projection` command in a fresh process (its own report is in
 the run folder); this script only runs them and tabulates their validation.json. A case that
-fails is a row saying how, never left out.
+fails is a row saying how, never left out. The rows go to a JSON record beside the report
+(REPORT.json), from which `--from` renders the same report again.
 """
 from __future__ import annotations
 
@@ -137,10 +140,22 @@ def _estimated_cell(target: dict | None) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run-dir", required=True, help="folder for every case's runs")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--run-dir", help="folder for every case's runs")
+    source.add_argument("--from", dest="record", metavar="MATRIX.json",
+                        help="render the report again from a matrix's JSON record, running nothing")
     parser.add_argument("-o", "--output", required=True, help="the summary report (markdown)")
     parser.add_argument("--case", action="append", help="only these cases (repeatable)")
     args = parser.parse_args()
+    if args.record:
+        try:
+            saved = json.loads(Path(args.record).read_text())
+            rows, argv = saved["rows"], saved["argv"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            print(f"--from {args.record!r} is not a matrix record: {error}", file=sys.stderr)
+            return 2
+        Path(args.output).write_text(render(rows, argv))
+        return 0
     chosen = cases()
     if args.case:
         unknown = [c for c in args.case if c not in chosen]
@@ -158,6 +173,8 @@ def main() -> int:
         rows.append(run_case(name, case, folder))
         print(f"  {rows[-1].get('failure') or 'done'} ({rows[-1]['wall_s']:.0f} s)", file=sys.stderr)
     Path(args.output).write_text(render(rows, sys.argv[1:]))
+    record = Path(args.output).with_suffix(".json")  # what --from renders again
+    record.write_text(json.dumps({"argv": sys.argv[1:], "rows": rows}, indent=1) + "\n")
     return 0 if all("targets" in r and not any(t["met"] is False for t in r["targets"]) for r in rows) else 1
 
 

@@ -25,8 +25,12 @@ COMPARISONS = {  # report -> its comparison record, rendered again by `auditor c
 }
 
 
-RENDERED = {  # report -> (benchmark script that renders it from its run folder, the run folder)
-    "rank-projection-cpu.md": ("benchmarks/rank_projection.py", "reports/rank-projection-cpu-runs"),
+RENDERED = {  # report -> (the benchmark script's arguments that render it again, the record it reads)
+    "rank-projection-cpu.md": (["benchmarks/rank_projection.py", "render", "--run-dir", "reports/rank-projection-cpu-runs"],
+                               "reports/rank-projection-cpu-runs"),
+    "projection-validation-matrix.md": (["benchmarks/projection_validation_matrix.py", "--from",
+                                         "reports/projection-validation-matrix.json"],
+                                        "reports/projection-validation-matrix.json"),
 }
 
 
@@ -64,10 +68,10 @@ def test_a_committed_comparison_is_made_again_from_its_record(report, tmp_path, 
 
 
 @pytest.mark.parametrize("report", sorted(RENDERED))
-def test_a_committed_benchmark_report_is_rendered_again_from_its_run_folder(report, tmp_path, monkeypatch):
-    script, folder = RENDERED[report]
-    _fresh_copy([folder], tmp_path, monkeypatch)
-    subprocess.run([sys.executable, str(ROOT / script), "render", "--run-dir", folder, "-o", f"reports/{report}"],
+def test_a_committed_benchmark_report_is_rendered_again_from_its_record(report, tmp_path, monkeypatch):
+    (script, *arguments), record = RENDERED[report]
+    _fresh_copy([record], tmp_path, monkeypatch)
+    subprocess.run([sys.executable, str(ROOT / script), *arguments, "-o", f"reports/{report}"],
                    cwd=tmp_path, check=True, capture_output=True)
     assert (tmp_path / "reports" / report).read_text() == (ROOT / "reports" / report).read_text()
 
