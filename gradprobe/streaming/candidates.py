@@ -139,20 +139,22 @@ class Candidates:
             positions = self.positions[start:start + step][chosen[start:start + step]]
             flat.index_fill_(0, positions.to(torch.int64), 0)
 
-    def mask_parts(self, chosen: torch.Tensor | None, part: int = MASK_PART) -> Iterator[tuple[int, torch.Tensor]]:
-        """The uint8 mask, 1 at the chosen candidates (none: all 0), as (first element, part) pairs
-        over the flat tensor; every part is the same reused buffer, valid until the next."""
-        size = self.weight.numel()
-        buffer = torch.empty(min(size, part), dtype=torch.uint8)
-        for start in range(0, size, part):
-            end = min(size, start + part)
-            values = buffer[:end - start].zero_()
-            if chosen is not None:
-                low, high = self.range_bounds(start, end)
-                positions = self.positions[low:high][chosen[low:high]]
-                values.index_fill_(0, (positions - start).to(torch.int64), 1)
+    def mask_parts(self, chosen: torch.Tensor, part: int = MASK_PART) -> Iterator[tuple[int, torch.Tensor]]:
+        """The uint8 mask, 1 at the chosen candidates, as `zero_mask_parts` gives its parts."""
+        for start, values in zero_mask_parts(self.weight.numel(), part):
+            low, high = self.range_bounds(start, start + values.numel())
+            positions = self.positions[low:high][chosen[low:high]]
+            values.index_fill_(0, (positions - start).to(torch.int64), 1)
             yield start, values
 
     def scatter(self, target: torch.Tensor, values: torch.Tensor) -> None:
         """Put `values` (one per candidate, in `gather`'s order) into `target` at the candidates."""
         target.view(-1).index_put_((self.positions,), values)
+
+
+def zero_mask_parts(size: int, part: int = MASK_PART) -> Iterator[tuple[int, torch.Tensor]]:
+    """An all-zero uint8 mask of `size` elements as (first element, part) pairs over the flat
+    tensor; every part is the same reused buffer, zeroed again and valid until the next."""
+    buffer = torch.empty(min(size, part), dtype=torch.uint8)
+    for start in range(0, size, part):
+        yield start, buffer[:min(size, start + part) - start].zero_()

@@ -1,10 +1,10 @@
 """Positioned writes (and reads of files read once) whose bulk bypasses the page cache (`O_DIRECT`).
 
 A 7B prune writes about 25 GB (pruned weights, masks, G0 scratch). Through the page cache each
-written page is first a freshly allocated cache page: on this project's 2-core VM that cost 2.5 s
-of system CPU per GB (686 MB buffered: 1.5 s, all of it system time), against 0.2 s with almost
-none for the same bytes written with `O_DIRECT` (`benchmarks/gradprobe_streaming.py --part writes`
-measures both). The cache pages would also push the input weights out of the cache, which the next
+written page is first a freshly allocated cache page: on this project's 2-core VM one 7B layer's
+654 MB of outputs took 1.43 s buffered, 1.42 s of it system CPU, against 0.29 s and 0.02 s with
+`O_DIRECT` (`benchmarks/gradprobe_streaming.py --part writes`, medians of 3, in
+reports/gradprobe-streaming.md). The cache pages would also push the input weights out of the cache, which the next
 pass reads again.
 
 Each write's 4 KiB-aligned middle goes through a reused aligned buffer to an `O_DIRECT` descriptor;
@@ -52,9 +52,7 @@ class PositionedFile:
 
     def write_at(self, offset: int, data: memoryview) -> None:
         data = data.cast("B")
-        end = offset + len(data)
-        middle_start = -(-offset // ALIGN) * ALIGN
-        middle_end = end // ALIGN * ALIGN
+        middle_start, middle_end = _aligned_middle(offset, len(data))
         if self.direct is None or middle_end <= middle_start:
             self._plain(offset, data)
             return
@@ -91,6 +89,11 @@ class PositionedFile:
                     return
 
 
+def _aligned_middle(offset: int, length: int) -> tuple[int, int]:
+    """The ALIGN-aligned span inside [offset, offset + length); empty where start >= end."""
+    return -(-offset // ALIGN) * ALIGN, (offset + length) // ALIGN * ALIGN
+
+
 def _open_direct(path: str, mode: int = os.O_WRONLY) -> int | None:
     flag = getattr(os, "O_DIRECT", None)
     if flag is None:
@@ -109,7 +112,7 @@ def read_at(path: str, offset: int, into: memoryview) -> int:
     direct = _open_direct(path, os.O_RDONLY)
     plain = os.open(path, os.O_RDONLY)
     try:
-        start, end = -(-offset // ALIGN) * ALIGN, (offset + len(into)) // ALIGN * ALIGN
+        start, end = _aligned_middle(offset, len(into))
         if direct is None or end <= start:
             return _read_plain(plain, offset, into)
         done = _read_plain(plain, offset, into[:start - offset])

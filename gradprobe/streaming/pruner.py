@@ -53,7 +53,7 @@ from ..decision import is_pruned
 from ..loss import causal_lm_loss
 from ..pruner import check_settings
 from ..strategies import _hook_input_norms
-from .candidates import HALF_DTYPES, MASK_PART, Candidates, HalfMagnitudes, global_threshold
+from .candidates import HALF_DTYPES, Candidates, HalfMagnitudes, global_threshold, zero_mask_parts
 from .gradient_records import CandidateGradients, ScratchRecords
 from .heap import keep_large_blocks_out_of_the_heap, release_free_memory
 from .hidden_states import SpilledStack
@@ -422,7 +422,7 @@ class StreamingGradProbe:
                 weight = streamed.stored if streamed else self.folder.load(name)  # in its stored dtype
                 chosen = pruned(name)
                 if chosen is None:
-                    masks.write_in_parts(name, _zeros(weight.numel()))
+                    masks.write_in_parts(name, zero_mask_parts(weight.numel()))
                 else:
                     streamed.candidates.zero_chosen(weight, chosen)
                     masks.write_in_parts(name, streamed.candidates.mask_parts(chosen))
@@ -464,13 +464,6 @@ def stacked_groups(batches: list) -> list[list[int]]:
     for number, (x, _) in enumerate(batches):
         groups.setdefault(tuple(x.shape), []).append(number)
     return list(groups.values())
-
-
-def _zeros(size: int, part: int = MASK_PART):
-    """An all-zero uint8 mask of `size` elements, as `Candidates.mask_parts` gives one."""
-    buffer = torch.zeros(min(size, part), dtype=torch.uint8)
-    for start in range(0, size, part):
-        yield start, buffer[:min(size, start + part) - start]
 
 
 def _drop_grad(tensor: torch.Tensor) -> None:
