@@ -7,12 +7,13 @@ events.jsonl and run.json) -> analysis -> renderers. Nothing here knows what is 
     with auditor.Audit(out="runs/x", memray=True, stage_targets=["m:Class.method"]) as audit:
         with auditor.stage("load"):
             ...
-    record = auditor.load("runs/x")
+    record = auditor.load("runs/x")       # a RunRecord: record.stages[0].rss.peak, record.annotations
 """
 from auditor.audit import Audit, AuditorWarning
 from auditor.expected_fraction import expect_fraction
 from auditor.record import RunRecordError, load, rebuild
+from auditor.record_schema import RunRecord
 from auditor.stage import active_audit, mark, stage, track
 
-__all__ = ["Audit", "AuditorWarning", "RunRecordError", "active_audit", "expect_fraction", "load",
+__all__ = ["Audit", "AuditorWarning", "RunRecord", "RunRecordError", "active_audit", "expect_fraction", "load",
            "mark", "rebuild", "stage", "track"]

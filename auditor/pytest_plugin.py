@@ -61,6 +61,7 @@ import pytest
 
 from auditor import units
 from auditor.audit import Audit  # already loaded with the package: costs nothing more
+from auditor.record_schema import RunRecord, Stage
 from auditor.stage import active_audit, stage
 
 MARKER = "memory_budget"
@@ -200,7 +201,7 @@ def pytest_runtest_call(item):
     with audit, stage(BODY):
         result = yield
     if budget is not None:
-        enforce(budget, audit.record, audit.run_json)
+        enforce(budget, RunRecord.from_json(audit.record, str(audit.run_json)), audit.run_json)
     return result
 
 
@@ -224,13 +225,13 @@ def _check_no_audit_running() -> None:
 
 # -- checking the record -------------------------------------------------------------------
 
-def enforce(budget: Budget, record: dict, run_json) -> None:
+def enforce(budget: Budget, record: RunRecord, run_json) -> None:
     """Fail the test, showing where the memory went, if any matching stage is over budget."""
     _check_memray(budget, record)
     stages = _matching(record, budget.stage) if budget.stage else _matching(record, BODY)
     if not stages:
         pytest.fail(f"{MARKER}: no stage {budget.stage!r} ran in the test body (stages: "
-                    f"{', '.join(_relative(s['path']) for s in record['stages'][1:]) or 'none'})",
+                    f"{', '.join(_relative(s.path) for s in record.stages[1:]) or 'none'})",
                     pytrace=False)
     floors = _floors(record)
     reference = _reference_peaks(budget, record, floors)
@@ -241,15 +242,17 @@ def enforce(budget: Budget, record: dict, run_json) -> None:
         pytest.fail(explain(budget, record, overruns, run_json), pytrace=False)
 
 
-def _check_memray(budget: Budget, record: dict) -> None:
-    probe = (record.get("probes") or {}).get("memray") or {}
-    if budget.memray and probe.get("state") != "on":
+def _check_memray(budget: Budget, record: RunRecord) -> None:
+    probe = (record.probes or {}).get("memray")
+    state = probe.state if probe is not None else None
+    if budget.memray and state != "on":
+        why = probe.reason if probe is not None and probe.reason is not None else state
         pytest.fail(f"{MARKER}(memray=True): memray could not trace this test: "
-                    f"{probe.get('reason', probe.get('state'))}. Only one memray tracker can run per "
+                    f"{why}. Only one memray tracker can run per "
                     "process (not under `pytest --memray` or `memray run`)", pytrace=False)
 
 
-def _reference_peaks(budget: Budget, record: dict, floors: dict[str, int]) -> dict[str, int]:
+def _reference_peaks(budget: Budget, record: RunRecord, floors: dict[str, int]) -> dict[str, int]:
     if not budget.needs_reference:
         return {}
     stages = _matching(record, budget.reference)
@@ -260,8 +263,8 @@ def _reference_peaks(budget: Budget, record: dict, floors: dict[str, int]) -> di
     return {measure: max(_peak(s, measure, floors) for s in stages) for measure in MEASURES}
 
 
-def _matching(record: dict, name: str) -> list[dict]:
-    return [s for s in record["stages"] if name in (s["name"], _relative(s["path"]))]
+def _matching(record: RunRecord, name: str) -> list[Stage]:
+    return [s for s in record.stages if name in (s.name, _relative(s.path))]
 
 
 def _relative(path: str) -> str:
@@ -269,25 +272,27 @@ def _relative(path: str) -> str:
     return path.removeprefix(BODY + "/")
 
 
-def _floors(record: dict) -> dict[str, int]:
+def _floors(record: RunRecord) -> dict[str, int]:
     """What each measure does not count: for live tensors, those alive as the body began
     (fixtures' and earlier tests' tensors), so a budget holds whatever ran before the test."""
-    body = next((s for s in record["stages"] if s["path"] == BODY), {})
-    return {"live_tensors": ((body.get("live_tensors") or {}).get("start")) or 0}
+    body = next((s for s in record.stages if s.path == BODY), None)
+    live = body.live_tensors if body is not None else None
+    return {"live_tensors": (live.start if live is not None else None) or 0}
 
 
-def _peak(stage: dict, measure: str, floors: dict[str, int] | None = None) -> int:
-    peak = ((stage.get(MEASURES[measure][0]) or {}).get("peak")) or 0
+def _peak(stage: Stage, measure: str, floors: dict[str, int] | None = None) -> int:
+    readings = getattr(stage, MEASURES[measure][0])  # rss or live_tensors (None: meter off)
+    peak = (readings.peak if readings is not None else None) or 0
     return max(0, peak - (floors or {}).get(measure, 0))
 
 
 # -- the failure message -------------------------------------------------------------------
 
-def explain(budget: Budget, record: dict, overruns: list, run_json) -> str:
-    lines = [f"memory budget exceeded in {record.get('name')}:"]
+def explain(budget: Budget, record: RunRecord, overruns: list, run_json) -> str:
+    lines = [f"memory budget exceeded in {record.name}:"]
     for limit, over, peak, reference_peak in overruns:
         lines.append(f"  {MEASURES[limit.measure][1]} {units.size(peak)} in stage "
-                     f"`{_relative(over['path'])}` > budget "
+                     f"`{_relative(over.path)}` > budget "
                      f"{limit.describe(budget.reference, reference_peak)}")
     floor = _floors(record)["live_tensors"]
     if floor and any(limit.measure == "live_tensors" for limit, *_ in overruns):
@@ -300,41 +305,41 @@ def explain(budget: Budget, record: dict, overruns: list, run_json) -> str:
     return "\n".join(lines)
 
 
-def stage_table(record: dict, over: set[int]) -> list[str]:
+def stage_table(record: RunRecord, over: set[int]) -> list[str]:
     rows = [["stage", "peak RSS", "live tensors peak", "duration"]]
-    for s in record["stages"]:
-        depth = s["path"].count("/")
-        duration = None if s.get("end_s") is None else s["end_s"] - s["start_s"]
-        live = (s.get("live_tensors") or {}).get("peak")
-        rows.append(["  " * depth + s["name"] + ("  <- over budget" if id(s) in over else ""),
-                     units.size(s["rss"]["peak"]), units.size(live), units.seconds(duration)])
+    for s in record.stages:
+        depth = s.path.count("/")
+        duration = None if s.end_s is None else s.end_s - s.start_s
+        live = s.live_tensors.peak if s.live_tensors is not None else None
+        rows.append(["  " * depth + s.name + ("  <- over budget" if id(s) in over else ""),
+                     units.size(s.rss.peak), units.size(live), units.seconds(duration)])
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     return ["  " + "  ".join([row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])])
             for row in rows]
 
 
-def peak_holder(record: dict, stage: dict, measure: str) -> dict:
+def peak_holder(record: RunRecord, stage: Stage, measure: str) -> Stage:
     """The innermost stage within `stage` that reached its peak: its census (taken at its end)
     shows what made the peak, where the outer stage's end may have freed it all."""
-    inside = [s for s in record["stages"]
-              if s["path"] == stage["path"] or s["path"].startswith(stage["path"] + "/")]
+    inside = [s for s in record.stages
+              if s.path == stage.path or s.path.startswith(stage.path + "/")]
     holders = [s for s in inside if _peak(s, measure) == _peak(stage, measure)]
-    return max(holders, key=lambda s: s["path"].count("/"))
+    return max(holders, key=lambda s: s.path.count("/"))
 
 
-def where_it_went(record: dict, stage: dict) -> list[str]:
+def where_it_went(record: RunRecord, stage: Stage) -> list[str]:
     lines = []
-    if stage.get("components") is not None:
-        lines.append(f"top components at the end of stage `{_relative(stage['path'])}` (census):")
-        ranked = sorted(stage["components"].items(), key=lambda kv: kv[1]["bytes"], reverse=True)
-        lines += [f"  {units.size(c['bytes']):>12}  {name} ({c['category']})" for name, c in ranked[:TOP]]
+    if stage.components is not None:
+        lines.append(f"top components at the end of stage `{_relative(stage.path)}` (census):")
+        ranked = sorted(stage.components.items(), key=lambda kv: kv[1].bytes, reverse=True)
+        lines += [f"  {units.size(c.bytes):>12}  {name} ({c.category})" for name, c in ranked[:TOP]]
         lines += ["  (no tensors alive at its end)"] * (not ranked)
-    memray = record.get("memray")
-    if memray:
-        where = f" (in stage `{_relative(memray['stage'])}`)" if memray.get("stage") else ""
+    memray = record.memray
+    if memray is not None:
+        where = f" (in stage `{_relative(memray.stage)}`)" if memray.stage else ""
         lines.append(f"top allocation sites alive at the run's memray peak{where}:")
-        lines += [f"  {units.size(site['bytes']):>12}  {site['location']} in {site['function']}"
-                  + (f": {site['code']}" if site.get("code") else "") for site in memray["sites"][:TOP]]
+        lines += [f"  {units.size(site.bytes):>12}  {site.location} in {site.function}"
+                  + (f": {site.code}" if site.code else "") for site in memray.sites[:TOP]]
     if not lines:
         lines.append("(mark with census=True to see the largest components, memray=True for the "
                      "allocation sites)")

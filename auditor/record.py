@@ -88,22 +88,15 @@ import json
 import os
 from pathlib import Path
 
-SCHEMA = "auditor.run/1"
+from auditor.record_schema import SCHEMA, RunRecord, RunRecordError, check_schema  # noqa: F401 (re-exported)
+
 EVENTS_FILE = "events.jsonl"
 RUN_FILE = "run.json"
 DERIVED_FILES = {"calibration": "calibration.json", "projections": "projections.json"}
-REQUIRED = ("schema", "name", "command", "started_at", "device", "environment", "process",
-            "stages", "peak")
-STAGE_REQUIRED = ("name", "path", "parent", "status", "start_s", "end_s", "rss")
-# Written by the audit itself; `Audit.annotate` adds any other field (workload, result...).
-RESERVED = set(REQUIRED) | {"marks", "unstaged", "warnings", "finished_at", "duration_s", "machine",
-                            "options", "probes", "memray", "exit", "files", "event_log",
-                            "audit_overhead_s", "rank"}
+# Written by the audit itself (RunRecord's fields); `Audit.annotate` adds any other field
+# (workload, result...), which the typed record keeps in `annotations`.
+RESERVED = set(RunRecord.__dataclass_fields__)
 RANK_PREFIX = "rank-"  # rank N of a distributed run writes into RUN/rank-N/ (auditor.ranks)
-
-
-class RunRecordError(ValueError):
-    """A run record that cannot be read: missing, truncated, not JSON, unknown schema."""
 
 
 # -- writing -----------------------------------------------------------------------------
@@ -250,7 +243,7 @@ def assemble(events: list[dict]) -> dict:
     if not events or events[0].get("event") != "run_started":
         raise RunRecordError("the event log does not begin with a run_started event")
     header = {k: v for k, v in events[0].items() if k != "event"}
-    _check_schema(header.get("schema"), "event log")
+    check_schema(header.get("schema"), "event log")
     stages: dict[int, dict] = {}
     marks, warnings, finish, annotations, artifacts = [], [], None, {}, []
     for event in events[1:]:
@@ -374,8 +367,9 @@ def _attach_memray_sites(record: dict) -> None:
 
 # -- reading -----------------------------------------------------------------------------
 
-def load(path: str | os.PathLike, from_events: bool = False) -> dict:
-    """A run record from run.json or a run folder; RunRecordError (one line) if unreadable.
+def load(path: str | os.PathLike, from_events: bool = False) -> RunRecord:
+    """The typed run record from run.json or a run folder, with the derived results beside it;
+    RunRecordError (one line) if unreadable.
 
     A folder (or its run.json) with an event log but no run.json is an error, unless
     `from_events`: then the record is assembled from the log, nothing written."""
@@ -384,7 +378,7 @@ def load(path: str | os.PathLike, from_events: bool = False) -> dict:
     if (path.is_dir() or path.name == RUN_FILE) and not (folder / RUN_FILE).exists() \
             and (folder / EVENTS_FILE).exists():
         if from_events:
-            return with_derived(assembled(folder), folder)
+            return with_derived(validate(assembled(folder), f"event log of {str(folder)!r}"), folder)
         raise RunRecordError(_no_run_json(folder))
     if path.is_dir():
         path = path / RUN_FILE
@@ -402,8 +396,7 @@ def load(path: str | os.PathLike, from_events: bool = False) -> dict:
         what = "truncated" if error.pos >= len(text.rstrip()) else "not valid JSON"
         raise RunRecordError(f"run record {str(path)!r} is {what} ({error.msg} at line "
                              f"{error.lineno})") from None
-    validate(record, str(path))
-    return with_derived(record, path.parent)
+    return with_derived(validate(record, str(path)), path.parent)
 
 
 def write_derived(folder: str | os.PathLike, key: str, value) -> None:
@@ -411,15 +404,16 @@ def write_derived(folder: str | os.PathLike, key: str, value) -> None:
     write_json_atomically(Path(folder) / DERIVED_FILES[key], value)
 
 
-def with_derived(record: dict, folder: str | os.PathLike) -> dict:
-    """`record` with the derived results found beside it (a field the record itself holds, as
-    older records do, is kept); RunRecordError (one line) for one that cannot be read."""
+def with_derived(record: RunRecord, folder: str | os.PathLike) -> RunRecord:
+    """`record` with the derived results found beside it in its annotations (a field the record
+    itself holds, as older records do, is kept); RunRecordError (one line) for one that cannot
+    be read."""
     for key, name in DERIVED_FILES.items():
         path = Path(folder) / name
-        if key in record or not path.exists():
+        if key in record.annotations or not path.exists():
             continue
         try:
-            record[key] = json.loads(path.read_text(encoding="utf-8"))
+            record.annotations[key] = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             raise RunRecordError(f"cannot read {str(path)!r}, derived from the run record: {error}") from None
     return record
@@ -441,7 +435,8 @@ def _no_run_json(folder: Path) -> str:
 
 
 def assembled(folder: str | os.PathLike) -> dict:
-    """The record of a run folder assembled from its event log, validated; nothing written."""
+    """The record of a run folder assembled from its event log (the JSON run.json would hold),
+    validated; nothing written."""
     folder = Path(folder)
     events = read_events(folder)
     try:
@@ -455,107 +450,11 @@ def assembled(folder: str | os.PathLike) -> dict:
     return record
 
 
-def validate(record, where: str = "run record") -> None:
-    """RunRecordError (one line naming the field) unless the record has every required field
-    with the right type: renderers can then trust what they read."""
-    if not isinstance(record, dict):
-        raise RunRecordError(f"{where}: expected a JSON object, found {type(record).__name__}")
-    _check_schema(record.get("schema"), where)
-    missing = [key for key in REQUIRED if key not in record]
-    if missing:
-        raise RunRecordError(f"{where}: missing field(s) {', '.join(missing)}")
-    if not isinstance(record["stages"], list):
-        raise RunRecordError(f"{where}: 'stages' is not a list")
-    for index, entry in enumerate(record["stages"]):
-        absent = [key for key in STAGE_REQUIRED if not isinstance(entry, dict) or key not in entry]
-        if absent:
-            raise RunRecordError(f"{where}: stage {index} lacks {', '.join(absent)}")
-    problem = _type_problem(record)
-    if problem:
-        raise RunRecordError(f"{where}: {problem}")
-
-
-# Field types: TEXT a string, BYTES a whole number (not a bool), SECONDS any number, OBJECT a
-# JSON object; a trailing "?" allows null. A finished stage needs its end readings; an open
-# one (never finished) has null there.
-_RECORD_TYPES = {"name": "TEXT", "command": "TEXT", "started_at": "TEXT", "device": "TEXT",
-                 "environment": "OBJECT", "process": "OBJECT", "peak": "OBJECT",
-                 "marks": "LIST", "unstaged": "LIST?", "warnings": "LIST", "exit": "OBJECT?", "files": "OBJECT?",
-                 "probes": "OBJECT?", "memray": "OBJECT?", "duration_s": "SECONDS?",
-                 "rank": "OBJECT?"}
-_PROCESS_TYPES = {"rss_at_start": "BYTES?", "rss_at_end": "BYTES?"}
-_PEAK_TYPES = {"rss": "BYTES?", "stage": "TEXT?", "where": "OBJECT?"}
-_STAGE_TYPES = {"name": "TEXT", "path": "TEXT", "parent": "TEXT?", "start_s": "SECONDS",
-                "rss": "OBJECT", "py_heap": "OBJECT?", "cuda": "OBJECT?", "live_tensors": "OBJECT?",
-                "components": "OBJECT?", "tensors": "OBJECT?", "error": "TEXT?"}
-_FINISHED_STAGE_TYPES = {"end_s": "SECONDS"}
-_OPEN_STAGE_TYPES = {"end_s": "SECONDS?"}
-_FINISHED_RSS = {"start": "BYTES", "end": "BYTES", "peak": "BYTES"}
-_OPEN_RSS = {"start": "BYTES", "end": "BYTES?", "peak": "BYTES?"}
-_READINGS = {"start": "BYTES?", "end": "BYTES?", "peak": "BYTES?"}
-STAGE_STATUSES = ("ok", "failed", "open")
-
-
-def _type_problem(record: dict) -> str | None:
-    problem = (_fields(record, _RECORD_TYPES, "")
-               or _fields(record["process"], _PROCESS_TYPES, "process.")
-               or _fields(record["peak"], _PEAK_TYPES, "peak."))
-    if problem:
-        return problem
-    for index, entry in enumerate(record["stages"]):
-        where = f"stages[{index}]."
-        if entry["status"] not in STAGE_STATUSES:
-            return (f"{where}status should be one of {', '.join(STAGE_STATUSES)}, "
-                    f"found {entry['status']!r}")
-        finished = entry["status"] != "open"
-        problem = (_fields(entry, _STAGE_TYPES, where)
-                   or _fields(entry, _FINISHED_STAGE_TYPES if finished else _OPEN_STAGE_TYPES, where)
-                   or _fields(entry["rss"], _FINISHED_RSS if finished else _OPEN_RSS, f"{where}rss.")
-                   or _fields(entry.get("py_heap") or {}, _READINGS, f"{where}py_heap.")
-                   or _fields(entry.get("live_tensors") or {}, _READINGS, f"{where}live_tensors."))
-        if problem:
-            return problem
-    return None
-
-
-def _fields(values: dict, types: dict[str, str], prefix: str) -> str | None:
-    """The first field of `values` whose type is wrong (absent optional fields pass)."""
-    for key, kind in types.items():
-        if key not in values:
-            continue
-        value, nullable = values[key], kind.endswith("?")
-        if value is None and nullable:
-            continue
-        if not _is(value, kind.rstrip("?")):
-            found = "null" if value is None else f"{type(value).__name__} {_short(value)}"
-            return f"{prefix}{key} should be {_KIND_WORDS[kind.rstrip('?')]}, found {found}"
-    return None
-
-
-_KIND_WORDS = {"TEXT": "text", "BYTES": "a whole number of bytes", "SECONDS": "a number of seconds",
-               "OBJECT": "a JSON object", "LIST": "a list"}
-
-
-def _is(value, kind: str) -> bool:
-    if kind == "TEXT":
-        return isinstance(value, str)
-    if kind == "OBJECT":
-        return isinstance(value, dict)
-    if kind == "LIST":
-        return isinstance(value, list)
-    if isinstance(value, bool):
-        return False
-    return isinstance(value, int) if kind == "BYTES" else isinstance(value, (int, float))
-
-
-def _short(value) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _check_schema(schema, where: str) -> None:
-    if schema != SCHEMA:
-        raise RunRecordError(f"{where}: unknown schema {schema!r} (this auditor reads {SCHEMA!r})")
+def validate(record, where: str = "run record") -> RunRecord:
+    """The record typed (auditor.record_schema); RunRecordError (one line naming every field
+    that is wrong) unless it has each field the audit writes, with the right type: renderers
+    can then trust what they read."""
+    return RunRecord.from_json(record, where)
 
 
 def read_events(folder: str | os.PathLike) -> list[dict]:

@@ -1,6 +1,6 @@
 """Traced runs: real code on shapes only, so a 7B model's memory is measured on a small machine.
 
-    with traced(observed_sizes=real_record["data_dependent_sizes"]) as trace:
+    with traced(observed_sizes=real_record.annotations["data_dependent_sizes"]) as trace:
         model = build_model("mistral-7b")          # fake tensors: nothing is allocated
         prune(model)
     trace.estimates.entries()                      # each data-dependent site: ratio, source

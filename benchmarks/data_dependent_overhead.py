@@ -45,7 +45,7 @@ def main() -> None:
                 record = audit(settings, folder / f"{side}-{round_}", record_sizes=side == "with")
                 times[side].append(time.perf_counter() - began)
                 if side == "with":
-                    sites = len(record["data_dependent_sizes"])
+                    sites = len(record.annotations["data_dependent_sizes"])
         per_op, ops = per_operator_cost(), operators_in(settings, folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from auditor.record_schema import RunRecord
+
 # The small (audited) and the held-out size: Mistral's family, 2 layers, 9.8x in parameters; the
 # target's intermediate size (1378) and vocabulary (8191) do not split evenly over 4 ranks.
 SMALL = dict(layers=2, hidden=128, heads=4, intermediate=344, vocab=4096)
@@ -46,7 +48,7 @@ def settings(architecture: str, overrides: dict, chosen: dict = SETTINGS):
     return Settings(architecture=architecture, overrides=overrides, variant="sharded", **chosen)
 
 
-def small_real(run_dir: Path, chosen: dict = SETTINGS, name: str = "small-2-ranks") -> dict[int, dict]:
+def small_real(run_dir: Path, chosen: dict = SETTINGS, name: str = "small-2-ranks") -> dict[int, RunRecord]:
     """The audited run: the small size on 2 real ranks (reused when the folder holds it)."""
     from auditor.analysis.ranks import load_ranks
     from auditor.jobs.rank_projection import real_ranks

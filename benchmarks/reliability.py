@@ -229,8 +229,8 @@ def measure(injected, scratch: Path, index: int) -> FaultRun:
         source = "run.json" if (folder / "run.json").exists() else "events.jsonl"
         try:
             record = auditor.load(folder, from_events=True)
-            present = {(s["path"], s["status"]) for s in record["stages"] if s["status"] != "open"}
-            record_says = f"{source}, exit {(record.get('exit') or {}).get('status', 'unfinished')}"
+            present = {(s.path, s.status) for s in record.stages if s.finished}
+            record_says = f"{source}, exit {record.exit.status if record.exit else 'unfinished'}"
         except auditor.RunRecordError as error:
             record_says = f"{source}, unreadable: {error}"
         before = sorted((p.relative_to(folder), p.stat().st_size) for p in folder.rglob("*"))

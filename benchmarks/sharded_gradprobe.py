@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from auditor.record_schema import RunRecord, Stage
+
 ROOT = Path(__file__).resolve().parents[1]
 SUMMARY = "summary.json"
 
@@ -146,15 +148,19 @@ def _settings_arguments(args) -> list[str]:
     return out
 
 
-def _peaks(record: dict) -> dict:
-    stages = record["stages"]
-    live = max(stages, key=lambda s: (s.get("live_tensors") or {}).get("peak") or 0)
-    prune = [s for s in stages if s["path"] == "prune" or s["path"].startswith("prune/")]
-    prune_live = max((s.get("live_tensors") or {}).get("peak") or 0 for s in prune)
-    prune_rss = max(s["rss"]["peak"] for s in prune)
-    return {"rss": record["peak"]["rss"], "rss_stage": record["peak"]["stage"] or "(outside every stage)",
-            "live": live["live_tensors"]["peak"], "live_stage": live["path"],
+def _peaks(record: RunRecord) -> dict:
+    stages = record.stages
+    live = max(stages, key=lambda s: _live_peak(s) or 0)
+    prune = [s for s in stages if s.path == "prune" or s.path.startswith("prune/")]
+    prune_live = max(_live_peak(s) or 0 for s in prune)
+    prune_rss = max(s.rss.peak or 0 for s in prune)
+    return {"rss": record.peak.rss, "rss_stage": record.peak.stage or "(outside every stage)",
+            "live": _live_peak(live), "live_stage": live.path,
             "prune_rss": prune_rss, "prune_live": prune_live}
+
+
+def _live_peak(stage: Stage) -> int | None:
+    return stage.live_tensors.peak if stage.live_tensors is not None else None
 
 
 def _code(stage: str) -> str:

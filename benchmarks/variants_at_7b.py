@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from auditor.record_schema import RunRecord
+
 ROOT = Path(__file__).resolve().parents[1]
 STREAMING_REPORT = ROOT / "reports" / "gradprobe-streaming.md"
 # Streaming prunes from a weights folder; the measured 7B run's was bf16, so its projection's is too.
@@ -36,9 +38,9 @@ def project(variant: str, folder: Path, reuse: bool = False) -> dict:
     import auditor
     record = auditor.load(run_dir)
     if reuse:
-        record["projections"] = _reprojected(record, run_dir)
-    row["audited_peak"] = record["peak"]["rss"]
-    for item in record.get("projections") or []:
+        record.annotations["projections"] = _reprojected(record, run_dir)
+    row["audited_peak"] = record.peak.rss
+    for item in record.annotations.get("projections") or []:
         row[item.get("method", "scaled")] = item
     return row
 
@@ -74,7 +76,7 @@ def _per_rank(ranks: dict | None) -> str:
         f"{_gib(w['worst']['sharded']['live_tensors'])} at {w['world_size']}" for w in ranks["worlds"]) + " ranks"
 
 
-def _reprojected(record: dict, run_dir: Path) -> list[dict]:
+def _reprojected(record: RunRecord, run_dir: Path) -> list[dict]:
     """A reused run's projections made again from its records (the audit, its calibration and the
     traced run stay as they are), so that the table follows the analysis code; written back."""
     from auditor.analysis.projection import project
@@ -82,7 +84,7 @@ def _reprojected(record: dict, run_dir: Path) -> list[dict]:
     from auditor.jobs.gradprobe import load_traced
     from auditor.record import write_derived
     made = []
-    for old in record.get("projections") or []:
+    for old in record.annotations.get("projections") or []:
         if old.get("method", "scaled") == "traced":
             made.append(project_traced(record, load_traced(run_dir / f"traced-{old['target']}")))
         else:

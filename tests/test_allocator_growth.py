@@ -8,6 +8,7 @@ import torch
 from auditor.analysis.traced_projection import project_traced
 from auditor.allocator_retention import FACTOR, MMAP_THRESHOLD_START, RANGE
 from auditor.probes.live_tensors import LiveTensorMeter
+from auditor.record_schema import RunRecord
 
 MiB = 2**20
 
@@ -35,16 +36,23 @@ def test_a_threshold_set_in_the_environment_stays_fixed(monkeypatch):
 
 
 def _record(threshold: int, rss: int, tensors: int, threads: int = 2) -> dict:
-    stage = {"path": "prune", "status": "ok", "components": {}, "rss": {"peak": rss},
+    stage = {"name": "prune", "path": "prune", "parent": None, "status": "ok", "start_s": 0.0, "end_s": 1.0,
+             "components": {}, "rss": {"start": rss, "end": rss, "peak": rss},
              "live_tensors": {"peak": tensors, "allocator_threshold": threshold}}
-    return {"stages": [stage], "peak": {"rss": rss}, "environment": {"threads": threads},
+    return {"schema": "auditor.run/1", "name": "x", "command": "x", "started_at": "t", "device": "cpu",
+            "process": {}, "stages": [stage], "peak": {"rss": rss}, "environment": {"threads": threads},
             "workload": {"architecture": "llama-2-7b"}}
+
+
+def project(real: dict, traced: dict) -> dict:
+    """project_traced on the hand-made records, read as the auditor reads records."""
+    return project_traced(RunRecord.from_json(real), RunRecord.from_json(traced))
 
 
 def test_the_traced_projection_adds_the_retention_the_target_threshold_allows():
     real = _record(threshold=2 * MiB, rss=400 * MiB, tensors=30 * MiB)
     traced = _record(threshold=16 * MiB, rss=0, tensors=270 * MiB)
-    (stage,) = project_traced(real, traced)["stages"]
+    (stage,) = project(real, traced)["stages"]
     assert stage["beyond_measured"] == 370 * MiB
     growth = round(FACTOR * 2 * (16 - 2) * MiB)  # the factor x threads x the threshold's growth
     assert stage["allocator_growth"] == growth
@@ -55,9 +63,10 @@ def test_the_traced_projection_adds_the_retention_the_target_threshold_allows():
 def test_calls_the_real_run_did_not_make_take_their_stage_s_most():
     real = _record(threshold=MiB, rss=400 * MiB, tensors=30 * MiB)
     real["stages"] = [dict(real["stages"][0], path=f"prune/step#{n}" if n > 1 else "prune/step",
-                           rss={"peak": (390 + n) * MiB}) for n in (1, 2)]
+                           rss={"start": (390 + n) * MiB, "end": (390 + n) * MiB, "peak": (390 + n) * MiB})
+                      for n in (1, 2)]
     traced = _record(threshold=MiB, rss=0, tensors=50 * MiB)
     traced["stages"] = [dict(traced["stages"][0], path="prune/step#7")]
-    (stage,) = project_traced(real, traced)["stages"]
+    (stage,) = project(real, traced)["stages"]
     assert stage["beyond_from"] == "the most of its stage's calls"
     assert stage["beyond_measured"] == (392 - 30) * MiB and stage["allocator_growth"] == 0

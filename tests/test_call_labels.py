@@ -24,6 +24,7 @@ import auditor
 from auditor.analysis.stage_groups import fold_key, stage_rows
 from auditor.audit import AuditorWarning
 from auditor.call_labels import ModuleNames
+from auditor.record_schema import RunRecord
 
 HIDDEN, INTERMEDIATE = 32, 64
 LINEARS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -97,7 +98,7 @@ def test_each_call_is_labelled_with_its_linear_and_the_receiver_root_carries_it(
         in_features = INTERMEDIATE if label.endswith("down_proj") else HIDDEN
         assert components[f"Stat[{label}].H"]["bytes"] == in_features * in_features * 4
     assert record["audit_overhead_s"]["labels_s"] > 0
-    assert auditor.load(tmp_path / "run")["stages"][-1]["call"]["label"] == labels[-1]
+    assert auditor.load(tmp_path / "run").stages[-1].call.label == labels[-1]
     del hooks, stats
 
 
@@ -278,7 +279,10 @@ def test_folded_rows_keep_every_stage_in_tree_order():
               entry("eval", None),
               entry("layer#2", None, call("layer", 2)), entry("layer#2/stat", "layer#2"),
               entry("layer#2/Stat.add", "layer#2", call("Stat.add", 1))]
-    rows = stage_rows({"stages": stages})  # the folding both the report and `auditor run` show
+    record = RunRecord.from_json({"schema": "auditor.run/1", "name": "x", "command": "x", "started_at": "t",
+                                  "device": "cpu", "environment": {}, "process": {}, "stages": stages,
+                                  "peak": {"rss": None}})
+    rows = stage_rows(record)  # the folding both the report and `auditor run` show
     assert [(fold_key(row.stages[0]), row.depth, row.count) for row in rows] == [
         ("layer", 0, 2), ("stat", 1, 2), ("Stat.add", 1, 1), ("eval", 0, 1)]
-    assert sorted(id(s) for row in rows for s in row.stages) == sorted(map(id, stages))
+    assert sorted(id(s) for row in rows for s in row.stages) == sorted(map(id, record.stages))

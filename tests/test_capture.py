@@ -148,7 +148,7 @@ def test_record_fields_and_run_json_on_disk(tmp_path):
     assert record["probes"]["rss"] == {"state": "on", "method": "clear_refs"}
     assert record["exit"] == {"status": "ok", "code": 0, "error": None}
     assert json.loads((tmp_path / "run" / "run.json").read_text()) == record
-    assert auditor.load(tmp_path / "run") == record
+    assert auditor.load(tmp_path / "run").to_json() == record
 
 
 def test_an_exception_fails_open_stages_and_still_writes_the_record(tmp_path):
@@ -157,7 +157,7 @@ def test_an_exception_fails_open_stages_and_still_writes_the_record(tmp_path):
             with auditor.stage("outer"):
                 with auditor.stage("inner"):
                     raise KeyError("boom")
-    record = auditor.load(tmp_path / "run")
+    record = auditor.load(tmp_path / "run").to_json()
     assert [(s["path"], s["status"]) for s in record["stages"]] == [("outer", "failed"),
                                                                    ("outer/inner", "failed")]
     assert record["stages"][1]["error"] == "KeyError: 'boom'"
@@ -171,7 +171,7 @@ def test_keyboard_interrupt_is_recorded_as_interrupted(tmp_path):
         with auditor.Audit(tmp_path / "run"):
             with auditor.stage("long"):
                 raise KeyboardInterrupt
-    record = auditor.load(tmp_path / "run")
+    record = auditor.load(tmp_path / "run").to_json()
     assert record["stages"][0]["status"] == "failed"
     assert record["exit"]["status"] == "interrupted"
 

@@ -24,7 +24,7 @@ def test_events_are_on_disk_before_the_run_ends(tmp_path):
             "run_started", "unstaged", "stage_started", "stage_finished"]
         assert not (folder / "run.json").exists()
     assert (folder / "run.json").exists()
-    assert run_record.rebuild(folder, write=False) == auditor.load(folder)
+    assert run_record.rebuild(folder, write=False) == auditor.load(folder).to_json()
 
 
 def test_a_killed_run_is_recovered_from_its_event_log(tmp_path):
@@ -55,7 +55,7 @@ def test_a_killed_run_is_recovered_from_its_event_log(tmp_path):
     assert record["stages"][2]["end_s"] is None and record["stages"][2]["rss"]["peak"] is None
     assert record["exit"]["status"] == "unfinished"
     assert record["peak"]["stage"] in ("load", "work")
-    assert auditor.load(folder) == record  # rebuild wrote run.json
+    assert auditor.load(folder).to_json() == record  # rebuild wrote run.json
 
 
 def test_a_half_written_last_event_is_dropped(tmp_path):

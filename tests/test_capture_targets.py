@@ -99,7 +99,7 @@ def test_a_staged_method_that_raises_fails_its_stage_and_propagates(tmp_path):
     with pytest.raises(ValueError, match="no good"):
         with auditor.Audit(tmp_path / "run", stage_targets=[Worker.explode]):
             Worker().explode()
-    record = auditor.load(tmp_path / "run")  # complete on disk
+    record = auditor.load(tmp_path / "run").to_json()  # complete on disk
     (entry,) = record["stages"]
     assert (entry["name"], entry["status"], entry["error"]) == (
         "Worker.explode", "failed", "ValueError: no good")

@@ -55,7 +55,7 @@ def test_runs_a_script_like_python_with_staged_targets(workdir, capsys):
     assert "argv ['--flag', 'x']" in captured.out
     assert "work/Phase.run#2" in captured.err  # progress and table
     assert "run record: out/run.json" in captured.err
-    record = auditor.load(workdir / "out")
+    record = auditor.load(workdir / "out").to_json()
     assert [s["path"] for s in record["stages"]] == ["work", "work/Phase.run", "work/Phase.run#2"]
     assert record["name"] == "job"
     assert record["command"] == f"auditor run --out out --stage {helper}:Phase.run scripts/job.py --flag x"
@@ -66,7 +66,7 @@ def test_default_output_folder_under_runs(workdir, capsys):
     assert main(["run", "tiny.py"]) == 0
     (folder,) = (workdir / "runs").iterdir()
     assert folder.name.endswith("-tiny")
-    assert auditor.load(folder)["exit"]["status"] == "ok"
+    assert auditor.load(folder).to_json()["exit"]["status"] == "ok"
 
 
 def test_exit_status_is_the_scripts(workdir, capsys):
@@ -76,7 +76,7 @@ def test_exit_status_is_the_scripts(workdir, capsys):
             sys.exit(3)
     """)
     assert main(["run", "--out", "o1", "exits.py"]) == 3
-    record = auditor.load(workdir / "o1")
+    record = auditor.load(workdir / "o1").to_json()
     assert record["exit"]["code"] == 3 and record["stages"][0]["status"] == "failed"
 
 
@@ -92,7 +92,7 @@ def test_a_failing_script_exits_1_with_its_traceback_and_a_record(workdir, capsy
     err = capsys.readouterr().err
     assert "Traceback" in err and "RuntimeError: script bug" in err
     assert "auditor/cli/run.py" not in err and "runpy" not in err  # the script's frames only
-    record = auditor.load(workdir / "o")
+    record = auditor.load(workdir / "o").to_json()
     assert record["stages"][0]["status"] == "failed"
     assert record["exit"] == {"status": "failed", "code": 1, "error": "RuntimeError: script bug"}
 
@@ -109,7 +109,7 @@ def test_memray_top_site_is_the_known_line(workdir, capsys):
             total = float(big.sum() + small.sum())
     """)
     assert main(["run", "--memray", "--out", "o", str(script)]) == 0
-    record = auditor.load(workdir / "o")
+    record = auditor.load(workdir / "o").to_json()
     memray = record["memray"]
     top = memray["sites"][0]
     assert top["location"] == f"{script}:4"
@@ -173,6 +173,6 @@ def test_a_script_that_changes_folder_keeps_its_record_where_asked(workdir, caps
     """)
     assert main(["run", "--out", "o", "moves.py"]) == 0
     assert capsys.readouterr().err.strip().endswith("run record: o/run.json")
-    assert [s["path"] for s in auditor.load(workdir / "o")["stages"]] == ["moves", "after"]
+    assert [s["path"] for s in auditor.load(workdir / "o").to_json()["stages"]] == ["moves", "after"]
     assert list((workdir / "elsewhere").iterdir()) == []
     assert os.getcwd() == str(workdir)  # the command gives the folder back

@@ -14,6 +14,7 @@ from auditor.analysis.estimated_bytes import estimate_note, estimated_bytes
 from auditor.analysis.traced_projection import project_traced
 from auditor.audit import Audit
 from auditor import expect_fraction
+from auditor.record_schema import SCHEMA, RunRecord
 
 WIDTH = 64
 
@@ -40,15 +41,34 @@ def _tracing() -> bool:
     return any(isinstance(m, FakeTensorMode) for m in _get_current_dispatch_mode_stack())
 
 
-def _peaks(record: dict) -> dict:
-    return {s["path"]: s["live_tensors"]["peak"] for s in record["stages"]}
+def _peaks(record: RunRecord) -> dict:
+    return {s.path: s.live_tensors.peak for s in record.stages}
 
 
-def _run(tmp_path, name: str, rows: int, **options) -> dict:
+def _run(tmp_path, name: str, rows: int, **options) -> RunRecord:
     with Audit(out=tmp_path / name, live_tensors=True, **options) as run:
         result = select_rows(rows)
         del result
-    return run.record
+    return RunRecord.from_json(run.record, name)
+
+
+def _record(stages: list[dict], name: str = "r", **annotations) -> RunRecord:
+    """A run record of these stages (their own fields as given) and annotations; what else a
+    record must hold is filled with values the analysis under test does not read."""
+    return RunRecord.from_json({"schema": SCHEMA, "name": name, "command": "test", "started_at": "2026-01-01T00:00:00",
+                                "device": "cpu", "environment": {}, "process": {},
+                                "stages": [_stage(s) for s in stages], "peak": {"rss": None}, **annotations})
+
+
+def _stage(fields: dict) -> dict:
+    stage = {"name": fields["path"], "parent": None, "status": "ok", "start_s": 0.0, "end_s": 1.0, **fields}
+    stage["rss"] = {"start": 0, "end": 0, "peak": 0, **fields.get("rss", {})}
+    at_peak = (fields.get("live_tensors") or {}).get("at_peak")
+    if at_peak is not None:  # the rows' tensor counts and their total
+        rows = [{"tensors": 1, **row} for row in at_peak["rows"]]
+        stage["live_tensors"] = {**fields["live_tensors"],
+                                 "at_peak": {"bytes": sum(row["bytes"] for row in rows), **at_peak, "rows": rows}}
+    return stage
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +77,10 @@ def small(tmp_path_factory):
 
 
 def test_real_run_records_each_site_with_its_aggregate_ratio(small):
-    sizes = {(s["op"], s["site"].split(" ")[1]): s for s in small["data_dependent_sizes"]}
+    sizes = {(s["op"], s["site"].split(" ")[1]): s for s in small.annotations["data_dependent_sizes"]}
     assert {op for op, _ in sizes} == {"aten::nonzero", "aten::index", "aten::masked_select",
                                        "aten::count_nonzero"}
-    for entry in small["data_dependent_sizes"]:
+    for entry in small.annotations["data_dependent_sizes"]:
         assert entry["site"].startswith("tests/test_data_dependent.py:")
         assert entry["calls"] == 1
         assert entry["ratio"] == entry["output_numel"] / entry["input_numel"]
@@ -73,12 +93,12 @@ def test_real_run_records_each_site_with_its_aggregate_ratio(small):
 
 def test_traced_run_sized_by_observed_ratios_matches_a_real_run_8x_larger(small, tmp_path):
     real = _run(tmp_path, "real", 32000)
-    traced = _run(tmp_path, "traced", 32000, traced=True, observed_sizes=small["data_dependent_sizes"])
+    traced = _run(tmp_path, "traced", 32000, traced=True, observed_sizes=small.annotations["data_dependent_sizes"])
     lower = _run(tmp_path, "lower", 32000, traced=True, estimate_sizes=False)
     peak_real, peak_traced = _peaks(real)["select"], _peaks(traced)["select"]
     assert abs(peak_traced / peak_real - 1) < 0.02
     assert _peaks(lower)["select"] < 0.85 * peak_real  # empty selections: what tracing alone gives
-    sites = traced["traced"]["estimated_sizes"]
+    sites = traced.annotations["traced"]["estimated_sizes"]
     assert {s["source"] for s in sites} == {"observed"} and len(sites) == 4
     assert not any(s["conflicts"] for s in sites)
     measured = estimated_bytes(traced, lower)
@@ -112,7 +132,7 @@ def test_unknown_site_is_empty_and_named(tmp_path):
         assert torch.nonzero(weights > 0).shape == (0, 2)
     (site,) = run.record["traced"]["estimated_sizes"]
     assert site["source"] == "unknown" and site["output_numel"] == 0
-    projection = project_traced({"stages": []}, {**run.record, "workload": {"architecture": "x"}})
+    projection = project_traced(_record([]), RunRecord.from_json({**run.record, "workload": {"architecture": "x"}}))
     note = estimate_note(projection)
     assert "unknown" in note and site["site"] in note and "lower bound" in note
 
@@ -167,19 +187,19 @@ def test_one_quantity_estimated_in_two_passes_is_reconciled_and_counted(tmp_path
 
 
 def test_projection_carries_estimated_bytes_per_stage_and_component():
-    traced = {"name": "t", "workload": {"architecture": "big"},
-              "traced": {"estimated_sizes": [{"site": "a.py:1 f", "op": "aten::index", "calls": 2,
-                                              "output_numel": 10, "ratio": 0.1, "source": "observed"}]},
-              "stages": [{"path": "s", "status": "ok", "live_tensors": {"peak": 1000, "at_peak": {"rows": [
-                  {"owner": "state", "category": "saved copies", "bytes": 600},
-                  {"owner": "weights", "category": "weights", "bytes": 400}]}},
-                  "components": {"state": {"category": "saved copies", "bytes": 600}}}]}
-    lower = {"stages": [{"path": "s", "status": "ok", "live_tensors": {"peak": 500, "at_peak": {"rows": [
-                 {"owner": "state", "category": "saved copies", "bytes": 100},
-                 {"owner": "weights", "category": "weights", "bytes": 400}]}},
-                 "components": {"state": {"category": "saved copies", "bytes": 100}}}]}
-    traced["estimated_bytes"] = estimated_bytes(traced, lower)
-    real = {"stages": [{"path": "s", "rss": {"peak": 2000}, "live_tensors": {"peak": 100}}]}
+    traced = _record(name="t", workload={"architecture": "big"},
+                     traced={"estimated_sizes": [{"site": "a.py:1 f", "op": "aten::index", "calls": 2,
+                                                  "output_numel": 10, "ratio": 0.1, "source": "observed"}]},
+                     stages=[{"path": "s", "status": "ok", "live_tensors": {"peak": 1000, "at_peak": {"rows": [
+                         {"owner": "state", "category": "saved copies", "bytes": 600},
+                         {"owner": "weights", "category": "weights", "bytes": 400}]}},
+                         "components": {"state": {"category": "saved copies", "bytes": 600}}}])
+    lower = _record([{"path": "s", "status": "ok", "live_tensors": {"peak": 500, "at_peak": {"rows": [
+                        {"owner": "state", "category": "saved copies", "bytes": 100},
+                        {"owner": "weights", "category": "weights", "bytes": 400}]}},
+                      "components": {"state": {"category": "saved copies", "bytes": 100}}}])
+    traced.annotations["estimated_bytes"] = estimated_bytes(traced, lower)
+    real = _record([{"path": "s", "rss": {"peak": 2000}, "live_tensors": {"peak": 100}}])
     projection = project_traced(real, traced)
     (stage,) = projection["stages"]
     assert stage["estimated"] == 500 and stage["components"]["state"]["estimated"] == 500
@@ -206,13 +226,13 @@ def test_unique_is_sized_by_its_own_ratio(tmp_path):
 
 def test_report_views_carry_the_estimates():
     from auditor.analysis.components import projection_views
-    traced = {"name": "t", "workload": {"architecture": "big"},
-              "traced": {"estimated_sizes": [{"site": "a.py:1 f", "op": "aten::index", "calls": 1,
-                                              "output_numel": 10, "ratio": 0.1, "source": "observed"}]},
-              "stages": [{"path": "s", "status": "ok", "live_tensors": {"peak": 1000},
-                          "components": {"state": {"category": "saved copies", "bytes": 600}}}],
-              "estimated_bytes": {"stages": [{"path": "s", "live_tensors": 600, "components": {"state": 600}}]}}
-    real = {"stages": [{"path": "s", "rss": {"peak": 2000}, "live_tensors": {"peak": 100}}]}
-    (view,) = projection_views({"projections": [project_traced(real, traced)]})
+    traced = _record(name="t", workload={"architecture": "big"},
+                     traced={"estimated_sizes": [{"site": "a.py:1 f", "op": "aten::index", "calls": 1,
+                                                  "output_numel": 10, "ratio": 0.1, "source": "observed"}]},
+                     stages=[{"path": "s", "status": "ok", "live_tensors": {"peak": 1000},
+                              "components": {"state": {"category": "saved copies", "bytes": 600}}}],
+                     estimated_bytes={"stages": [{"path": "s", "live_tensors": 600, "components": {"state": 600}}]})
+    real = _record([{"path": "s", "rss": {"peak": 2000}, "live_tensors": {"peak": 100}}])
+    (view,) = projection_views(_record([], projections=[project_traced(real, traced)]))
     assert view.stages["s"].estimated == {"state": 600}
     assert "600 B rest on data-dependent sizes" in view.estimates

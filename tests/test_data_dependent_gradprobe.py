@@ -19,24 +19,24 @@ RECORDS = ("pruner.saved_state", "pruner.gradients_original", "pruner.gradients_
 def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("sparse")
     real = job.audit(SMALL, folder / "real")
-    traced = job.traced_audit(SMALL, folder / "traced", observed_sizes=real["data_dependent_sizes"])
+    traced = job.traced_audit(SMALL, folder / "traced", observed_sizes=real.annotations["data_dependent_sizes"])
     return real, traced
 
 
 def test_real_run_records_its_sizes(runs):
     real, _ = runs
     assert any(s["op"] == "aten::count_nonzero" and s["site"].startswith("gradprobe/")
-               for s in real["data_dependent_sizes"])
+               for s in real.annotations["data_dependent_sizes"])
 
 
 def test_candidate_records_projected_at_their_real_size(runs):
     real, traced = runs
     projection = project_traced(real, traced)
     last = projection["stages"][-1]
-    real_last = next(s for s in reversed(real["stages"]) if s["path"] == last["path"])
+    real_last = next(s for s in reversed(real.stages) if s.path == last["path"])
     for name in RECORDS:
         projected = last["components"][name]
-        assert abs(projected["projected"] / real_last["components"][name]["bytes"] - 1) < 0.01
+        assert abs(projected["projected"] / real_last.components[name].bytes - 1) < 0.01
         assert projected["estimated"] == projected["projected"]  # nothing of it without estimates
     assert projection["peak"]["estimated"] > 0
     assert {s["source"] for s in projection["data_dependent"]["sites"] if s["output_numel"]} == {"observed"}
@@ -44,5 +44,5 @@ def test_candidate_records_projected_at_their_real_size(runs):
 
 def test_lower_bound_run_has_them_empty(runs):
     _, traced = runs
-    by_path = {s["path"]: s for s in traced["estimated_bytes"]["stages"]}
+    by_path = {s["path"]: s for s in traced.annotations["estimated_bytes"]["stages"]}
     assert set(RECORDS) <= set(by_path["prune"]["components"])

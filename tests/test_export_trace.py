@@ -16,6 +16,7 @@ import torch
 
 import auditor
 from auditor.cli import main
+from auditor.record_schema import RunRecord
 from auditor.renderers.chrome_trace import render
 from conftest import one_error_line
 
@@ -218,9 +219,10 @@ def test_the_trace_is_trace_event_json(exported):
 
 def test_rendering_leaves_the_record_alone(finished):
     record, trace = finished
-    before = copy.deepcopy(record)
-    assert render(record, source="elsewhere")["traceEvents"] == trace["traceEvents"]
-    assert record == before
+    typed = RunRecord.from_json(record)
+    before = copy.deepcopy(typed)
+    assert render(typed, source="elsewhere")["traceEvents"] == trace["traceEvents"]
+    assert typed == before and typed.to_json() == record
 
 
 def test_every_thread_has_a_stable_tid_and_a_name(exported):
@@ -228,7 +230,7 @@ def test_every_thread_has_a_stable_tid_and_a_name(exported):
     names = thread_names(trace)
     assert sorted(names.values()) == sorted({s["thread"] for s in record["stages"]})
     assert names[1] == "MainThread" and 0 not in names  # 0: the process's own events
-    assert render(record)["traceEvents"][:len(names) * 2 + 1] == trace["traceEvents"][:len(names) * 2 + 1]
+    assert render(RunRecord.from_json(record))["traceEvents"][:len(names) * 2 + 1] == trace["traceEvents"][:len(names) * 2 + 1]
 
 
 # -- stages ------------------------------------------------------------------------------
@@ -364,7 +366,7 @@ def test_cuda_readings_become_a_counter(finished):
                          "reserved_end": 4096, "peak_allocated": 1000 * n + 999}
     for n, mark in enumerate(record["marks"]):
         mark["cuda"] = {"allocated": 5 + n, "reserved": 4096}
-    trace = render(record)
+    trace = render(RunRecord.from_json(record))
     assert counter_points(trace) == record_readings(record)
     assert any(name == "CUDA allocated" for name, _, _ in counter_points(trace))
     peaks = {e["args"]["stage"]: e["args"] for e in events(trace, "i") if e["name"] == "stage peak"}

@@ -101,7 +101,7 @@ def stages_of(record: dict) -> list[tuple[str, str]]:
 
 
 def finished_stages(folder: Path) -> list[tuple[str, str]]:
-    return [s for s in stages_of(auditor.load(folder, from_events=True)) if s[1] != "open"]
+    return [s for s in stages_of(auditor.load(folder, from_events=True).to_json()) if s[1] != "open"]
 
 
 @dataclass
@@ -147,7 +147,7 @@ def test_a_signal_mid_stage_gives_an_interrupted_record(tmp_path, signum):
     result = fault.result
     assert fault.status == fault.alone == 128 + signum
     assert "Traceback" not in result.stderr, result.stderr
-    record = auditor.load(tmp_path / "run")  # a finished record: run.json
+    record = auditor.load(tmp_path / "run").to_json()  # a finished record: run.json
     assert stages_of(record) == FINISHED_BEFORE_THE_FAULT + [("wait", "failed")]
     name = signal.Signals(signum).name
     expected = "KeyboardInterrupt" if signum == signal.SIGINT else name
@@ -162,7 +162,7 @@ def handled_sigterm(tmp_path: Path) -> Injected:
 def test_a_script_that_handles_sigterm_itself_keeps_its_own_ending(tmp_path):
     fault = handled_sigterm(tmp_path)
     assert fault.result.returncode == fault.status == fault.alone == 7
-    record = auditor.load(tmp_path / "run")
+    record = auditor.load(tmp_path / "run").to_json()
     assert record["exit"]["status"] == "failed" and record["exit"]["code"] == 7
     assert stages_of(record) == [("load", "ok"), ("wait", "failed")]
 
@@ -184,7 +184,7 @@ def test_sigkill_mid_stage_loses_no_finished_stage_and_still_reports(tmp_path):
     rebuilt = run([sys.executable, "-m", "auditor", "rebuild", folder], tmp_path)
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert "2 finished stages, 1 open; exit unfinished" in rebuilt.stdout
-    assert stages_of(auditor.load(folder)) == FINISHED_BEFORE_THE_FAULT + [("wait", "open")]
+    assert stages_of(auditor.load(folder).to_json()) == FINISHED_BEFORE_THE_FAULT + [("wait", "open")]
 
 
 # -- memory --------------------------------------------------------------------------------
@@ -215,7 +215,7 @@ def test_memory_error_under_an_address_space_limit(tmp_path):
     assert result.returncode == fault.alone == 1
     assert "MemoryError" in result.stderr  # the script's own traceback, as python shows it
     assert_no_auditor_traceback(result.stderr)
-    record = auditor.load(tmp_path / "run")
+    record = auditor.load(tmp_path / "run").to_json()
     assert stages_of(record) == [("load", "ok"), ("too big", "failed")]
     assert record["exit"] == {"status": "failed", "code": 1, "error": "MemoryError"}
 
@@ -398,7 +398,7 @@ def test_a_full_disk_never_changes_the_scripts_status_and_loses_no_finished_stag
 
     rebuilt = run([sys.executable, "-m", "auditor", "rebuild", folder], tmp_path)  # space again
     assert rebuilt.returncode == 0, rebuilt.stderr
-    assert [s for s in stages_of(auditor.load(folder)) if s[1] != "open"] == finished
+    assert [s for s in stages_of(auditor.load(folder).to_json()) if s[1] != "open"] == finished
 
 
 def test_a_disk_that_frees_up_gets_the_whole_record_from_memory(tmp_path):
@@ -460,8 +460,8 @@ def test_runs_started_together_never_share_a_folder(tmp_path):
     folders = sorted((tmp_path / "runs").iterdir())
     assert len(folders) == 8
     for folder in folders:
-        assert stages_of(auditor.load(folder)) == [("load", "ok")]
-        assert auditor.load(folder)["exit"]["status"] == "ok"
+        assert stages_of(auditor.load(folder).to_json()) == [("load", "ok")]
+        assert auditor.load(folder).to_json()["exit"]["status"] == "ok"
 
 
 # -- every fault above, as benchmarks/reliability.py injects it -----------------------------

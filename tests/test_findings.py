@@ -33,6 +33,7 @@ from auditor.analysis.findings import evaluate, findings
 from auditor.probes.live_tensors import LiveTensorMeter
 from auditor.probes.rss import current_rss
 from auditor.record import load, write_json_atomically
+from auditor.record_schema import RunRecord
 
 TINY_GPT_NEO = dict(layers=2, hidden=64, vocab=256, heads=4)
 _RECORDS: dict[str, tuple] = {}
@@ -75,9 +76,9 @@ class MeteredStages:
                 self.open.pop()
                 self.readings[path] = entry
 
-    def attach(self, folder) -> dict:
+    def attach(self, folder) -> RunRecord:
         """Add the readings to the run record on disk; returns the record as loaded."""
-        record = load(folder)
+        record = json.loads((folder / "run.json").read_text())
         for entry in record["stages"]:
             if entry["path"] in self.readings:
                 entry["live_tensors"] = self.readings[entry["path"]]
@@ -97,7 +98,7 @@ def _memray_available() -> bool:
     return True
 
 
-def _pattern(folder) -> dict:
+def _pattern(folder) -> RunRecord:
     torch.manual_seed(0)
     model = architectures.build_model("tinystories-33m", seed=0, **TINY_GPT_NEO)
     batches = synthetic_batches(256, sequence_length=16, batch_size=2, num_batches=2, seed=0)
@@ -159,7 +160,7 @@ def _start_clean(folder) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
-def _finish_clean(child: subprocess.Popen, folder) -> dict:
+def _finish_clean(child: subprocess.Popen, folder) -> RunRecord:
     _, err = child.communicate(timeout=180)
     assert child.returncode == 0, err
     return load(folder)
@@ -177,7 +178,7 @@ def _run_traced(n_bytes: int) -> None:
         _make_spike(n_bytes)
 
 
-def _traced(folder) -> dict:
+def _traced(folder) -> RunRecord:
     """memray on, a transient made in user code. The work is one call below the `with`
     body: an allocation in a function called straight from that body comes back from the
     trace without Python frames (memray_trace's concern; the report shows what it gets)."""
@@ -188,7 +189,7 @@ def _traced(folder) -> dict:
     return load(folder)
 
 
-def _failed(folder) -> dict:
+def _failed(folder) -> RunRecord:
     with auditor.Audit(folder, name="failed", tracemalloc=True) as audit:
         with auditor.stage("fine"):
             kept = list(range(100_000))
@@ -200,7 +201,7 @@ def _failed(folder) -> dict:
     return load(folder)
 
 
-def records(tmp_path_factory) -> dict[str, tuple[dict, object]]:
+def records(tmp_path_factory) -> dict[str, tuple[RunRecord, object]]:
     """{name: (record, run folder)}, built once per session."""
     if not _RECORDS:
         root = tmp_path_factory.mktemp("report-records")
@@ -243,7 +244,7 @@ def traced(tmp_path_factory):
     return built["traced"][0]
 
 
-def fired(record: dict, rule: str) -> list:
+def fired(record: RunRecord, rule: str) -> list:
     return [f for f in findings(record) if f.rule == rule]
 
 
@@ -252,13 +253,13 @@ def fired(record: dict, rule: str) -> list:
 def test_records_have_the_patterns_they_are_built_for(pattern, clean):
     last = census_order(pattern)[-1]
     weights = weights_bytes(last)
-    parameters = sum(c["bytes"] for n, c in last["components"].items() if n == "model.parameters")
+    parameters = sum(c.bytes for n, c in last.components.items() if n == "model.parameters")
     assert weights == parameters > 0  # buffers (causal masks) are not weights in the ratios
-    assert last["components"]["pruner.saved"]["bytes"] == weights
-    assert last["components"]["model.grad"]["bytes"] == weights
-    assert all("live_tensors" in s for s in pattern["stages"] + clean["stages"])
-    hold = next(s for s in clean["stages"] if s["path"] == "hold")
-    assert hold["components"]["work.big"]["bytes"] >= 3.5 * clean["process"]["rss_at_start"]
+    assert last.components["pruner.saved"].bytes == weights
+    assert last.components["model.grad"].bytes == weights
+    assert all(s.live_tensors is not None for s in pattern.stages + clean.stages)
+    hold = next(s for s in clean.stages if s.path == "hold")
+    assert hold.components["work.big"].bytes >= 3.5 * clean.process.rss_at_start
 
 
 # -- each rule: fires with its pattern, silent without it ---------------------------------
@@ -279,7 +280,7 @@ def test_full_copy_needs_two_consecutive_stage_ends(pattern):
     trimmed = copy.deepcopy(pattern)
     ends = census_order(trimmed)
     for stage in ends[1:]:  # the copy alive at the first census only
-        stage["components"].pop("pruner.saved")
+        stage.components.pop("pruner.saved")
     assert fired(trimmed, "full-copy") == []
 
 
@@ -296,19 +297,19 @@ def test_dense_gradient_threshold_is_ninety_percent_of_the_weights(pattern):
     for ratio, fires in ((0.85, False), (0.91, True)):
         edited = copy.deepcopy(pattern)
         for stage in census_order(edited):
-            if "model.grad" in stage["components"]:
-                stage["components"]["model.grad"]["bytes"] = int(ratio * weights_bytes(stage))
+            if "model.grad" in stage.components:
+                stage.components["model.grad"].bytes = int(ratio * weights_bytes(stage))
         assert bool(fired(edited, "dense-gradients")) is fires
 
 
 def test_transient_spike(pattern, clean):
     [found] = fired(pattern, "transient-spike")
-    spike = next(s for s in pattern["stages"] if s["path"] == "spike")
-    transient = spike["rss"]["peak"] - max(spike["rss"]["start"], spike["rss"]["end"])
+    spike = next(s for s in pattern.stages if s.path == "spike")
+    transient = spike.rss.peak - max(spike.rss.start, spike.rss.end)
     assert found.evidence["stage"] == "spike" and found.evidence["transient"] == transient
-    assert transient > rules.TRANSIENT_SHARE * pattern["peak"]["rss"]
+    assert transient > rules.TRANSIENT_SHARE * pattern.peak.rss
     assert transient >= 0.9 * SPIKES["pattern"]
-    assert f"({transient / pattern['peak']['rss']:.0%} of peak)" in found.statement
+    assert f"({transient / pattern.peak.rss:.0%} of peak)" in found.statement
     assert found.severity == "high" and found.evidence["holds_run_peak"]
     assert "memray_site" not in found.evidence  # no trace in this record
     assert fired(clean, "transient-spike") == []
@@ -317,34 +318,34 @@ def test_transient_spike(pattern, clean):
 def test_transient_threshold_is_ten_percent_of_the_peak(clean):
     for share, fires in ((0.09, False), (0.11, True)):
         edited = copy.deepcopy(clean)
-        stage = next(s for s in edited["stages"] if s["path"] == "forward again")
-        assert stage["rss"]["peak"] == max(stage["rss"]["start"], stage["rss"]["end"])  # no transient yet
-        stage["rss"]["peak"] += int(share * edited["peak"]["rss"])
+        stage = next(s for s in edited.stages if s.path == "forward again")
+        assert stage.rss.peak == max(stage.rss.start, stage.rss.end)  # no transient yet
+        stage.rss.peak += int(share * edited.peak.rss)
         assert [f.evidence["stage"] for f in fired(edited, "transient-spike")] == (["forward again"] if fires else [])
 
 
 def test_transient_names_the_memray_site_of_the_peak_stage(traced):
     [found] = fired(traced, "transient-spike")
-    site = traced["memray"]["sites"][0]
-    assert traced["memray"]["stage"] == "spike" == found.evidence["stage"]
-    assert site["location"].rpartition(":")[0].endswith("test_findings.py")
-    assert site["function"] == "_make_spike"
-    assert site["bytes"] >= 0.95 * SPIKES["traced"]
-    assert found.evidence["memray_site"] == site["location"]
+    site = traced.memray.sites[0]
+    assert traced.memray.stage == "spike" == found.evidence["stage"]
+    assert site.location.rpartition(":")[0].endswith("test_findings.py")
+    assert site.function == "_make_spike"
+    assert site.bytes >= 0.95 * SPIKES["traced"]
+    assert found.evidence["memray_site"] == site.location
     shown = re.search(r"memray's largest site alive at its high-water mark is `([^`]+)` in `_make_spike`",
                       found.statement).group(1)
     # the file and line without the machine's folders
-    assert not shown.startswith("/") and site["location"].endswith("/" + shown)
-    assert shown.endswith("test_findings.py:" + site["location"].rsplit(":", 1)[1])
+    assert not shown.startswith("/") and site.location.endswith("/" + shown)
+    assert shown.endswith("test_findings.py:" + site.location.rsplit(":", 1)[1])
 
 
 def test_transient_is_reported_at_the_deepest_stage_holding_it(pattern):
     nested = copy.deepcopy(pattern)
-    for stage in nested["stages"]:  # make `gradients/batch 2` hold a spike its parent shares
-        if stage["path"] in ("gradients", "gradients/batch 2"):
-            stage["rss"]["peak"] = stage["rss"]["end"] + nested["peak"]["rss"] // 2
-    nested["stages"][[s["path"] for s in nested["stages"]].index("gradients")]["rss"]["peak"] = \
-        next(s for s in nested["stages"] if s["path"] == "gradients/batch 2")["rss"]["peak"]
+    for stage in nested.stages:  # make `gradients/batch 2` hold a spike its parent shares
+        if stage.path in ("gradients", "gradients/batch 2"):
+            stage.rss.peak = stage.rss.end + nested.peak.rss // 2
+    nested.stages[[s.path for s in nested.stages].index("gradients")].rss.peak = \
+        next(s for s in nested.stages if s.path == "gradients/batch 2").rss.peak
     stages = {f.evidence["stage"] for f in fired(nested, "transient-spike")}
     assert "gradients/batch 2" in stages and "gradients" not in stages
 
@@ -355,7 +356,7 @@ def test_retained_after_the_algorithm_returns(pattern, clean):
     assert {"pruner.saved", "model.grad"} <= set(found.evidence["components"])
     assert found.evidence["ratio_to_weights"] >= 2.0
     assert "`model.grad`" in found.statement and "RSS at the end is" in found.statement
-    assert found.evidence["rss_at_end"] == pattern["process"]["rss_at_end"]
+    assert found.evidence["rss_at_end"] == pattern.process.rss_at_end
     assert fired(clean, "retained-at-end") == []
 
 
@@ -366,14 +367,14 @@ def test_rss_beyond_the_census(pattern, clean):
     assert found.evidence["share_of_peak"] > rules.UNTRACKED_SHARE
     assert "beyond the census" in found.statement and "held by autograd" in found.statement
     clean_attribution = attribute(peak_stage(clean))
-    assert clean_attribution.beyond_census < rules.UNTRACKED_SHARE * clean["peak"]["rss"]
+    assert clean_attribution.beyond_census < rules.UNTRACKED_SHARE * clean.peak.rss
     assert fired(clean, "untracked-rss") == []
 
 
 def test_peak_rss_above_the_live_tensor_peak(pattern, clean, failed):
     [found] = fired(pattern, "rss-above-live-tensors")
-    live = max(s["live_tensors"]["peak"] for s in pattern["stages"])
-    assert found.evidence["gap"] == pattern["peak"]["rss"] - live
+    live = max(s.live_tensors.peak for s in pattern.stages)
+    assert found.evidence["gap"] == pattern.peak.rss - live
     assert fired(clean, "rss-above-live-tensors") == []
     outcome = next(o for o in evaluate(failed) if o.rule.id == "rss-above-live-tensors")
     assert outcome.not_checked == "no live-tensor meter in this record" and outcome.findings == ()
@@ -395,7 +396,7 @@ def test_census_rules_are_not_checked_without_a_census(failed):
 
 def test_rss_rules_are_not_checked_on_a_traced_run(pattern):
     traced_run = copy.deepcopy(pattern)
-    traced_run.setdefault("options", {})["traced"] = True  # fake tensors: RSS is the tracer's
+    traced_run.options = {**(traced_run.options or {}), "traced": True}  # fake tensors: RSS is the tracer's
     outcomes = {o.rule.id: o for o in evaluate(traced_run)}
     for rule in ("transient-spike", "untracked-rss", "rss-above-live-tensors"):
         assert outcomes[rule].not_checked.startswith("a traced run on fake tensors")
@@ -407,8 +408,8 @@ def test_rss_rules_are_not_checked_on_a_traced_run(pattern):
 def test_findings_are_a_pure_function_of_the_record(pattern):
     before = copy.deepcopy(pattern)
     first = findings(pattern)
-    assert pattern == before  # nothing written into the record
-    again = findings(json.loads(json.dumps(pattern)))  # the same from the JSON alone
+    assert pattern.to_json() == before.to_json()  # nothing written into the record
+    again = findings(RunRecord.from_json(json.loads(json.dumps(pattern.to_json()))))  # the same from the JSON alone
     assert first == again
     severities = [f.severity for f in first]
     assert severities == sorted(severities, key=rules.SEVERITIES.index)

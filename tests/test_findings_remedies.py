@@ -15,6 +15,7 @@ import pytest
 from auditor import units
 from auditor.analysis.findings import RULES, evaluate, findings
 from auditor.comparison.verdict import summarise
+from auditor.record_schema import RunRecord
 from auditor.renderers.markdown import render
 
 MiB, GiB = 2**20, 2**30
@@ -86,8 +87,13 @@ def cycle_record(projections: bool = False) -> dict:
     return _record(stages, "prune_fn", **more)
 
 
+def typed(record: dict) -> RunRecord:
+    """The hand-made JSON as the auditor reads a record (its fields checked)."""
+    return RunRecord.from_json(record, "a record made by hand")
+
+
 def fired(record, rule):
-    return [f for f in findings(record) if f.rule == rule]
+    return [f for f in findings(typed(record)) if f.rule == rule]
 
 
 # -- evidence names what grew ------------------------------------------------------------------
@@ -142,7 +148,7 @@ def test_a_small_cycle_still_fires_and_none_is_silent():
 
 def test_every_rule_has_a_remedy_in_plain_words():
     assert all(rule.remedy and rule.remedy.endswith(".") for rule in RULES)
-    for outcome in evaluate(cycle_record()):
+    for outcome in evaluate(typed(cycle_record())):
         for found in outcome.findings:
             assert found.remedy
 
@@ -154,11 +160,11 @@ def test_savings_here_and_at_each_projection_target():
                             "basis": "the evidence's components at stage `prune_fn`"}
     [kept] = fired(record, "retained-at-end")
     assert kept.saving["projected"][0]["bytes"] == GiB
-    text = render(record)
+    text = render(typed(record))
     assert f"({units.size(WEIGHTS)} of parameters the most a census saw)" in text  # none in the peak stage's
     assert (f"  - Remedy: {cycle.remedy} Saves up to {units.size(CYCLE)} here; {units.size(4 * GiB)} at llama-7b (scaled)."
             in text)
-    assert "no projection in this record" in render(cycle_record())
+    assert "no projection in this record" in render(typed(cycle_record()))
 
 
 def test_rules_without_a_saving_say_none():
@@ -180,7 +186,7 @@ def test_a_validated_remedy_is_cited_with_its_measured_saving():
     assert fired(record, "retained-at-end")[0].validated == ()
     assert ("  - Validated: variant `no-closure` (the closure deleted before returning), 120.0 MiB less peak "
             "RSS, result identical (whole-run peak RSS against the baseline, measured by "
-            "`reports/compare-tiny-llama.json`: tiny-llama, 3 runs a side).") in render(record)
+            "`reports/compare-tiny-llama.json`: tiny-llama, 3 runs a side).") in render(typed(record))
 
 
 # -- the GradProbe job: validated remedies from the committed comparison -----------------------
@@ -208,7 +214,7 @@ def test_gradprobe_job_annotates_the_variants_its_comparison_measured():
     by_name = {r["variant"]: r for r in remedies}
     assert "pruner.saved_state" in by_name["sparse-state"]["components"]
     assert "model.grad" in by_name["grad-in-backward"]["components"]
-    found = {f.evidence.get("component"): f for f in findings(gradprobe_record(remedies))}
+    found = {f.evidence.get("component"): f for f in findings(typed(gradprobe_record(remedies)))}
     assert [v["variant"] for v in found["pruner.saved_state"].validated] == ["lean", "sparse-state"]
     assert [v["variant"] for v in found["model.grad"].validated] == ["lean", "grad-in-backward"]
 

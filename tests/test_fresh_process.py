@@ -103,14 +103,14 @@ def test_a_local_package_of_the_same_name_is_not_imported(decoys):
 def test_pythonpath_is_still_honoured(sleeper, tmp_path):
     child = run_module(sleeper, str(tmp_path / "run"), "0", run_folder=tmp_path / "run")
     assert child.ok, child.output
-    assert [s["path"] for s in child.stages] == ["first", "second"]
+    assert [s.path for s in child.stages] == ["first", "second"]
 
 
 def test_a_train_step_configuration_runs_the_installed_packages_beside_a_decoy(decoys):
     settings = train_step.Settings("tinystories-33m", overrides=dict(TINY_GPT_NEO), steps=1,
                                    sequence_length=8)
     record = train_step.audit_in_fresh_process(settings, decoys / "run")
-    assert record["exit"]["status"] == "ok"
+    assert record.exit.status == "ok"
 
 
 def test_calibration_runs_in_the_runner_beside_a_decoy(decoys):
@@ -129,7 +129,7 @@ def test_the_validation_real_run_is_a_job_that_runs_the_installed_packages(decoy
     from auditor.jobs.gradprobe import Settings
     from auditor.jobs.validation_run import real_audit
     record = real_audit(Settings(overrides=dict(TINY_GPT_NEO), sequence_length=8), decoys / "small", threads=1)
-    assert record["exit"]["status"] == "ok" and record["result"]["pruned"] >= 0
+    assert record.exit.status == "ok" and record.annotations["result"]["pruned"] >= 0
 
 
 def test_analysis_starts_no_process():
@@ -146,7 +146,7 @@ def test_a_child_killed_by_sigkill_is_named_and_keeps_its_finished_stages(sleepe
     thread.join(30)
     child = outcome["child"]
     assert child.signal == "SIGKILL" and child.ending == "killed by SIGKILL: out of memory?"
-    assert [s["path"] for s in child.stages] == ["first"]
+    assert [s.path for s in child.stages] == ["first"]
     on_disk = json.loads((run / "run.json").read_text())  # rebuilt, and says how the child ended
     assert on_disk["exit"] == {"status": "unfinished", "code": -9, "signal": "SIGKILL",
                                "error": "killed by SIGKILL: out of memory?"}
@@ -159,16 +159,16 @@ def test_a_child_stopped_by_sigterm_is_interrupted(sleeper, tmp_path):
     thread.join(30)
     child = outcome["child"]
     assert child.ending == "interrupted (SIGTERM)"
-    assert child.record["exit"]["status"] == "interrupted"
-    assert [s["path"] for s in child.stages] == ["first"]
+    assert child.record.exit.status == "interrupted"
+    assert [s.path for s in child.stages] == ["first"]
 
 
 def test_a_child_past_its_timeout_is_killed_and_says_so(sleeper, tmp_path):
     run = tmp_path / "run"
     child = run_module(sleeper, str(run), "60", run_folder=run, timeout_s=3)
     assert child.timed_out and child.ending == "killed after the 3 s timeout"
-    assert child.record["exit"]["error"] == "killed after the 3 s timeout"
-    assert [s["path"] for s in child.stages] == ["first"]
+    assert child.record.exit.error == "killed after the 3 s timeout"
+    assert [s.path for s in child.stages] == ["first"]
 
 
 def test_a_failing_child_gives_its_exit_status_and_last_line(tmp_path):
@@ -211,5 +211,5 @@ def test_ctrl_c_in_the_parent_waits_for_the_child_and_carries_its_stages(sleeper
     timer.join()
     child = stopped.value.child
     assert child.parent_interrupted and child.interrupted
-    assert child.record["exit"]["status"] == "interrupted"
-    assert [s["path"] for s in child.stages if s["status"] == "ok"] == ["first"]
+    assert child.record.exit.status == "interrupted"
+    assert [s.path for s in child.stages if s.status == "ok"] == ["first"]

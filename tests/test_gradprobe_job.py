@@ -31,18 +31,18 @@ def test_audits_projects_and_reports(tmp_path):
     assert "projections" not in written and "calibration" not in written
     assert (run_dir / "projections.json").exists() and (run_dir / "calibration.json").exists()
     record = run_record.load(run_dir)
-    phases = [s["path"] for s in record["stages"] if s["parent"] == "prune"]
+    phases = [s.path for s in record.stages if s.parent == "prune"]
     assert phases == [f"prune/GradProbe.{p}" for p in (
         "save_state", "record_original_gradients", "select_candidates", "reduce_candidates",
         "record_reduced_gradients", "decide", "apply_masks")]
-    components = {s["path"]: s["components"] for s in record["stages"]}["prune/GradProbe.decide"]
-    assert components["pruner.saved_state"]["category"] == "saved copies"
-    assert components["pruner.gradients_original"]["category"] == "gradient records"
-    assert record["workload"]["architecture"] == "tinystories-33m"
-    assert record["minimum"]["total"] > 0
-    methods = {(p["method"], p["target"]) for p in record["projections"]}
+    components = {s.path: s.components for s in record.stages}["prune/GradProbe.decide"]
+    assert components["pruner.saved_state"].category == "saved copies"
+    assert components["pruner.gradients_original"].category == "gradient records"
+    assert record.annotations["workload"]["architecture"] == "tinystories-33m"
+    assert record.annotations["minimum"]["total"] > 0
+    methods = {(p["method"], p["target"]) for p in record.annotations["projections"]}
     assert methods == {("scaled", "tinystories-33m"), ("traced", "tinystories-33m")}
-    traced = next(p for p in record["projections"] if p["method"] == "traced")
+    traced = next(p for p in record.annotations["projections"] if p["method"] == "traced")
     # the full TinyStories-33M holds S, G0, G1 and .grad besides its weights: > 5x 261 MiB
     assert traced["live_tensor_peak"] > 5 * 68_514_048 * 4
     text = report.read_text()
@@ -50,11 +50,11 @@ def test_audits_projects_and_reports(tmp_path):
         assert heading in text
     assert (tmp_path / "report-timeline.png").exists()
     # memray is on by default: the report names the allocation sites of the peak
-    assert record["probes"]["memray"]["state"] == "on" and record["memray"]["sites"]
+    assert record.probes["memray"].state == "on" and record.memray.sites
     sites = text.split("## Top allocation sites at the peak", 1)[1].split("\n## ", 1)[0]
     assert "No memray trace" not in sites
-    top = record["memray"]["sites"][0]
-    assert f"| `{top['function']}` | {size(top['bytes'])} |" in sites.split("\n| 2 |")[0]
+    top = record.memray.sites[0]
+    assert f"| `{top.function}` | {size(top.bytes)} |" in sites.split("\n| 2 |")[0]
     again = tmp_path / "again.md"  # the report made again from the folder alone
     assert auditor("report", str(run_dir), "-o", str(again)).returncode == 0
     assert again.read_text().replace("again-", "report-") == text

@@ -16,6 +16,7 @@ from auditor.analysis.ranks import COLLECTIVE_WRAPPERS, collective_bytes, is_mul
 from auditor.cli import UsageError, main
 from auditor.cli.run_dir import check_new_run_dir
 from auditor.record import load
+from auditor.record_schema import AtPeak, AtPeakRow
 from conftest import one_error_line
 
 ROOT = Path(__file__).parents[1]
@@ -45,7 +46,7 @@ def torchrun_folder(tmp_path_factory) -> Path:
 def test_torchrun_writes_one_record_per_rank(torchrun_folder):
     assert sorted(p.name for p in torchrun_folder.iterdir()) == ["rank-0", "rank-1"]
     for rank in (0, 1):
-        record = load(torchrun_folder / f"rank-{rank}")
+        record = load(torchrun_folder / f"rank-{rank}").to_json()
         assert record["exit"]["status"] == "ok"
         identity = record["rank"]
         assert (identity["rank"], identity["world_size"], identity["local_rank"]) == (rank, 2, rank)
@@ -58,7 +59,7 @@ def test_torchrun_writes_one_record_per_rank(torchrun_folder):
 @pytest.mark.slow
 def test_merged_report_equals_each_ranks_record_and_names_the_peak_rank(torchrun_folder, tmp_path):
     merged = merge_ranks(torchrun_folder)
-    records = {rank: load(torchrun_folder / f"rank-{rank}") for rank in (0, 1)}
+    records = {rank: load(torchrun_folder / f"rank-{rank}").to_json() for rank in (0, 1)}
     for row in merged["stages"]:
         for rank, record in records.items():
             stage = next(s for s in record["stages"] if s["path"] == row["path"])
@@ -178,7 +179,7 @@ def test_a_rank_writes_its_own_folder_beside_the_other_ranks(tmp_path, as_rank):
     assert _audited(shared) == shared / "rank-1"
     as_rank(0)
     assert _audited(shared) == shared / "rank-0"  # rank 1's folder is no reuse
-    record = load(shared / "rank-0")
+    record = load(shared / "rank-0").to_json()
     assert record["rank"]["rank"] == 0 and record["rank"]["source"] == "environment"
     assert record["rank"]["read_at"] == "start"
     assert is_multi_rank(shared) and merge_ranks(shared)["missing_ranks"] == []
@@ -251,9 +252,11 @@ def test_a_plain_folder_is_no_multi_rank_run(tmp_path):
 
 
 def test_collective_buffers_leave_out_the_wrappers_they_return():
-    rows = [{"op": "_c10d_functional::all_reduce", "bytes": 1000},
-            {"op": "_c10d_functional::_wrap_tensor_autograd", "bytes": 1000},  # no memory of its own
-            {"op": "aten::empty", "bytes": 5000}, {"op": None, "bytes": 7}]
-    assert collective_bytes({"rows": rows}) == 1000
-    assert collective_bytes({"rows": rows}, COLLECTIVE_WRAPPERS) == 1000
+    def row(op, size):
+        return AtPeakRow(owner=None, category="other", op=op, bytes=size, tensors=1)
+    rows = [row("_c10d_functional::all_reduce", 1000),
+            row("_c10d_functional::_wrap_tensor_autograd", 1000),  # no memory of its own
+            row("aten::empty", 5000), row(None, 7)]
+    assert collective_bytes(AtPeak(bytes=8007, rows=rows)) == 1000
+    assert collective_bytes(AtPeak(bytes=8007, rows=rows), COLLECTIVE_WRAPPERS) == 1000
     assert collective_bytes(None) is None  # the live-tensor meter was off

@@ -106,7 +106,7 @@ def test_run_projects_an_unmodified_script_to_the_target_model(program, capsys):
     err = capsys.readouterr().err
     assert "traced projection to llama-2-7b (layers 2, hidden 128" in err
     record = auditor.load("out")
-    assert record["model_from"]["calls"][0]["class"] == "LlamaForCausalLM"
+    assert record.annotations["model_from"]["calls"][0]["class"] == "LlamaForCausalLM"
     record_folder = Path("out")
     (projection,) = json.loads((record_folder / "projections.json").read_text())
     assert projection["method"] == "traced" and "incomplete" not in projection
@@ -122,14 +122,14 @@ def test_run_projects_an_unmodified_script_to_the_target_model(program, capsys):
     assert sorted(stats) == sorted([4 * 128 * 128] * 12 + [4 * 256 * 256] * 2)
     # the traced run is the same program: its stages pair with the real run's by path
     traced = auditor.load(record_folder / projection["run_folder"])
-    assert {folded_path(s["path"]) for s in traced["stages"]} == \
-        {folded_path(s["path"]) for s in record["stages"]} == {"prune", "prune/Stat.add_batch"}
+    assert {folded_path(s.path) for s in traced.stages} == \
+        {folded_path(s.path) for s in record.stages} == {"prune", "prune/Stat.add_batch"}
     report = record_folder / "report.md"
     assert main(["report", "out", "-o", str(report)]) == 0
     text = report.read_text()
     assert "## Projection to llama-2-7b (layers 2, hidden 128, vocab 256, heads 2, intermediate 256) (traced)" in text
     assert "| &emsp;Stat.add_batch | 21 | 42 |" in text  # calls audited / at the target (2 layers)
-    assert traced["model_from"]["calls"][0]["copied_attributes"] == {"seqlen": 16}
+    assert traced.annotations["model_from"]["calls"][0]["copied_attributes"] == {"seqlen": 16}
 
 
 def test_the_traced_projection_matches_a_real_run_at_the_target(program, tmp_path):
@@ -144,7 +144,7 @@ def test_the_traced_projection_matches_a_real_run_at_the_target(program, tmp_pat
     assert abs(targets["live tensors, every stage", "traced"]["error"]) <= 0.02
     assert result["scale_up"] > 8  # the target is held out: nothing of it was measured before
     real = auditor.load(tmp_path / "validation" / "target")
-    assert real["model_from"]["calls"][0]["replaces"]["class"] == "LlamaForCausalLM"
+    assert real.annotations["model_from"]["calls"][0]["replaces"]["class"] == "LlamaForCausalLM"
 
 
 def test_a_failed_script_is_not_projected_and_keeps_its_status(program, capsys):
@@ -206,11 +206,11 @@ def test_the_python_api_projects_a_function(program, tmp_path):
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop(f"{module}_main", None)
-    (projection,) = record["projections"]
+    (projection,) = record.annotations["projections"]
     assert projection["target"] == TARGET_MODEL.describe()
     assert projection["live_tensor_peak"] > 4 * architectures.count_parameters(
         TARGET_MODEL.architecture, **TARGET_MODEL.overrides)
-    assert auditor.load(tmp_path / "api")["projections"] == [projection]
+    assert auditor.load(tmp_path / "api").annotations["projections"] == [projection]
 
 
 def test_a_from_config_classmethod_is_replaced_and_attributes_the_program_set_carry_over(tmp_path, monkeypatch, capsys):
@@ -238,7 +238,7 @@ def test_a_from_config_classmethod_is_replaced_and_attributes_the_program_set_ca
     (projection,) = json.loads((tmp_path / "out" / "projections.json").read_text())
     assert "incomplete" not in projection
     traced = auditor.load(tmp_path / "out" / projection["run_folder"])
-    (call,) = traced["model_from"]["calls"]
+    (call,) = traced.annotations["model_from"]["calls"]
     assert call["parameters"] == architectures.count_parameters(TARGET_MODEL.architecture, **TARGET_MODEL.overrides)
     assert call["copied_attributes"] == {}  # seqlen is set by the script itself, after the call
 

@@ -41,18 +41,24 @@ def validation(tmp_path_factory):
 
 
 def stages(record):
-    return {s["path"]: s for s in record["stages"]}
+    """A run record's stages by path."""
+    return {s.path: s for s in record.stages}
+
+
+def projected_stages(projection):
+    """A projection's stages (dicts analysis built) by path."""
+    return {s["path"]: s for s in projection["stages"]}
 
 
 def test_traced_run_equals_the_real_meter_stage_by_stage(validation):
     real, traced = stages(validation["target"]), stages(validation["traced"])
     assert list(real) == list(traced)
     for path, stage in real.items():
-        assert traced[path]["live_tensors"]["peak"] == pytest.approx(stage["live_tensors"]["peak"], rel=0.02)
-        assert traced[path]["live_tensors"]["end"] == pytest.approx(stage["live_tensors"]["end"], rel=0.02)
-    projected = stages(project_traced(validation["small"], validation["traced"]))
+        assert traced[path].live_tensors.peak == pytest.approx(stage.live_tensors.peak, rel=0.02)
+        assert traced[path].live_tensors.end == pytest.approx(stage.live_tensors.end, rel=0.02)
+    projected = projected_stages(project_traced(validation["small"], validation["traced"]))
     for path, stage in real.items():
-        assert projected[path]["tensor_peak"] == pytest.approx(stage["live_tensors"]["peak"], rel=0.02)
+        assert projected[path]["tensor_peak"] == pytest.approx(stage.live_tensors.peak, rel=0.02)
 
 
 @pytest.mark.parametrize("calibrated", [True, False])
@@ -64,11 +70,11 @@ def test_scaled_projection_onto_its_own_shape_gives_back_its_own_numbers(validat
     for stage in projection["stages"]:
         measured = stages(record)[stage["path"]]
         for name, item in stage["components"].items():
-            assert item["projected"] == measured["components"][name]["bytes"], (stage["path"], name)
-        assert stage["tensor_peak"] == measured["live_tensors"]["peak"], stage["path"]
-        assert stage["rss_peak"] == measured["rss"]["peak"], stage["path"]
-    assert projection["peak"]["rss"] == max(s["rss"]["peak"] for s in record["stages"])
-    assert projection["live_tensor_peak"] == max(s["live_tensors"]["peak"] for s in record["stages"])
+            assert item["projected"] == measured.components[name].bytes, (stage["path"], name)
+        assert stage["tensor_peak"] == measured.live_tensors.peak, stage["path"]
+        assert stage["rss_peak"] == measured.rss.peak, stage["path"]
+    assert projection["peak"]["rss"] == max(s.rss.peak for s in record.stages)
+    assert projection["live_tensor_peak"] == max(s.live_tensors.peak for s in record.stages)
 
 
 def test_scale_up_is_within_the_targets(validation):
@@ -80,25 +86,25 @@ def test_scale_up_is_within_the_targets(validation):
     # do not explain the calibration runs it prints none, and the target says why
     assert all(t["met"] or (t["met"] is None and t["not_printed"])
                for t in result["targets"] if t["method"] == "scaled"), result["targets"]
-    real_peak = max(s["live_tensors"]["peak"] for s in validation["target"]["stages"])
+    real_peak = max(s.live_tensors.peak for s in validation["target"].stages)
     scaled = result["projections"]["scaled"]
     assert scaled["live_tensor_peak"] == pytest.approx(real_peak, rel=0.03)
-    assert scaled["peak"]["rss"] == pytest.approx(validation["target"]["peak"]["rss"], rel=0.05)
+    assert scaled["peak"]["rss"] == pytest.approx(validation["target"].peak.rss, rel=0.05)
     # the backward transient is the tied embedding's gradient twice: fitted onto `tied`, it grows
     # with the embedding (2x here), not with the parameters (about 4x)
     for path in GRADIENT_STAGES:
-        transient = stages(scaled)[path]["transient"]
+        transient = projected_stages(scaled)[path]["transient"]
         assert transient["how"] == "fitted" and max(transient["shares"], key=transient["shares"].get) == "tied"
-        real = stages(validation["target"])[path]["live_tensors"]
-        assert transient["projected"] == pytest.approx(real["peak"] - real["end"], rel=0.01)
-    buffers = stages(scaled)["prune"]["components"]["model.buffers"]
-    assert buffers["projected"] == stages(validation["target"])["prune"]["components"]["model.buffers"]["bytes"]
+        real = stages(validation["target"])[path].live_tensors
+        assert transient["projected"] == pytest.approx(real.peak - real.end, rel=0.01)
+    buffers = projected_stages(scaled)["prune"]["components"]["model.buffers"]
+    assert buffers["projected"] == stages(validation["target"])["prune"].components["model.buffers"].bytes
 
 
 def test_unfitted_projection_misses_what_the_fit_gets_right(validation):
     """Without calibration runs the transient scales by parameters: the peak comes out too high."""
     unfitted = project(validation["small"], "tinystories-33m", target_overrides=TARGET, calibration=[])
-    real_peak = max(s["live_tensors"]["peak"] for s in validation["target"]["stages"])
+    real_peak = max(s.live_tensors.peak for s in validation["target"].stages)
     assert unfitted["live_tensor_peak"] > 1.05 * real_peak
 
 

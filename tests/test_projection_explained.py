@@ -13,6 +13,7 @@ from auditor.analysis.drivers import shape_of
 from auditor.analysis.projection import project
 from auditor.jobs.calibration import perturbations
 from auditor.jobs.gradprobe import Settings
+from auditor.record_schema import RunRecord
 from auditor.renderers.markdown import render
 from auditor.renderers.projection_markdown import projection_sections
 
@@ -39,7 +40,8 @@ def run_record(overrides: dict, state) -> dict:
     weights = 4 * shape_of("mistral-7b", TOKENS, overrides).parameters
     model = {"model.parameters": {"category": "weights", "bytes": weights}}
     peak = {"rss": PROCESS + weights + state(overrides), "stage": "prune"}
-    return {"name": "hessians", "peak": peak, "workload": {
+    return {"schema": "auditor.run/1", "name": "hessians", "command": "x", "started_at": "t", "device": "cpu",
+            "environment": {}, "process": {}, "peak": peak, "workload": {
                 "architecture": "mistral-7b", "overrides": overrides, "tokens": TOKENS,
                 "settings": {"batch_size": 1, "sequence_length": TOKENS}},
             "stages": [stage("build model", model, 0.0),
@@ -47,14 +49,15 @@ def run_record(overrides: dict, state) -> dict:
                                                                     "bytes": state(overrides)}}, 1.0)]}
 
 
-def calibrated(state) -> dict:
+def calibrated(state) -> RunRecord:
+    """The small run, read as the auditor reads it, with its calibration runs (JSON) beside it."""
     runs = [dict(run_record(s.overrides, state), label=label)
             for label, s in perturbations(Settings(architecture="mistral-7b", overrides=SMALL,
                                                    sequence_length=TOKENS))]
-    return dict(run_record(SMALL, state), calibration=runs)
+    return RunRecord.from_json(dict(run_record(SMALL, state), calibration=runs))
 
 
-def traced(record: dict) -> dict:
+def traced(record: RunRecord) -> dict:
     """A traced projection's shape (its figures stand in for the scaled ones)."""
     peak = 140 << 30
     return {"method": "traced", "target": "mistral-7b", "target_dtype": None,
@@ -79,7 +82,7 @@ def test_a_hessian_no_driver_explains_is_not_printed_as_a_number():
     assert scaled["explained"] is False and scaled["unexplained_stages"] == ["prune"]
     assert scaled["miss"] == {"stage": "prune", "bytes": stages["prune"]["miss"], "what": "pruner.hessians"}
 
-    record["projections"] = [scaled, traced(record)]
+    record.annotations["projections"] = [scaled, traced(record)]
     text = render(record)
     headline = summary(text).split("projected (scaled: mistral-7b)", 1)[1].split("\n", 1)[0]
     assert "not explained by its drivers (miss" in headline and "see traced" in headline
@@ -101,15 +104,15 @@ def test_a_state_the_drivers_explain_is_printed():
     scaled = project(record, "mistral-7b")
     assert scaled["explained"] is True
     assert all(s["explained"] for s in scaled["stages"])
-    record["projections"] = [scaled]
+    record.annotations["projections"] = [scaled]
     headline = summary(render(record)).split("projected (scaled: mistral-7b)", 1)[1].split("\n", 1)[0]
     assert "GiB peak RSS" in headline and "not explained" not in headline
 
 
 def test_without_calibration_runs_nothing_is_checked_and_the_caveat_stays():
-    record = run_record(SMALL, hessian_bytes)
+    record = RunRecord.from_json(run_record(SMALL, hessian_bytes))
     scaled = project(record, "mistral-7b")
     assert "explained" not in scaled and all("explained" not in s for s in scaled["stages"])
-    record["projections"] = [scaled]
+    record.annotations["projections"] = [scaled]
     headline = summary(render(record)).split("projected (scaled: mistral-7b)", 1)[1].split("\n", 1)[0]
     assert "uncalibrated" in headline and "not explained" not in headline

@@ -80,7 +80,7 @@ def test_a_finished_run_whose_run_json_failed_is_not_called_unfinished(run_folde
     message = str(caught.value)
     assert "could not be written" in message and "auditor rebuild" in message
     assert "did not finish" not in message
-    assert auditor.load(run_folder, from_events=True)["exit"]["status"] == "ok"
+    assert auditor.load(run_folder, from_events=True).to_json()["exit"]["status"] == "ok"
 
 
 def test_a_log_that_ends_early_says_the_run_did_not_finish(run_folder):
@@ -93,7 +93,7 @@ def test_rebuild_writes_run_json_and_keeps_an_existing_one_unless_forced(run_fol
     killed_in(run_folder, "save")
     assert main(["rebuild", str(run_folder)]) == 0
     assert "2 finished stages, 1 open; exit unfinished" in capsys.readouterr().out
-    record = auditor.load(run_folder)
+    record = auditor.load(run_folder).to_json()
     assert [(s["path"], s["status"]) for s in record["stages"]] == [
         ("load", "ok"), ("work", "ok"), ("save", "open")]
     written = (run_folder / "run.json").read_bytes()
@@ -102,7 +102,7 @@ def test_rebuild_writes_run_json_and_keeps_an_existing_one_unless_forced(run_fol
     assert "exists already; add --force" in one_error_line(capsys)
     assert (run_folder / "run.json").read_bytes() == written
     assert main(["rebuild", "--force", str(run_folder)]) == 0
-    assert auditor.load(run_folder) == record
+    assert auditor.load(run_folder).to_json() == record
 
 
 @pytest.mark.parametrize("case, message", [
@@ -166,7 +166,7 @@ def test_image_links_work_for_report_names_with_spaces(run_folder, tmp_path):
 def test_the_timeline_title_and_labels_stay_inside_the_figure(run_folder, name):
     from auditor.renderers.timeline_plot import draw
     record = auditor.load(run_folder)
-    record["name"] = name
+    record.name = name
     figure = draw(record)
     figure.canvas.draw()
     renderer, box = figure.canvas.get_renderer(), figure.bbox

@@ -21,6 +21,7 @@ from auditor.analysis.findings import RULES, evaluate, findings
 from auditor.analysis.source_paths import code_root, shown_command
 from auditor.analysis.timeline import timeline
 from auditor.cli import main
+from auditor.record_schema import CudaReadings
 from auditor.renderers.markdown import render
 from test_findings import TINY_GPT_NEO, records
 from conftest import one_error_line
@@ -123,12 +124,12 @@ def test_report_renders_from_the_record_alone_without_torch(built, tmp_path):
 def test_summary(reports, built):
     record = built["pattern"][0]
     summary = table_after(text_of(reports, "pattern"), "## Summary")
-    peak = record["peak"]
-    assert row(summary, "peak RSS")[1] == f"**{units.size(peak['rss'])}** in stage `{peak['stage']}`"
+    peak = record.peak
+    assert row(summary, "peak RSS")[1] == f"**{units.size(peak.rss)}** in stage `{peak.stage}`"
     weights = run_weights(record)
-    assert weights == peak_stage(record)["components"]["model.parameters"]["bytes"]
-    assert row(summary, "peak / weights")[1].startswith(f"**{units.ratio(peak['rss'], weights)}** the weights")
-    live = max(s["live_tensors"]["peak"] for s in record["stages"])
+    assert weights == peak_stage(record).components["model.parameters"].bytes
+    assert row(summary, "peak / weights")[1].startswith(f"**{units.ratio(peak.rss, weights)}** the weights")
+    live = max(s.live_tensors.peak for s in record.stages)
     assert row(summary, "peak live tensors")[1].startswith(units.size(live))
     counts = {s: sum(1 for f in findings(record) if f.severity == s) for s in ("high", "medium", "low")}
     assert row(summary, "findings")[1].startswith(f"{counts['high']} high, {counts['medium']} medium, {counts['low']} low")
@@ -146,17 +147,17 @@ def test_stage_table(reports, built):
     body = [r for r in rows if not r[0].startswith("*(unstaged)")]  # unstaged time has rows of its own
     assert header[:7] == ["stage", "status", "duration", "RSS end", "delta", "peak inside", "peak - start"]
     assert "live tensors peak" in header and "Python heap end" not in header and "CUDA allocated" not in header
-    assert len(body) == len(record["stages"])
-    for cells, stage in zip(body, record["stages"]):
-        rss = stage["rss"]
-        depth = stage["path"].count("/")
-        assert cells[0].startswith("&emsp;" * depth + ("**" if stage["path"] == record["peak"]["stage"] else stage["name"][0]))
+    assert len(body) == len(record.stages)
+    for cells, stage in zip(body, record.stages):
+        rss = stage.rss
+        depth = stage.path.count("/")
+        assert cells[0].startswith("&emsp;" * depth + ("**" if stage.path == record.peak.stage else stage.name[0]))
         assert not cells[0].startswith("&emsp;" * (depth + 1))
-        assert cells[3] == units.size(rss["end"])
-        assert cells[4] == units.signed_size(rss["end"] - rss["start"])
-        assert cells[5] == units.size(rss["peak"])
-        assert cells[6] == units.signed_size(rss["peak"] - rss["start"])
-        assert cells[header.index("live tensors peak")] == units.size(stage["live_tensors"]["peak"])
+        assert cells[3] == units.size(rss.end)
+        assert cells[4] == units.signed_size(rss.end - rss.start)
+        assert cells[5] == units.size(rss.peak)
+        assert cells[6] == units.signed_size(rss.peak - rss.start)
+        assert cells[header.index("live tensors peak")] == units.size(stage.live_tensors.peak)
     assert row(table, "batch 1")[0] == "&emsp;batch 1"
     assert row(table, "spike")[0] == "**spike**"  # the stage holding the run's peak
 
@@ -187,16 +188,16 @@ def test_failed_stage_is_marked_and_heap_columns_appear(reports, built):
     assert "Python heap end" in header and "Python heap peak" in header
     assert row(table, "boom")[1] == "**FAILED**: ValueError: bad batch"
     assert row(table, "fine")[1] == "ok"
-    fine = next(s for s in built["failed"][0]["stages"] if s["name"] == "fine")
-    assert row(table, "fine")[header.index("Python heap end")] == units.size(fine["py_heap"]["end"])
+    fine = next(s for s in built["failed"][0].stages if s.name == "fine")
+    assert row(table, "fine")[header.index("Python heap end")] == units.size(fine.py_heap.end)
 
 
 def test_cuda_columns_when_the_record_has_cuda_readings(built):
     """A CUDA run's stage fields (the probe's format), on a copy of a real CPU record."""
     record = copy.deepcopy(built["failed"][0])
-    for index, stage in enumerate(record["stages"]):
-        stage["cuda"] = {"allocated_start": 0, "allocated_end": (index + 1) * 2**30,
-                         "reserved_end": (index + 2) * 2**30, "peak_allocated": (index + 3) * 2**30}
+    for index, stage in enumerate(record.stages):
+        stage.cuda = CudaReadings(allocated_start=0, allocated_end=(index + 1) * 2**30,
+                                  reserved_end=(index + 2) * 2**30, peak_allocated=(index + 3) * 2**30)
     table = table_after(render(record), "## Stages")
     header = table[0]
     assert header[-3:] == ["CUDA allocated", "CUDA reserved", "CUDA peak allocated"]
@@ -210,23 +211,23 @@ def test_component_table_sums(reports, built):
     record = built["pattern"][0]
     stage = peak_stage(record)
     a = attribute(stage)
-    assert a.census == sum(c["bytes"] for c in stage["components"].values()) == sum(r.bytes for r in a.rows)
+    assert a.census == sum(c.bytes for c in stage.components.values()) == sum(r.bytes for r in a.rows)
     assert sum(total for _, total in a.categories) == a.census
-    assert a.beyond_census == stage["rss"]["end"] - a.census
-    assert a.unseen == stage["live_tensors"]["end"] - a.census
+    assert a.beyond_census == stage.rss.end - a.census
+    assert a.unseen == stage.live_tensors.end - a.census
     assert a.unseen + a.beyond_live == a.beyond_census
     assert sum(r.share for r in a.rows) + a.share(a.beyond_census) == pytest.approx(1.0)
 
     text = text_of(reports, "pattern")
-    table = table_after(text, f"### Components at the peak stage: `{stage['path']}`")
+    table = table_after(text, f"### Components at the peak stage: `{stage.path}`")
     for component in a.rows:
         assert row(table, f"`{component.name}`")[1:4] == [component.category, units.size(component.bytes),
                                                           units.share(component.bytes, a.rss_end)]
     assert row(table, "census total")[2] == f"**{units.size(a.census)}**"
     assert row(table, BEYOND_CENSUS)[2] == units.size(a.beyond_census)
     assert row(table, UNSEEN_TENSORS)[2] == units.size(a.unseen)
-    assert row(table, "RSS at the stage end")[2] == f"**{units.size(stage['rss']['end'])}**"
-    assert row(table, "peak inside the stage")[2] == f"**{units.size(stage['rss']['peak'])}**"
+    assert row(table, "RSS at the stage end")[2] == f"**{units.size(stage.rss.end)}**"
+    assert row(table, "peak inside the stage")[2] == f"**{units.size(stage.rss.peak)}**"
     percentages = [float(row(table, name)[3].rstrip("%")) for name in ("census total", BEYOND_CENSUS)]
     assert sum(percentages) == pytest.approx(100.0, abs=0.15)
     categories = tables(text[text.index("By category:"):])[0]
@@ -240,7 +241,7 @@ def test_beyond_census_line_is_never_hidden(reports, built):
         text = text_of(reports, name)
         record = built[name][0]
         for stage in {id(s): s for s in (peak_stage(record), final_stage(record))}.values():
-            section = text[text.index(f": `{stage['path']}`"):]
+            section = text[text.index(f": `{stage.path}`"):]
             assert row(tables(section)[0], BEYOND_CENSUS)[2] == units.size(attribute(stage).beyond_census)
     clean = text_of(reports, "clean")  # peak and last stage differ: both tables
     assert "### Components at the peak stage" in clean and "### Components at the last stage" in clean
@@ -252,14 +253,14 @@ def test_the_tensor_that_made_the_peak_is_shown(reports, built):
     a component table shows `work.big` at the peak."""
     record = built["clean"][0]
     holder = peak_stage(record)
-    assert holder["path"] in ("hold", "release")
+    assert holder.path in ("hold", "release")
     text = text_of(reports, "clean")
-    title = ("### Components at the peak stage: `hold`" if holder["path"] == "hold"
+    title = ("### Components at the peak stage: `hold`" if holder.path == "hold"
              else "### Components just before the peak stage: `hold`")
-    if holder["path"] == "release":
-        assert census_before(record, holder)["path"] == "hold" and peak_at_start(holder)
-    hold = next(s for s in record["stages"] if s["path"] == "hold")
-    big = hold["components"]["work.big"]["bytes"]
+    if holder.path == "release":
+        assert census_before(record, holder).path == "hold" and peak_at_start(holder)
+    hold = next(s for s in record.stages if s.path == "hold")
+    big = hold.components["work.big"].bytes
     assert row(table_after(text, title), "`work.big`")[2] == units.size(big)
     assert not peak_at_start(peak_stage(built["pattern"][0]))  # a transient inside: no extra table
     assert "just before the peak stage" not in text_of(reports, "pattern")
@@ -268,12 +269,12 @@ def test_the_tensor_that_made_the_peak_is_shown(reports, built):
 def test_projection_columns_scaled_and_traced_side_by_side(built, tmp_path):
     from auditor.analysis.projection import project
     record = copy.deepcopy(built["pattern"][0])
-    record["workload"] = {"architecture": "tinystories-33m", "overrides": TINY_GPT_NEO, "tokens": 32}
+    record.annotations["workload"] = {"architecture": "tinystories-33m", "overrides": TINY_GPT_NEO, "tokens": 32}
     scaled = project(record, "gpt-neo-125m")
-    traced_run = copy.deepcopy(built["pattern"][0])  # stands in for a traced run of the target
-    record["projections"] = [{"method": "traced", "target": "gpt-neo-125m", "record": traced_run}, scaled]
+    traced_run = built["pattern"][0].to_json()  # stands in for a traced run of the target (its JSON)
+    record.annotations["projections"] = [{"method": "traced", "target": "gpt-neo-125m", "record": traced_run}, scaled]
     text = render(record)
-    stage = peak_stage(record)["path"]
+    stage = peak_stage(record).path
     table = table_after(text, f"### Components at the peak stage: `{stage}`")
     header = table[0]
     assert header[4:] == ["projected, scaled: gpt-neo-125m", "projected, traced: gpt-neo-125m"]
@@ -295,21 +296,21 @@ def test_an_uncalibrated_scaled_projection_says_so(built):
     from auditor.analysis.components import UNCALIBRATED
     from auditor.analysis.projection import project
     record = copy.deepcopy(built["pattern"][0])
-    record["workload"] = {"architecture": "tinystories-33m", "overrides": TINY_GPT_NEO, "tokens": 32}
-    record["projections"] = [project(record, "gpt-neo-125m", calibration=[])]
+    record.annotations["workload"] = {"architecture": "tinystories-33m", "overrides": TINY_GPT_NEO, "tokens": 32}
+    record.annotations["projections"] = [project(record, "gpt-neo-125m", calibration=[])]
     text = render(record)
     assert UNCALIBRATED in row(table_after(text, "## Summary"), "projected (scaled: gpt-neo-125m)")[1]
     assert "at gpt-neo-125m (scaled, uncalibrated)" in text and "(scaled)" not in text
-    calibration = copy.deepcopy(built["pattern"][0])  # stands in for a calibration run
+    calibration = built["pattern"][0].to_json()  # stands in for a calibration run (its JSON)
     calibration["workload"] = {"architecture": "tinystories-33m", "tokens": 32,
                                "overrides": {**TINY_GPT_NEO, "layers": 2 * TINY_GPT_NEO["layers"]}}
-    record["projections"] = [project(record, "gpt-neo-125m", calibration=[calibration])]
+    record.annotations["projections"] = [project(record, "gpt-neo-125m", calibration=[calibration])]
     calibrated = render(record)
     assert UNCALIBRATED not in calibrated and "(scaled, uncalibrated)" not in calibrated
 
 
 def stage_bytes(record, path, name):
-    return next(s for s in record["stages"] if s["path"] == path)["components"][name]["bytes"]
+    return next(s for s in record.stages if s.path == path).components[name].bytes
 
 
 # -- timeline ----------------------------------------------------------------------------
@@ -327,16 +328,16 @@ def test_timeline_png_is_written_and_embedded(reports, built):
 def test_timeline_places_each_peak_inside_its_stage(built):
     record = built["pattern"][0]
     line = timeline(record)
-    stages = {s["path"]: s for s in record["stages"]}
+    stages = {s.path: s for s in record.stages}
     assert line.peaks, "the spike stage's peak is above both its boundaries"
     for peak in line.peaks:
         stage = stages[peak.stage]
-        assert stage["start_s"] <= peak.t <= stage["end_s"]
-        assert peak.value == stage["rss"]["peak"]
-    assert line.run_peak.stage == record["peak"]["stage"] and line.run_peak.value == record["peak"]["rss"]
+        assert stage.start_s <= peak.t <= stage.end_s
+        assert peak.value == stage.rss.peak
+    assert line.run_peak.stage == record.peak.stage and line.run_peak.value == record.peak.rss
     assert [s.label for s in line.spans] == ["save", "gradients", "spike"]
     assert [t for t, _ in line.rss] == sorted(t for t, _ in line.rss)
-    assert max(v for _, v in line.live_tensors) == max(s["live_tensors"]["peak"] for s in record["stages"])
+    assert max(v for _, v in line.live_tensors) == max(s.live_tensors.peak for s in record.stages)
     assert [m[1] for m in line.marks] == ["saved"]
 
 
@@ -348,12 +349,12 @@ def test_allocation_sites_and_flamegraph_link(reports, built):
     record, folder = built["traced"]
     text = text_of(reports, "traced")
     table = table_after(text, "## Top allocation sites at the peak")
-    top = record["memray"]["sites"][0]
+    top = record.memray.sites[0]
     first = table[2]
     assert first[0] == "1" and "test_findings.py:" in first[1] and first[2] == "`_make_spike`"
-    assert first[3] == units.size(top["bytes"]) and first[4] == f"{top['allocations']:,}"
+    assert first[3] == units.size(top.bytes) and first[4] == f"{top.allocations:,}"
     assert first[5].startswith("_make_spike (")
-    assert top["location"] not in text  # no machine folder anywhere: table, stacks, findings' evidence
+    assert top.location not in text  # no machine folder anywhere: table, stacks, findings' evidence
     link = re.search(r"\[memray-flamegraph\.html\]\(([^)]+)\)", text).group(1)
     assert not os.path.isabs(link)
     assert (reports["traced"].parent / link).resolve() == (folder / "memray-flamegraph.html").resolve()
@@ -401,19 +402,19 @@ def test_theoretical_minimum_and_gap(built):
     record = copy.deepcopy(built["pattern"][0])
     assert "No minimum was declared for this run" in render(record)
     weights = run_weights(record)
-    record["minimum"] = {"items": [{"name": "weights", "bytes": weights, "why": "the model itself"},
-                                   {"name": "one gradient", "bytes": weights, "why": "one backward"}],
-                         "total": 2 * weights, "note": "streaming: nothing else need be resident"}
+    record.annotations["minimum"] = {"items": [{"name": "weights", "bytes": weights, "why": "the model itself"},
+                                               {"name": "one gradient", "bytes": weights, "why": "one backward"}],
+                                     "total": 2 * weights, "note": "streaming: nothing else need be resident"}
     text = render(record)
     section = text[text.index("## Theoretical minimum and gap"):]
     items, gaps = tables(section)[:2]
     assert row(items, "one gradient")[1:] == [units.size(weights), "one backward"]
     assert row(items, "total")[1] == f"**{units.size(2 * weights)}**"
     assert "streaming: nothing else need be resident" in section
-    peak = record["peak"]["rss"]
+    peak = record.peak.rss
     assert row(gaps, "peak RSS")[1:] == [units.size(peak), units.signed_size(peak - 2 * weights),
                                          units.ratio(peak, 2 * weights)]
-    live = max(s["live_tensors"]["peak"] for s in record["stages"])
+    live = max(s.live_tensors.peak for s in record.stages)
     assert row(gaps, "peak live tensors")[2] == units.signed_size(live - 2 * weights)
 
 
@@ -421,16 +422,16 @@ def test_environment(reports, built):
     record = built["pattern"][0]
     section = text_of(reports, "pattern").split("## Environment", 1)[1]
     settings, probes = tables(section)[:2]
-    env = record["environment"]
-    assert row(settings, "python")[1] == env["python"] and row(settings, "torch")[1] == env["torch"]
-    assert row(settings, "threads")[1] == str(env["threads"])
+    env = record.environment
+    assert row(settings, "python")[1] == env.python and row(settings, "torch")[1] == env.torch
+    assert row(settings, "threads")[1] == str(env.threads)
     # the command as run, without the machine's folders (auditor.analysis.source_paths)
-    shown = shown_command(record["command"], code_root(record))
+    shown = shown_command(record.command, code_root(record))
     assert row(settings, "command")[1] == f"`{shown}`" and not shown.startswith("/")
-    assert row(settings, "started at")[1] == record["started_at"]
+    assert row(settings, "started at")[1] == record.started_at
     assert row(probes, "census")[1] == "on"
-    cuda = record["probes"]["cuda"]
-    assert row(probes, "cuda")[1:] == [cuda["state"], cuda.get("reason") or cuda.get("method")]
+    cuda = record.probes["cuda"]
+    assert row(probes, "cuda")[1:] == [cuda.state, cuda.reason or cuda.method]
     assert row(probes, "memray")[1] == "off"
     assert "Warnings: none." in section
     assert row(tables(text_of(reports, "failed").split("## Environment", 1)[1])[1], "live_tensors")[1] == "off"
@@ -483,10 +484,10 @@ def test_unwritable_output_is_one_line_and_exit_2(built, tmp_path, capsys, case)
 def test_names_with_markdown_characters_keep_tables_valid(built):
     record = copy.deepcopy(built["pattern"][0])
     odd = "load | <b>*x*</b> [y]"
-    for stage in record["stages"]:
-        if stage["path"] == "save":
-            stage["name"] = stage["path"] = odd
-            stage["components"]["pruner.saved|copy"] = stage["components"].pop("pruner.saved")
+    for stage in record.stages:
+        if stage.path == "save":
+            stage.name = stage.path = odd
+            stage.components["pruner.saved|copy"] = stage.components.pop("pruner.saved")
     text = render(record)
     for table in tables(text):
         assert all(len(r) == len(table[0]) for r in table)

@@ -9,7 +9,6 @@ what was alive then, memray's stage and what it left out, and older records stil
 """
 from __future__ import annotations
 
-import copy
 import re
 import struct
 import subprocess
@@ -24,6 +23,7 @@ from auditor import units
 from auditor.analysis import stage_groups, unstaged
 from auditor.analysis.component_history import fold_component, history, instance_label
 from auditor.cli import main
+from auditor.record_schema import Call, Memray, PeakPlace, Readings, RunRecord, Stage
 from auditor.renderers.markdown import render
 from test_report import row, table_after, tables
 
@@ -129,8 +129,8 @@ def stage_path(index: int) -> str:
 
 
 @pytest.fixture
-def by_hand():
-    return sparsegpt_record()
+def by_hand() -> RunRecord:
+    return RunRecord.from_json(sparsegpt_record(), "sparsegpt_record()")
 
 
 # -- stages: repeated calls folded ----------------------------------------------------------
@@ -142,9 +142,9 @@ def test_repeated_calls_fold_into_one_row_with_the_call_holding_each_maximum(by_
     assert folded.count == len(LINEARS) * CALLS_PER_LINEAR == 6
     assert folded.duration == pytest.approx(6 * 0.25)
     peak, at = folded.highest("rss")
-    assert at["path"] == stage_path(5) and peak == BASE + WEIGHTS + INPS + H_BYTES + 50 * MiB
+    assert at.path == stage_path(5) and peak == BASE + WEIGHTS + INPS + H_BYTES + 50 * MiB
     live, live_at = folded.highest("live_tensors")
-    assert live_at["path"] == stage_path(2) and live == WEIGHTS + INPS + H_BYTES + 20 * MiB
+    assert live_at.path == stage_path(2) and live == WEIGHTS + INPS + H_BYTES + 20 * MiB
     assert stage_groups.call_name(at) == f"{LINEARS[1]} (call 5)"
     assert [r.label for r in rows if r.kind == "stage"] == ["load", "prune_fn"]  # single calls stay plain
 
@@ -160,10 +160,15 @@ def test_repeated_calls_fold_into_one_row_with_the_call_holding_each_maximum(by_
 
 
 def test_fold_key_is_the_target_else_the_name_without_its_call_number():
-    assert stage_groups.fold_key({"name": "SparseGPT.add_batch#113", "call": {"target": "mod.add_batch"}}) == "mod.add_batch"
-    assert stage_groups.fold_key({"name": "step#12"}) == "step"
-    assert stage_groups.fold_key({"name": "step 12"}) == "step 12"
-    assert stage_groups.call_name({"name": "f#3", "call": {"target": "f", "index": 3, "label": None}}) == "f#3"
+    assert stage_groups.fold_key(_named("SparseGPT.add_batch#113", Call(target="mod.add_batch"))) == "mod.add_batch"
+    assert stage_groups.fold_key(_named("step#12")) == "step"
+    assert stage_groups.fold_key(_named("step 12")) == "step 12"
+    assert stage_groups.call_name(_named("f#3", Call(target="f", index=3, label=None))) == "f#3"
+
+
+def _named(name: str, call: Call | None = None) -> Stage:
+    return Stage(name=name, path=name, parent=None, status="ok", start_s=0.0, end_s=1.0,
+                 rss=Readings(start=0, end=0, peak=0), call=call)
 
 
 def test_calls_nested_in_repeated_calls_fold_under_the_folded_parent():
@@ -177,16 +182,17 @@ def test_calls_nested_in_repeated_calls_fold_under_the_folded_parent():
             index = (layer - 1) * 2 + call
             stages.append(_stage(id_, f"{layer_path}/add_batch" + (f"#{index}" if index > 1 else ""),
                                  layer * 10.0 + call, layer * 10.0 + call + 0.5, (100, 100, 100 + index)))
-    rows = stage_groups.stage_rows({"stages": stages, "peak": {}})
+    rows = stage_groups.stage_rows(RunRecord.from_json({**sparsegpt_record(), "stages": stages, "unstaged": [],
+                                                        "peak": {"rss": None}}))
     assert [(r.label, r.count, r.depth) for r in rows] == [("prune_layer", 3, 0), ("add_batch", 6, 1)]
-    assert rows[1].highest("rss")[1]["path"] == "prune_layer#3/add_batch#6"
+    assert rows[1].highest("rss")[1].path == "prune_layer#3/add_batch#6"
 
 
 # -- unstaged time ----------------------------------------------------------------------------
 
 def test_the_peak_between_two_calls_is_located_with_what_was_alive(by_hand):
     place = unstaged.peak_place(by_hand)
-    assert place.kind == "unstaged" and place.interval["id"] == 7
+    assert place.kind == "unstaged" and place.interval.id == 7
     assert place.phrase == f"between `{stage_path(5)}` and `{stage_path(6)}` (inside `prune_fn`)"
     text = render(by_hand)
     assert "outside every stage" not in text
@@ -207,16 +213,17 @@ def test_the_peak_between_two_calls_is_located_with_what_was_alive(by_hand):
 
 
 def test_unstaged_phrases_for_every_place():
-    describe = unstaged.describe
-    assert describe({"parent": None, "after": None, "before": "a"}) == "before the first stage (`a`)"
-    assert describe({"parent": None, "after": "z", "before": None}) == "after the last stage (`z`)"
-    assert describe({"parent": None, "after": "a", "before": "b"}) == "between `a` and `b`"
-    assert describe({"parent": "p", "after": None, "before": "p/a"}) == "inside `p` before its first child `p/a`"
-    assert describe({"parent": "p", "after": "p/z", "before": None}) == "inside `p` after its last child `p/z`"
+    def describe(parent, after, before):
+        return unstaged.describe(PeakPlace(kind="unstaged", parent=parent, after=after, before=before))
+    assert describe(None, None, "a") == "before the first stage (`a`)"
+    assert describe(None, "z", None) == "after the last stage (`z`)"
+    assert describe(None, "a", "b") == "between `a` and `b`"
+    assert describe("p", None, "p/a") == "inside `p` before its first child `p/a`"
+    assert describe("p", "p/z", None) == "inside `p` after its last child `p/z`"
 
 
 def test_without_a_live_composition_the_census_before_the_interval_stands_in(by_hand):
-    del by_hand["unstaged"][1]["live_tensors"]["at_peak"]
+    by_hand.unstaged[1].live_tensors.at_peak = None
     text = render(by_hand)
     section = text[text.index("### What was alive at the run's peak"):]
     assert f"the census at the end of `{stage_path(5)}`, the last before it" in section
@@ -272,9 +279,9 @@ def test_write_report_writes_both_pngs(by_hand, tmp_path):
 # -- memray and older records -----------------------------------------------------------------
 
 def test_memray_section_names_its_own_stage_and_basis(by_hand):
-    by_hand["memray"] = {"peak_memory": 300 * MiB, "total_allocations": 10, "stage": stage_path(5),
-                         "stage_basis": "time of memray's high-water mark, from its ~10 ms memory snapshots",
-                         "at_s": 6.1, "auditor_bytes": 3 * MiB, "sites": []}
+    by_hand.memray = Memray(peak_memory=300 * MiB, total_allocations=10, stage=stage_path(5),
+                            stage_basis="time of memray's high-water mark, from its ~10 ms memory snapshots",
+                            at_s=6.1, auditor_bytes=3 * MiB, sites=[])
     text = render(by_hand)
     section = text[text.index("## Top allocation sites"):text.index("## Findings")]
     assert (f"(in stage `{stage_path(5)}`, about 6.10 s into the audit; stage found by: time of "
@@ -282,18 +289,18 @@ def test_memray_section_names_its_own_stage_and_basis(by_hand):
     assert f"({units.size(3 * MiB)} allocated by the auditor itself and alive then are left out.)" in section
 
 
-def test_an_older_record_without_the_new_fields_still_renders(by_hand):
-    old = copy.deepcopy(by_hand)
+def test_an_older_record_without_the_new_fields_still_renders():
+    old = sparsegpt_record()  # as its JSON: the fields are absent, not null
     del old["unstaged"], old["peak"]["where"]
     for stage in old["stages"]:
         stage.pop("call", None)
         (stage.get("live_tensors") or {}).pop("at_peak", None)
-    text = render(old)
+    text = render(RunRecord.from_json(old))
     assert "in stage `prune_fn`" in table_after(text, "## Summary")[3][1]
     assert "unstaged time" not in text and "Alive at the live-tensor high" not in text
     assert row(table_after(text, "## Stages"), "SparseGPT.add_batch × 6")  # folded by name
     old["peak"]["stage"] = old["peak"]["stage_id"] = None
-    assert "(outside every stage: this record does not locate it further)" in render(old)
+    assert "(outside every stage: this record does not locate it further)" in render(RunRecord.from_json(old))
 
 
 # -- a real run: a per-layer pruner written here, staged from outside --------------------------
@@ -359,7 +366,7 @@ def real_run(tmp_path_factory):
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     record = auditor.load(folder)
-    assert record["exit"]["status"] == "ok"
+    assert record.exit.status == "ok"
     return record, folder
 
 
@@ -374,14 +381,14 @@ def test_real_run_folds_calls_and_follows_each_hessian(real_run):
     assert h.most_at_once == HIDDEN * HIDDEN * 4 and h.most_instances_at_once == 1  # freed per layer
     assert h.first_stage == "prune_layers/HessianPruner.add_batch"
     assert h.instances[2].last_stage == f"prune_layers/HessianPruner.add_batch#{3 * SAMPLES}"
-    assert "HessianPruner.H" not in {n for n in (record["stages"][0]["components"] or {})}  # gone at the end
+    assert "HessianPruner.H" not in {n for n in (record.stages[0].components or {})}  # gone at the end
 
 
 def test_real_run_report_locates_the_unstaged_peak(real_run, tmp_path, capsys):
     record, folder = real_run
     last_call = f"prune_layers/HessianPruner.add_batch#{3 * SAMPLES}"
-    assert record["peak"]["where"] == {"kind": "unstaged", "parent": "prune_layers", "after": last_call,
-                                       "before": None}
+    assert record.peak.where.to_json() == {"kind": "unstaged", "parent": "prune_layers", "after": last_call,
+                                           "before": None}
     out = tmp_path / "report.md"
     assert main(["report", str(folder), "-o", str(out)]) == 0
     text = out.read_text()

@@ -78,11 +78,11 @@ def _tokens():
 
 
 def test_each_rank_records_its_own_phases_and_holds_fewer_live_tensors(runs, tmp_path):
-    alone = load(runs["alone"])
+    alone = load(runs["alone"]).to_json()
     merged = merge_ranks(runs["2 ranks"])
     assert [(r["rank"], r["world_size"], r["backend"], r["finished"]) for r in merged["ranks"]] == [
         (0, 2, "gloo", True), (1, 2, "gloo", True)]
-    records = [load(runs["2 ranks"] / f"rank-{rank}") for rank in (0, 1)]
+    records = [load(runs["2 ranks"] / f"rank-{rank}").to_json() for rank in (0, 1)]
     for record in records:
         staged = {s["call"]["target"] for s in record["stages"] if s.get("call")}
         assert staged == {f"ShardedGradProbe.{phase}" for phase in ShardedGradProbe.phases}
@@ -101,12 +101,13 @@ def _prune_live_peak(record: dict) -> int:
 def test_the_pruner_state_is_this_ranks_shard(runs):
     """The census of each rank holds its shard: about half the single process's weights, and its
     candidates as bits of about half the rows."""
-    alone = _state_bytes(load(runs["alone"]), ".candidates")  # baseline: a bool per weight
+    alone = _state_bytes(load(runs["alone"]).to_json(), ".candidates")  # baseline: a bool per weight
     for rank in (0, 1):
-        record = load(runs["2 ranks"] / f"rank-{rank}")
+        record = load(runs["2 ranks"] / f"rank-{rank}").to_json()
         assert 0 < _state_bytes(record, ".candidates") < alone / 8 * 0.6  # bits, of about half the rows
         # this rank's weights (its shards, which the pruner's `parameters` hold) against the whole model
-        assert 0 < _state_bytes(record, "parameters") < 0.6 * _state_bytes(load(runs["alone"]), "parameters")
+        assert 0 < _state_bytes(record, "parameters") < 0.6 * _state_bytes(load(runs["alone"]).to_json(),
+                                                                       "parameters")
 
 
 def _state_bytes(record: dict, component: str) -> int:

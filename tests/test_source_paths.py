@@ -1,5 +1,15 @@
 """Reports name source files without the folders of the machine that ran them."""
 from auditor.analysis.source_paths import code_root, shown_command, shown_path
+from auditor.record_schema import RunRecord
+
+
+def record_with(memray) -> RunRecord:
+    """A minimal record with these memray results (each site's sizes filled in)."""
+    if memray is not None:
+        memray = {"sites": [{**site, "bytes": 1, "allocations": 1} for site in memray["sites"]]}
+    return RunRecord.from_json({"schema": "auditor.run/1", "name": "x", "command": "x", "started_at": "t",
+                                "device": "cpu", "environment": {}, "process": {}, "stages": [],
+                                "peak": {"rss": None}, "memray": memray})
 
 SITES = {"memray": {"sites": [
     {"location": "/home/ann/work/repo/gradprobe/gradients.py:19",
@@ -12,7 +22,7 @@ SITES = {"memray": {"sites": [
 
 
 def test_the_audited_code_is_shown_from_the_folder_its_files_share():
-    root = code_root(SITES)
+    root = code_root(record_with(SITES["memray"]))
     assert root == "/home/ann/work/repo"
     assert shown_path("/home/ann/work/repo/gradprobe/gradients.py:19", root) == "gradprobe/gradients.py:19"
     assert shown_path("/home/ann/.venv/lib/python3.11/site-packages/torch/_tensor.py:623", root) == "torch/_tensor.py:623"
@@ -22,7 +32,7 @@ def test_the_audited_code_is_shown_from_the_folder_its_files_share():
 
 
 def test_a_record_without_sites_has_no_root_and_keeps_three_parts():
-    assert code_root({"memray": None}) is None
+    assert code_root(record_with(None)) is None
     assert shown_path("/a/b/c/d/e.py:1", None) == "c/d/e.py:1"
 
 

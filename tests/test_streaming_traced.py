@@ -54,14 +54,14 @@ def test_streaming_traced_at_a_larger_scale_has_the_real_runs_peak(tmp_path, one
     small = job.audit(settings(**SMALL), tmp_path / "small")
     real = job.audit(settings(**LARGER), tmp_path / "real")
     fake = job.audit(settings(**LARGER), tmp_path / "traced", fake=True,
-                     observed_sizes=small["data_dependent_sizes"])
-    assert fake["result"]["prunable"] == real["result"]["prunable"]
-    assert [s["path"] for s in fake["stages"]] == [s["path"] for s in real["stages"]]
+                     observed_sizes=small.annotations["data_dependent_sizes"])
+    assert fake.annotations["result"]["prunable"] == real.annotations["result"]["prunable"]
+    assert [s.path for s in fake.stages] == [s.path for s in real.stages]
 
     def peak(record):
-        return max(s["live_tensors"]["peak"] for s in record["stages"])
+        return max(s.live_tensors.peak for s in record.stages)
     assert peak(fake) == pytest.approx(peak(real), rel=0.02)
-    loads = {s["path"]: s["live_tensors"]["peak"] for s in real["stages"] if s["path"].endswith("load_stage")}
-    for stage in fake["stages"]:  # a stage's weights are exact: shapes alone size them
-        if stage["path"] in loads:
-            assert stage["live_tensors"]["peak"] == loads[stage["path"]], stage["path"]
+    loads = {s.path: s.live_tensors.peak for s in real.stages if s.path.endswith("load_stage")}
+    for stage in fake.stages:  # a stage's weights are exact: shapes alone size them
+        if stage.path in loads:
+            assert stage.live_tensors.peak == loads[stage.path], stage.path

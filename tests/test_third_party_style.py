@@ -15,6 +15,7 @@ import pytest
 from conftest import audit_script
 
 from auditor.analysis import source_paths
+from auditor.record_schema import RunRecord
 
 HERE = Path(__file__).resolve().parent / "third_party_style"
 PRUNER = HERE / "tp_pruners" / "sparsegpt.py"
@@ -74,13 +75,14 @@ def test_report_paths_are_shown_from_the_working_folder_without_the_auditors_fra
             "python_stack": ["fasterprune at /tmp/trial/thirdparty/sparsegpt.py:39",
                              f"staged_call at {own}/targets.py:215",
                              "main at main.py:28", "<module> at /venv/bin/auditor:8"]}
-    record = {"memray": {"sites": [site]}, "process": {"cwd": "/tmp/trial"},
-              "command": "auditor run --out /tmp/trial/runs/sg1 --memray main.py"}
-    root = source_paths.code_root(record)
+    record = {"schema": "auditor.run/1", "name": "sg1", "started_at": "t", "device": "cpu", "environment": {},
+              "stages": [], "peak": {"rss": None}, "memray": {"sites": [{**site, "bytes": 1, "allocations": 1}]},
+              "process": {"cwd": "/tmp/trial"}, "command": "auditor run --out /tmp/trial/runs/sg1 --memray main.py"}
+    root = source_paths.code_root(RunRecord.from_json(record))
     assert root == "/tmp/trial"
     assert source_paths.shown_path(site["location"], root) == "thirdparty/sparsegpt.py:39"
     assert source_paths.shown_command(record["command"], root) == "auditor run --out runs/sg1 --memray main.py"
-    del record["process"]  # an older record: the common folder of the audited code's files
-    assert source_paths.code_root(record) == "/tmp/trial/thirdparty"
+    record["process"] = {}  # an older record: the common folder of the audited code's files
+    assert source_paths.code_root(RunRecord.from_json(record)) == "/tmp/trial/thirdparty"
     record["memray"]["sites"] = []
-    assert source_paths.code_root({**record, "process": {"cwd": "/tmp/trial"}}) == "/tmp/trial"
+    assert source_paths.code_root(RunRecord.from_json({**record, "process": {"cwd": "/tmp/trial"}})) == "/tmp/trial"

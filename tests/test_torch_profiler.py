@@ -174,7 +174,7 @@ def test_auditor_run_torch_profiler(tmp_path, monkeypatch, capsys):
             torch.randn(16, 16).sum()
     """))
     assert main(["run", "--torch-profiler", "--out", "out", "job.py"]) == 0
-    record = auditor.load(tmp_path / "out")
+    record = auditor.load(tmp_path / "out").to_json()
     assert record["probes"]["torch_profiler"]["state"] == "on"
     assert [r["name"] for r in ranges(trace_of(tmp_path / "out", record))] == ["work"]
     assert "tensorboard --logdir out/profiler" in capsys.readouterr().err

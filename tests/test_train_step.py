@@ -77,7 +77,7 @@ def test_parameters_gradients_and_optimizer_state_equal_the_config_to_the_byte(
     rows = {row["name"]: row for row in training.study(record)["components"]}
     for name in ("parameters", "gradients", "optimizer state"):
         assert rows[name]["exact"] is True, rows[name]
-    expected = record["workload"]["expected"]
+    expected = record.annotations["workload"]["expected"]
     width = 2 if precision == "bf16" else 4
     assert expected["parameters"] == width * expected["parameter_count"]
     copies = {"adamw": 2, "adam": 2, "sgd-momentum": 1, "sgd": 0}[optimizer]
@@ -103,20 +103,20 @@ def test_saved_activations_match_the_live_tensors_the_forward_leaves(tmp_path, p
     check = training.study(record)["activation_check"]
     assert check["within_tolerance"], check
     assert abs(check["relative"]) < 0.02
-    totals = record["measured"]["saved_totals"]
+    totals = record.annotations["measured"]["saved_totals"]
     assert len(totals) == 3 and len(set(totals)) == 1  # every step's forward saves the same
 
 
 def test_optimizer_state_appears_in_step_one_and_accumulation_holds_gradients(tmp_path):
     record = train_step.audit(tiny(accumulation=2, steps=2), tmp_path)
     result = training.study(record)
-    state = record["measured"]["optimizer_state"]
-    first = training.stage(record, "step 1/optimizer")["live_tensors"]
-    assert first["end"] - first["start"] == state
+    state = record.annotations["measured"]["optimizer_state"]
+    first = training.stage(record, "step 1/optimizer").live_tensors
+    assert first.end - first.start == state
     text = " ".join(result["explanations"])
     assert "Optimizer state appears at step 1" in text and "Accumulation over 2 micro-batches" in text
     backward = training.micro_stages(record, 1, "backward")
-    assert [s["name"] for s in backward] == ["backward 1", "backward 2"]
+    assert [s.name for s in backward] == ["backward 1", "backward 2"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -128,7 +128,7 @@ def test_on_cuda_the_steps_have_allocator_readings_and_a_memory_viz_pickle(tmp_p
     assert result["activation_check"]["within_tolerance"]
     assert len(result["series"]["cuda_allocated"]) == 4
     assert result["stability"]["cuda_allocated"]["verdict"] == "stable"
-    assert (tmp_path / record["files"]["cuda_history"]).stat().st_size > 0
+    assert (tmp_path / record.files["cuda_history"]).stat().st_size > 0
 
 
 # -- leak, spike, stable through the training loop ---------------------------------------
@@ -236,7 +236,7 @@ def test_the_command_writes_the_sweep_report(tmp_path, capsys):
 def test_a_killed_configuration_keeps_its_finished_stages(tmp_path):
     settings = tiny(steps=100_000)  # far more than the time allowed
     record = train_step.audit_in_fresh_process(settings, tmp_path / "run", timeout_s=20)
-    assert record["exit"]["status"] == "unfinished"
-    finished = [s["path"] for s in record["stages"] if s["status"] == "ok"]
+    assert record.exit.status == "unfinished"
+    finished = [s.path for s in record.stages if s.status == "ok"]
     assert "build model" in finished and "step 1/optimizer" in finished
     assert training.study(record)["complete"] is False

@@ -18,7 +18,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from auditor.analysis.components import census_order
+from auditor.analysis.components import census_order, ended
+from auditor.record_schema import RunRecord, Stage
 
 def split_root(name: str) -> tuple[str, str]:
     """(root, rest) of a component name: the root ends at the first dot outside brackets."""
@@ -71,37 +72,37 @@ class ComponentHistory:
     series: list[tuple[float, int]] = field(default_factory=list)  # (stage end s, bytes) at every census
 
 
-def history(record: dict) -> list[ComponentHistory]:
+def history(record: RunRecord) -> list[ComponentHistory]:
     """Every folded component of the run, largest `most_at_once` first."""
     ends = census_order(record)
     built: dict[str, dict] = {}
     for stage in ends:
-        for name, item in (stage.get("components") or {}).items():
+        for name, item in (stage.components or {}).items():
             entry = built.setdefault(fold_component(name), {"instances": {}, "categories": Counter()})
-            entry["categories"][item.get("category") or "other"] += item["bytes"]
+            entry["categories"][item.category or "other"] += item.bytes
             seen = entry["instances"].get(name)
             if seen is None:
-                entry["instances"][name] = Instance(name, item["bytes"], stage["path"], stage["path"])
+                entry["instances"][name] = Instance(name, item.bytes, stage.path, stage.path)
             else:
-                seen.bytes = max(seen.bytes, item["bytes"])
-                seen.last_stage = stage["path"]
+                seen.bytes = max(seen.bytes, item.bytes)
+                seen.last_stage = stage.path
     result = [_summarise(folded, entry, ends) for folded, entry in built.items()]
     return sorted(result, key=lambda h: (-h.most_at_once, h.name))
 
 
-def _summarise(folded: str, entry: dict, ends: list[dict]) -> ComponentHistory:
+def _summarise(folded: str, entry: dict, ends: list[Stage]) -> ComponentHistory:
     names = set(entry["instances"])
     series: list[tuple[float, int]] = []
     best = (-1, "", 0)  # bytes, stage path, instances; every folded component is at some end
     for stage in ends:
-        present = [(n, c["bytes"]) for n, c in (stage.get("components") or {}).items() if n in names]
+        present = [(n, c.bytes) for n, c in (stage.components or {}).items() if n in names]
         total = sum(b for _, b in present)
-        series.append((stage["end_s"], total))
+        series.append((ended(stage), total))
         if total > best[0]:
-            best = (total, stage["path"], len(present))
+            best = (total, stage.path, len(present))
     instances = list(entry["instances"].values())
     sizes = sorted(Counter(i.bytes for i in instances).items(), key=lambda kv: (-kv[0], kv[1]))
-    seen = [s["path"] for s in ends if any(n in names for n in (s.get("components") or {}))]
+    seen = [s.path for s in ends if any(n in names for n in (s.components or {}))]
     return ComponentHistory(
         name=folded, category=entry["categories"].most_common(1)[0][0], instances=instances,
         sizes=sizes, most_at_once=best[0], most_at=best[1], most_instances_at_once=best[2],

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from auditor import units
+from auditor.record_schema import AtPeak, Readings, RunRecord, Stage, Unstaged
 
 WEIGHTS = "weights"
 BEYOND_CENSUS = "RSS beyond the census (allocator slack, interpreter, libraries)"
@@ -63,59 +64,77 @@ class Attribution:
         return value / self.rss_end
 
 
-def is_traced(record: dict) -> bool:
+def is_traced(record: RunRecord) -> bool:
     """A run on fake tensors (a projection by tracing): its RSS is the tracing process's."""
-    return bool((record.get("options") or {}).get("traced"))
+    return bool((record.options or {}).get("traced"))
 
 
-def stage_depths(record: dict) -> dict[str, int]:
+def stage_depths(record: RunRecord) -> dict[str, int]:
     """Depth of each stage path: 0 for top-level stages."""
     depths: dict[str, int] = {}
-    for entry in record["stages"]:  # start order: a parent comes before its children
-        parent = entry.get("parent")
-        depths[entry["path"]] = 0 if parent is None else depths.get(parent, 0) + 1
+    for entry in record.stages:  # start order: a parent comes before its children
+        parent = entry.parent
+        depths[entry.path] = 0 if parent is None else depths.get(parent, 0) + 1
     return depths
 
 
-def finished(record: dict) -> list[dict]:
-    return [s for s in record["stages"] if s.get("status") != "open" and s.get("end_s") is not None]
+def finished(record: RunRecord) -> list[Stage]:
+    return [s for s in record.stages if s.status != "open" and s.end_s is not None]
 
 
-def census_order(record: dict) -> list[dict]:
+def ended(entry: Stage | Unstaged) -> float:
+    """When a finished stage or an unstaged interval ended: the record always says (a stage
+    never finished is not among `finished`)."""
+    assert entry.end_s is not None, "a finished stage or an interval has its end_s"
+    return entry.end_s
+
+
+METERS = ("rss", "py_heap", "live_tensors")
+
+
+def meter(entry: Stage | Unstaged, key: str) -> Readings | None:
+    """A stage's or an unstaged interval's meter by its name in the record (`METERS`); None
+    where it was off."""
+    if key not in METERS:
+        raise KeyError(f"no meter {key!r}; the record has {', '.join(METERS)}")
+    return getattr(entry, key)
+
+
+def census_order(record: RunRecord) -> list[Stage]:
     """The finished stages that carry a census, in the order their censuses were taken."""
-    return sorted((s for s in finished(record) if s.get("components") is not None),
-                  key=lambda s: (s["end_s"], s.get("id", 0)))
+    return sorted((s for s in finished(record) if s.components is not None),
+                  key=lambda s: (ended(s), s.id or 0))
 
 
-def peak_stage(record: dict) -> dict | None:
+def peak_stage(record: RunRecord) -> Stage | None:
     """The stage entry holding the run's peak RSS (by id, else by path)."""
-    peak = record.get("peak") or {}
-    stage_id, path = peak.get("stage_id"), peak.get("stage")
-    for entry in record["stages"]:
-        if stage_id is not None and entry.get("id") == stage_id:
+    stage_id, path = record.peak.stage_id, record.peak.stage
+    for entry in record.stages:
+        if stage_id is not None and entry.id == stage_id:
             return entry
-    for entry in record["stages"]:
-        if path is not None and entry["path"] == path:
+    for entry in record.stages:
+        if path is not None and entry.path == path:
             return entry
     return None
 
 
-def census_before(record: dict, stage: dict) -> dict | None:
+def census_before(record: RunRecord, stage: Stage) -> Stage | None:
     """The last census taken before `stage` began (the stage end just before it), if any."""
-    earlier = [s for s in census_order(record) if s["end_s"] <= stage["start_s"] and s is not stage]
+    earlier = [s for s in census_order(record) if ended(s) <= stage.start_s and s is not stage]
     return earlier[-1] if earlier else None
 
 
-def peak_at_start(stage: dict) -> bool:
+def peak_at_start(stage: Stage) -> bool:
     """Whether the stage's peak is nearer its start reading than its end reading: then the
     census at its end describes the memory after the peak, the one before it the peak."""
-    rss = stage.get("rss") or {}
-    if rss.get("peak") is None or rss.get("end") is None:
+    rss = stage.rss
+    if rss.peak is None or rss.end is None:
         return False
-    return rss["peak"] - rss["start"] < rss["peak"] - rss["end"]
+    assert rss.start is not None, "a stage's RSS has its start reading"
+    return rss.peak - rss.start < rss.peak - rss.end
 
 
-def final_stage(record: dict) -> dict | None:
+def final_stage(record: RunRecord) -> Stage | None:
     """The last stage to finish with a census: what is left when the algorithm returns."""
     ordered = census_order(record)
     return ordered[-1] if ordered else None
@@ -125,72 +144,69 @@ def is_buffer(name: str) -> bool:
     return name == "buffers" or name.endswith(".buffers")
 
 
-def weights_bytes(stage: dict) -> int | None:
+def weights_bytes(stage: Stage) -> int | None:
     """Parameters at the stage end (category weights, module buffers excluded); None without a census."""
-    components = stage.get("components")
+    components = stage.components
     if components is None:
         return None
-    weights = [(n, c["bytes"]) for n, c in components.items() if c.get("category") == WEIGHTS]
+    weights = [(n, c.bytes) for n, c in components.items() if c.category == WEIGHTS]
     parameters = sum(b for n, b in weights if not is_buffer(n))
     return parameters if parameters else sum(b for _, b in weights)
 
 
-def run_weights(record: dict) -> int | None:
+def run_weights(record: RunRecord) -> int | None:
     """The weights for the run's ratios: at the peak stage, else at the last census."""
     for entry in (peak_stage(record), final_stage(record)):
-        if entry is not None and entry.get("components") is not None:
+        if entry is not None and entry.components is not None:
             return weights_bytes(entry)
     return None
 
 
-def live_tensor_peak(record: dict) -> tuple[int, str] | None:
+def live_tensor_peak(record: RunRecord) -> tuple[int, str] | None:
     """The highest live-tensor meter reading of the run and the stage holding it, if metered."""
     best = None
     for entry in finished(record):
-        meter = entry.get("live_tensors") or {}
-        if meter.get("peak") is not None and (best is None or meter["peak"] > best[0]):
-            best = (meter["peak"], entry["path"])
+        peak = entry.live_tensors.peak if entry.live_tensors else None
+        if peak is not None and (best is None or peak > best[0]):
+            best = (peak, entry.path)
     return best
 
 
-def live_tensor_high(record: dict) -> tuple[int, str] | None:
+def live_tensor_high(record: RunRecord) -> tuple[int, str] | None:
     """The run's highest live-tensor reading, stages and unstaged intervals alike, and where it
     was in words (markdown): "in stage `X`" or "after the last stage (`X`)"."""
     from auditor.analysis.unstaged import describe, intervals
     best = live_tensor_peak(record)
     place = None if best is None else (best[0], f"in stage `{best[1]}`")
     for interval in intervals(record):
-        peak = (interval.get("live_tensors") or {}).get("peak")
+        peak = interval.live_tensors.peak if interval.live_tensors else None
         if peak is not None and (place is None or peak > place[0]):
             place = (peak, f"in time no stage covers, {describe(interval)}")
     return place
 
 
-def attribute(stage: dict) -> Attribution | None:
+def attribute(stage: Stage) -> Attribution | None:
     """The stage's end RSS by component and category; None when the stage has no census."""
-    components = stage.get("components")
+    components = stage.components
     if components is None:
         return None
-    rss = stage.get("rss") or {}
-    rss_end = rss.get("end")
-    census = sum(c["bytes"] for c in components.values())
+    rss_end = stage.rss.end
+    census = sum(c.bytes for c in components.values())
 
-    def share(value):
+    def share(value: int) -> float | None:
         return value / rss_end if rss_end else None
 
-    rows = sorted((ComponentRow(name, c.get("category") or "other", c["bytes"], share(c["bytes"]))
+    rows = sorted((ComponentRow(name, c.category or "other", c.bytes, share(c.bytes))
                    for name, c in components.items()), key=lambda r: (-r.bytes, r.name))
     totals: dict[str, int] = {}
     for row in rows:
         totals[row.category] = totals.get(row.category, 0) + row.bytes
-    meter = stage.get("live_tensors") or {}
-    live_end = meter.get("end")
+    live_end = stage.live_tensors.end if stage.live_tensors else None
     weights = weights_bytes(stage) or 0
-    buffers = sum(c["bytes"] for n, c in components.items()
-                  if c.get("category") == WEIGHTS and is_buffer(n))
+    buffers = sum(c.bytes for n, c in components.items() if c.category == WEIGHTS and is_buffer(n))
     return Attribution(
-        stage=stage["path"], status=stage.get("status", "ok"), rss_end=rss_end,
-        rss_peak=rss.get("peak"), rows=rows,
+        stage=stage.path, status=stage.status, rss_end=rss_end,
+        rss_peak=stage.rss.peak, rows=rows,
         categories=sorted(totals.items(), key=lambda kv: (-kv[1], kv[0])), census=census,
         beyond_census=None if rss_end is None else rss_end - census,
         live_tensors_end=live_end,
@@ -199,7 +215,7 @@ def attribute(stage: dict) -> Attribution | None:
         weights=weights, buffers=buffers)
 
 
-def attributions(record: dict) -> list[Attribution]:
+def attributions(record: RunRecord) -> list[Attribution]:
     """Every stage with a census, in census order."""
     return [a for a in (attribute(s) for s in census_order(record)) if a is not None]
 
@@ -250,8 +266,8 @@ def estimate_note(item: dict) -> str | None:
     return note(item)
 
 
-def projection_views(record: dict) -> list[ProjectionView]:
-    """The record's `projections`, grouped by target with scaled before traced.
+def projection_views(record: RunRecord) -> list[ProjectionView]:
+    """The record's `projections` (an annotation: JSON), grouped by target with scaled before traced.
 
     An item is either a dict as `auditor.analysis.projection.project` returns (method,
     target, stages[{path, components{name: {projected}}, unseen_tensors, transient,
@@ -259,13 +275,15 @@ def projection_views(record: dict) -> list[ProjectionView]:
     (`schema` present), or `{method, target, target_dtype?, record}`; a traced run's bytes
     are taken as its projection: its component bytes and live-tensor meter (the RSS of a
     traced run is the tracing process's, not the target's, so it is not used). Items of
-    neither shape are skipped.
+    neither shape are skipped; a traced run that is not a valid run record is a RunRecordError.
     """
     views = []
-    for item in record.get("projections") or []:
-        if not isinstance(item, dict):
+    for item in record.annotations.get("projections") or []:
+        if isinstance(item, RunRecord):  # held typed by a caller: the run itself
+            view = _traced_run_view(item)
+        elif not isinstance(item, dict):
             continue
-        if "schema" in item or isinstance(item.get("record"), dict):
+        elif "schema" in item or isinstance(item.get("record"), (dict, RunRecord)):
             view = _traced_run_view(item)
         elif isinstance(item.get("stages"), list):
             view = _hide_unexplained(_projection_view(item), item)
@@ -359,24 +377,26 @@ def scaled_caveat(item: dict) -> str | None:
     return UNCALIBRATED if not fit.get("runs") else None
 
 
-def _traced_run_view(item: dict) -> ProjectionView:
-    run = item["record"] if isinstance(item.get("record"), dict) else item
-    workload = run.get("workload") or {}
+def _traced_run_view(item: dict | RunRecord) -> ProjectionView:
+    """A traced run as a projection: `item` is the run (its JSON, or typed), or holds it in
+    `record` beside its method, target and target_dtype."""
+    about = item.annotations if isinstance(item, RunRecord) else item  # method, target...: JSON
+    held = about.get("record") if isinstance(about.get("record"), (dict, RunRecord)) else item
+    run = held if isinstance(held, RunRecord) else RunRecord.from_json(held, "a traced run in the record's projections")
+    workload = run.annotations.get("workload") or {}
     stages = {}
-    for entry in run.get("stages") or []:
-        if not isinstance(entry, dict) or "path" not in entry:
-            continue
-        meter = entry.get("live_tensors") or {}
-        stages[entry["path"]] = ProjectedStage(
-            components={n: c["bytes"] for n, c in (entry.get("components") or {}).items()},
-            unseen=(meter["end"] - sum(c["bytes"] for c in entry["components"].values()))
-            if meter.get("end") is not None and entry.get("components") else None,
-            tensor_peak=meter.get("peak"))
+    for entry in run.stages:
+        live, components = entry.live_tensors, entry.components
+        stages[entry.path] = ProjectedStage(
+            components={n: c.bytes for n, c in (components or {}).items()},
+            unseen=(live.end - sum(c.bytes for c in components.values()))
+            if live is not None and live.end is not None and components else None,
+            tensor_peak=live.peak if live is not None else None)
     metered = [(s.tensor_peak, path) for path, s in stages.items() if s.tensor_peak is not None]
     best = max(metered) if metered else (None, None)
-    return ProjectionView(method=item.get("method", "traced"),
-                          target=str(item.get("target") or workload.get("architecture") or run.get("name", "?")),
-                          target_dtype=item.get("target_dtype") or workload.get("dtype"),
+    return ProjectionView(method=about.get("method", "traced"),
+                          target=str(about.get("target") or workload.get("architecture") or run.name),
+                          target_dtype=about.get("target_dtype") or workload.get("dtype"),
                           peak_rss=None, peak_stage=best[1], live_tensor_peak=best[0], stages=stages)
 
 
@@ -397,45 +417,44 @@ def within(path: str | None, stage_path: str) -> bool:
     return path is not None and (path == stage_path or path.startswith(stage_path + "/"))
 
 
-def growers(record: dict, stage: dict) -> list[Grower] | None:
+def growers(record: RunRecord, stage: Stage) -> list[Grower] | None:
     """What the stage added, largest first: from its `live_tensors.at_peak` (storages created
     inside it and alive at its live-tensor high) when the record has it, else from the census
     at its end minus the census just before it began; None when neither can tell."""
-    at_peak = (stage.get("live_tensors") or {}).get("at_peak")
-    if at_peak and at_peak.get("rows") is not None:
-        groups: dict[tuple, list] = {}
-        for row in at_peak["rows"]:
-            if not within(row.get("created_in"), stage["path"]):
+    at_peak = stage.live_tensors.at_peak if stage.live_tensors else None
+    if at_peak is not None:
+        groups: dict[tuple[str, str], tuple[int, bool]] = {}
+        for row in at_peak.rows:
+            if not within(row.created_in, stage.path):
                 continue  # alive before the stage began: it did not grow here
-            if row.get("owner"):
-                key = (row["owner"], row.get("category") or "other")
+            if row.owner:
+                key = (row.owner, row.category or "other")
             else:
-                op = f"`{row['op']}`" if row.get("op") else "an unknown op"
-                key = (f"temporaries from {op} in `{row['created_in']}`", row.get("category") or "other")
-            group = groups.setdefault(key, [0, False])
-            group[0] += row["bytes"]
-            group[1] = group[1] or bool(row.get("alive_at_end"))
+                op = f"`{row.op}`" if row.op else "an unknown op"
+                key = (f"temporaries from {op} in `{row.created_in}`", row.category or "other")
+            held, kept = groups.get(key, (0, False))
+            groups[key] = (held + row.bytes, kept or bool(row.alive_at_end))
         return sorted((Grower(name, category, b, kept, "at_peak") for (name, category), (b, kept) in groups.items()),
                       key=lambda g: (-g.bytes, g.name))
     before = census_before(record, stage)
-    if stage.get("components") is None or before is None:
+    if stage.components is None or before is None:
         return None
-    earlier = before.get("components") or {}
-    grown = [Grower(name, c.get("category") or "other", c["bytes"] - (earlier.get(name) or {}).get("bytes", 0),
-                    True, "census") for name, c in stage["components"].items()]
+    earlier = before.components or {}
+    grown = [Grower(name, c.category or "other", c.bytes - (earlier[name].bytes if name in earlier else 0),
+                    True, "census") for name, c in stage.components.items()]
     return sorted((g for g in grown if g.bytes > 0), key=lambda g: (-g.bytes, g.name))
 
 
-def at_peak_categories(at_peak: dict) -> list[tuple[str, int]]:
+def at_peak_categories(at_peak: AtPeak) -> list[tuple[str, int]]:
     """An `at_peak` composition's bytes by category, largest first (rows left out apart)."""
     totals: dict[str, int] = {}
-    for row in at_peak.get("rows") or []:
-        category = row.get("category") or "other"
-        totals[category] = totals.get(category, 0) + row["bytes"]
+    for row in at_peak.rows:
+        category = row.category or "other"
+        totals[category] = totals.get(category, 0) + row.bytes
     return sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
-def largest_weights(record: dict) -> int | None:
+def largest_weights(record: RunRecord) -> int | None:
     """The most parameters any census saw: the weights to compare with when the stage at hand
     has none in its census (a helper's stage, a census after the model was freed)."""
     seen = [weights_bytes(s) for s in census_order(record)]

@@ -11,14 +11,17 @@ beyond its bytes at the lower-bound run's peak of the same stage). The two peaks
 different moments, so the rise of the peak itself (`peak_rise`) is kept apart: it is smaller
 when the lower bound peaks elsewhere, on a transient the estimates do not touch.
 
-    traced["estimated_bytes"] = estimated_bytes(traced, lower_bound)
+    traced.annotations["estimated_bytes"] = estimated_bytes(traced, lower_bound)
 """
 from __future__ import annotations
 
 from auditor.analysis.projection import stage_keys
+from auditor.record_schema import RunRecord, Stage
+
+ByKey = dict[tuple[str, int], Stage]  # stage_keys
 
 
-def estimated_bytes(traced: dict, lower: dict) -> dict:
+def estimated_bytes(traced: RunRecord, lower: RunRecord) -> dict:
     """{"stages": [{path, live_tensors, components: {name: bytes}}], "sites": [...]} for the
     stages of `traced` that `lower` (its lower-bound twin) also has, in `traced`'s order."""
     below, keyed = stage_keys(lower), stage_keys(traced)
@@ -28,10 +31,10 @@ def estimated_bytes(traced: dict, lower: dict) -> dict:
         if twin is None:
             continue
         held, held_twin = _holder(key, keyed, below)
-        low_components = twin.get("components") or {}
-        components = {name: item["bytes"] - (low_components.get(name) or {}).get("bytes", 0)
-                      for name, item in (stage.get("components") or {}).items()}
-        stages.append({"path": stage["path"],
+        low_components = twin.components or {}
+        components = {name: item.bytes - (low_components[name].bytes if name in low_components else 0)
+                      for name, item in (stage.components or {}).items()}
+        stages.append({"path": stage.path,
                        "live_tensors": min(_at_peak_rise(held, held_twin), _peak(stage)),
                        "peak_rise": max(_peak(stage) - _peak(twin), 0),
                        "components": {name: b for name, b in components.items() if b > 0}})
@@ -39,17 +42,17 @@ def estimated_bytes(traced: dict, lower: dict) -> dict:
             "method": "traced run less the same run with every data-dependent size empty"}
 
 
-def sites(traced: dict) -> list[dict]:
+def sites(traced: RunRecord) -> list[dict]:
     """The traced run's data-dependent sites (ratio, source: observed / declared / unknown)."""
-    return list((traced.get("traced") or {}).get("estimated_sizes") or [])
+    return list((traced.annotations.get("traced") or {}).get("estimated_sizes") or [])
 
 
-def has_estimates(traced: dict) -> bool:
+def has_estimates(traced: RunRecord) -> bool:
     """Whether any data-dependent size in the traced run was sized by an estimate."""
     return any(s.get("source") != "unknown" and s.get("output_numel") for s in sites(traced))
 
 
-def _holder(key: tuple, keyed: dict, below: dict) -> tuple[dict, dict]:
+def _holder(key: tuple[str, int], keyed: ByKey, below: ByKey) -> tuple[Stage, Stage]:
     """The innermost stage inside `key`'s that holds its live-tensor peak (the same moment), and
     its lower-bound twin: a parent's peak compared at its own level would set one moment's
     temporaries against another's."""
@@ -59,23 +62,23 @@ def _holder(key: tuple, keyed: dict, below: dict) -> tuple[dict, dict]:
     return keyed[chosen], below[chosen]
 
 
-def _at_peak_rise(stage: dict, twin: dict) -> int:
+def _at_peak_rise(stage: Stage, twin: Stage) -> int:
     """Bytes alive at `stage`'s live-tensor peak beyond what the same owners held at `twin`'s."""
     mine, theirs = _by_owner(stage), _by_owner(twin)
     return sum(max(b - theirs.get(owner, 0), 0) for owner, b in mine.items())
 
 
-def _by_owner(stage: dict) -> dict:
-    rows = (((stage.get("live_tensors") or {}).get("at_peak") or {}).get("rows")) or []
-    owners: dict = {}
-    for row in rows:
-        key = (row.get("owner"), row.get("category"))
-        owners[key] = owners.get(key, 0) + row["bytes"]
+def _by_owner(stage: Stage) -> dict[tuple[str | None, str], int]:
+    at_peak = stage.live_tensors.at_peak if stage.live_tensors else None
+    owners: dict[tuple[str | None, str], int] = {}
+    for row in at_peak.rows if at_peak is not None else []:
+        key = (row.owner, row.category)
+        owners[key] = owners.get(key, 0) + row.bytes
     return owners
 
 
-def _peak(stage: dict) -> int:
-    return (stage.get("live_tensors") or {}).get("peak") or 0
+def _peak(stage: Stage) -> int:
+    return (stage.live_tensors.peak if stage.live_tensors else None) or 0
 
 
 def estimate_note(projection: dict) -> str | None:

@@ -28,6 +28,7 @@ from auditor.analysis import source_paths, unstaged
 from auditor.analysis.components import (BEYOND_CENSUS, UNCALIBRATED, attribute, census_order, finished, growers,
                                          is_traced, largest_weights, live_tensor_high, live_tensor_peak, peak_stage,
                                          projection_views, weights_bytes)
+from auditor.record_schema import Component, RunRecord, Stage
 
 FULL_COPY_RATIO = 0.95        # (a) a component at least this fraction of the weights ...
 FULL_COPY_MIN_STAGES = 2      #     ... alive at this many consecutive stage ends
@@ -64,7 +65,7 @@ class Rule:
     title: str
     threshold: str
     needs: tuple[str, ...]   # inputs: "census", "peak census", "live_tensors", "real rss"
-    check: Callable[[dict], list[Finding]]
+    check: Callable[[RunRecord], list[Finding]]
     remedy: str = ""         # the change that removes what the rule finds, in plain words
 
 
@@ -75,7 +76,7 @@ class Outcome:
     not_checked: str | None  # why the rule could not be checked (an input absent), else None
 
 
-def evaluate(record: dict) -> list[Outcome]:
+def evaluate(record: RunRecord) -> list[Outcome]:
     """Every rule applied to the record: what it found, or why it could not be checked."""
     outcomes = []
     for rule in RULES:
@@ -85,7 +86,7 @@ def evaluate(record: dict) -> list[Outcome]:
     return outcomes
 
 
-def findings(record: dict) -> list[Finding]:
+def findings(record: RunRecord) -> list[Finding]:
     """Every finding the rules detect in the record, most severe first (rule order within)."""
     return ordered([f for outcome in evaluate(record) for f in outcome.findings])
 
@@ -94,14 +95,14 @@ def ordered(found: list[Finding]) -> list[Finding]:
     return sorted(found, key=lambda f: SEVERITIES.index(f.severity))
 
 
-def missing_input(record: dict, rule: Rule) -> str | None:
+def missing_input(record: RunRecord, rule: Rule) -> str | None:
     if "real rss" in rule.needs and is_traced(record):
         return "a traced run on fake tensors: its RSS is the tracing process's, not the workload's"
     if "census" in rule.needs and not census_order(record):
         return "no stage carries a tensor census (run with census on)"
     if "peak census" in rule.needs:
         holder = peak_stage(record)
-        if holder is None or holder.get("components") is None:
+        if holder is None or holder.components is None:
             return "the stage holding the peak has no census"
     if "live_tensors" in rule.needs and live_tensor_peak(record) is None:
         return "no live-tensor meter in this record"
@@ -110,17 +111,18 @@ def missing_input(record: dict, rule: Rule) -> str | None:
 
 # -- (a) full copies of the weights -------------------------------------------------------
 
-def _full_copies(record: dict) -> list[Finding]:
+def _full_copies(record: RunRecord) -> list[Finding]:
     snapshots = census_order(record)
     found = []
     for name in _component_names(snapshots):
-        runs, current = [], []
+        runs: list[list[tuple[Stage, int, float, str]]] = []
+        current: list[tuple[Stage, int, float, str]] = []
         for stage in snapshots:
-            item = (stage["components"] or {}).get(name)
+            item = (stage.components or {}).get(name)
             weights = weights_bytes(stage)
-            if (item and item.get("category") not in PER_PARAMETER and weights
-                    and item["bytes"] >= FULL_COPY_RATIO * weights):
-                current.append((stage, item["bytes"], item["bytes"] / weights, item["category"]))
+            if (item and item.category not in PER_PARAMETER and weights
+                    and item.bytes >= FULL_COPY_RATIO * weights):
+                current.append((stage, item.bytes, item.bytes / weights, item.category))
             elif current:
                 runs.append(current)
                 current = []
@@ -136,94 +138,95 @@ def _full_copies(record: dict) -> list[Finding]:
         if top[3] == ACTIVATIONS:  # not a copy: buffers of inputs or activations as large as the weights
             held = f"as many bytes as the weights or more ({units.size(top[1])}, {top[2]:.2f}x)"
         found.append(Finding("full-copy", "high",
-                             f"`{name}` ({top[3]}) holds {held} from stage `{first['path']}` "
+                             f"`{name}` ({top[3]}) holds {held} from stage `{first.path}` "
                              f"{_until(last, snapshots)}.",
                              {"component": name, "category": top[3], "bytes": top[1],
-                              "ratio_to_weights": round(top[2], 4), "from_stage": first["path"],
-                              "to_stage": last["path"], "stages": len(longest),
+                              "ratio_to_weights": round(top[2], 4), "from_stage": first.path,
+                              "to_stage": last.path, "stages": len(longest),
                               "to_the_end": last is snapshots[-1]}))
     return found
 
 
 # -- (b) dense gradients for the whole model ----------------------------------------------
 
-def _dense_gradients(record: dict) -> list[Finding]:
+def _dense_gradients(record: RunRecord) -> list[Finding]:
     snapshots = census_order(record)
     found = []
     for name in _component_names(snapshots):
         hits = []
         for stage in snapshots:
-            item = (stage["components"] or {}).get(name)
+            item = (stage.components or {}).get(name)
             weights = weights_bytes(stage)
-            if (item and item.get("category") in GRADIENT_CATEGORIES and weights
-                    and item["bytes"] >= DENSE_GRADIENT_RATIO * weights):
-                hits.append((stage, item["bytes"], item["bytes"] / weights, item["category"]))
+            if (item and item.category in GRADIENT_CATEGORIES and weights
+                    and item.bytes >= DENSE_GRADIENT_RATIO * weights):
+                hits.append((stage, item.bytes, item.bytes / weights, item.category))
         if not hits:
             continue
         top = max(hits, key=lambda h: h[1])
         first, last = hits[0][0], hits[-1][0]
-        span = (f"at the end of stage `{first['path']}`" if len(hits) == 1
-                else f"from stage `{first['path']}` {_until(last, snapshots)}")
+        span = (f"at the end of stage `{first.path}`" if len(hits) == 1
+                else f"from stage `{first.path}` {_until(last, snapshots)}")
         found.append(Finding("dense-gradients", "high",
                              f"`{name}` is a dense {top[3]} buffer for the whole model "
                              f"({units.size(top[1])}, {top[2]:.2f}x the weights) {span}.",
                              {"component": name, "category": top[3], "bytes": top[1],
-                              "ratio_to_weights": round(top[2], 4), "from_stage": first["path"],
-                              "to_stage": last["path"], "stages": len(hits)}))
+                              "ratio_to_weights": round(top[2], 4), "from_stage": first.path,
+                              "to_stage": last.path, "stages": len(hits)}))
     return found
 
 
 # -- (c) transient spikes ------------------------------------------------------------------
 
-def _transients(record: dict) -> list[Finding]:
-    run_peak = (record.get("peak") or {}).get("rss")
+def _transients(record: RunRecord) -> list[Finding]:
+    run_peak = record.peak.rss
     if not run_peak:
         return []
     stages = finished(record)
-    child_peaks: dict[str, set[int]] = {}
+    child_peaks: dict[str, set[int | None]] = {}
     for s in stages:
-        if s.get("parent") is not None:
-            child_peaks.setdefault(s["parent"], set()).add(s["rss"]["peak"])
-    memray = record.get("memray") or {}
+        if s.parent is not None:
+            child_peaks.setdefault(s.parent, set()).add(s.rss.peak)
+    memray = record.memray
     found = []
     for stage in stages:
-        rss = stage["rss"]
-        transient = rss["peak"] - max(rss["start"], rss["end"])
+        rss = stage.rss
+        assert rss.start is not None and rss.end is not None and rss.peak is not None, "a finished stage's RSS"
+        transient = rss.peak - max(rss.start, rss.end)
         if transient <= TRANSIENT_SHARE * run_peak:
             continue
-        if rss["peak"] in child_peaks.get(stage["path"], ()):
+        if rss.peak in child_peaks.get(stage.path, ()):
             continue  # the child holding the same peak reports it, more precisely
-        holds_peak = rss["peak"] == run_peak
-        statement = (f"Transient spike of {units.size(transient)} in stage `{stage['path']}`"
+        holds_peak = rss.peak == run_peak
+        statement = (f"Transient spike of {units.size(transient)} in stage `{stage.path}`"
                      f"{_own_time(record, stage)} "
-                     f"({transient / run_peak:.0%} of peak): RSS rose to {units.size(rss['peak'])} "
-                     f"inside it, against {units.size(rss['start'])} at its start and "
-                     f"{units.size(rss['end'])} at its end")
-        evidence = {"stage": stage["path"], "transient": transient, "rss_peak": rss["peak"],
+                     f"({transient / run_peak:.0%} of peak): RSS rose to {units.size(rss.peak)} "
+                     f"inside it, against {units.size(rss.start)} at its start and "
+                     f"{units.size(rss.end)} at its end")
+        evidence = {"stage": stage.path, "transient": transient, "rss_peak": rss.peak,
                     "share_of_peak": round(transient / run_peak, 4), "holds_run_peak": holds_peak}
         statement += _what_grew(record, stage, evidence)
-        sites = memray.get("sites") or []
-        if sites and memray.get("stage") == stage["path"]:
+        sites = memray.sites if memray is not None else []
+        if sites and memray is not None and memray.stage == stage.path:
             site = sites[0]
-            location = source_paths.shown_path(site["location"], source_paths.code_root(record))
-            where = f"`{location}`" + (f" in `{site['function']}`" if site.get("function") else "")
+            location = source_paths.shown_path(site.location, source_paths.code_root(record))
+            where = f"`{location}`" + (f" in `{site.function}`" if site.function else "")
             statement += (f"; memray's largest site alive at its high-water mark is {where} "
-                          f"({units.size(site['bytes'])})")
-            evidence["memray_site"] = site["location"]
+                          f"({units.size(site.bytes)})")
+            evidence["memray_site"] = site.location
         found.append(Finding("transient-spike", "high" if holds_peak else "medium",
                              statement + ".", evidence))
     return found
 
 
-def _own_time(record: dict, stage: dict) -> str:
+def _own_time(record: RunRecord, stage: Stage) -> str:
     """Where in the stage's own time (no child covering it) its peak was, when the record says."""
     for item in unstaged.intervals(record):
-        if item.get("parent") == stage["path"] and item["rss"].get("peak") == stage["rss"]["peak"]:
+        if item.parent == stage.path and item.rss.peak == stage.rss.peak:
             return f", in its own time {unstaged.describe(item, inside_parent=True)}"
     return ""
 
 
-def _what_grew(record: dict, stage: dict, evidence: dict) -> str:
+def _what_grew(record: RunRecord, stage: Stage, evidence: dict) -> str:
     """The clause naming what grew inside the stage (never the weights unless they grew);
     fills evidence["growers"] {name: bytes}."""
     grown = growers(record, stage)
@@ -232,7 +235,7 @@ def _what_grew(record: dict, stage: dict, evidence: dict) -> str:
                 "no census before it)")
     if not grown:
         how = ("nothing created inside it was alive at its live-tensor high" if
-               (stage.get("live_tensors") or {}).get("at_peak") else
+               stage.live_tensors is not None and stage.live_tensors.at_peak is not None else
                "no component grew between the census before it and the one at its end: "
                "temporaries made and freed inside it")
         return f"; {how}"
@@ -253,83 +256,82 @@ def _quoted(name: str) -> str:
 
 # -- (d) memory retained after the algorithm returns ---------------------------------------
 
-def _retained(record: dict) -> list[Finding]:
+def _retained(record: RunRecord) -> list[Finding]:
     ends = census_order(record)
     last = ends[-1]
     weights = largest_weights(record)
-    peak = (record.get("peak") or {}).get("rss")
+    peak = record.peak.rss
     base, base_words = (weights, "the weights") if weights else (peak, "the peak RSS")
     if not base:
         return []
-    kept = sorted(((n, c) for n, c in last["components"].items()
-                   if c.get("category") != "weights" and n != CYCLES and c.get("category") != CYCLE_CATEGORY),
-                  key=lambda kv: -kv[1]["bytes"])
-    total = sum(c["bytes"] for _, c in kept)
+    kept = sorted(((n, c) for n, c in (last.components or {}).items()  # a census: never None here
+                   if c.category != "weights" and n != CYCLES and c.category != CYCLE_CATEGORY),
+                  key=lambda kv: -kv[1].bytes)
+    total = sum(c.bytes for _, c in kept)
     if total < RETAINED_RATIO * base:
         return []
-    listed = [(n, c) for n, c in kept if c["bytes"] >= 0.01 * total]
+    listed = [(n, c) for n, c in kept if c.bytes >= 0.01 * total]
     left_by = {n: _left_by(record, ends, n) for n, _ in listed}
-    parts = ", ".join(f"`{n}` {units.size(c['bytes'])} ({c['category']}"
+    parts = ", ".join(f"`{n}` {units.size(c.bytes)} ({c.category}"
                       + (f", left by `{left_by[n]}`" if left_by[n] else "") + ")" for n, c in listed[:6])
     if len(listed) > 6:
         parts += f" and {len(listed) - 6} more"
-    process = record.get("process") or {}
-    start, end = process.get("rss_at_start"), process.get("rss_at_end")
+    start, end = record.process.rss_at_start, record.process.rss_at_end
     rss = (f"; RSS at the end is {units.size(end)} against {units.size(start)} at the start "
            f"({units.signed_size(end - start)})" if start is not None and end is not None else "")
     severity = "high" if weights and total >= weights else "medium"
     return [Finding("retained-at-end", severity,
-                    f"After the last stage (`{last['path']}`) {units.size(total)} of tensors beyond "
+                    f"After the last stage (`{last.path}`) {units.size(total)} of tensors beyond "
                     f"the weights stay alive ({total / base:.2f}x {base_words}): {parts}{rss}.",
-                    {"stage": last["path"], "bytes": total,
+                    {"stage": last.path, "bytes": total,
                      "ratio_to_weights": round(total / weights, 4) if weights else None,
-                     "components": {n: c["bytes"] for n, c in listed},
+                     "components": {n: c.bytes for n, c in listed},
                      "left_by": {n: s for n, s in left_by.items() if s},
                      "rss_at_start": start, "rss_at_end": end})]
 
 
-def _left_by(record: dict, ends: list[dict], name: str) -> str | None:
+def _left_by(record: RunRecord, ends: list[Stage], name: str) -> str | None:
     """The top-level stage at whose end (or inside which) the component first appeared."""
-    first = next((s for s in ends if name in (s.get("components") or {})), None)
+    first = next((s for s in ends if name in (s.components or {})), None)
     if first is None:
         return None
-    by_path = {s["path"]: s for s in record["stages"]}
+    by_path = {s.path: s for s in record.stages}
     stage = first
-    while stage.get("parent") is not None and stage["parent"] in by_path:
-        stage = by_path[stage["parent"]]
-    return stage["path"]
+    while stage.parent is not None and stage.parent in by_path:
+        stage = by_path[stage.parent]
+    return stage.path
 
 
 # -- (h) tensors alive only through a reference cycle ---------------------------------------
 
-def _cycles(record: dict) -> list[Finding]:
+def _cycles(record: RunRecord) -> list[Finding]:
     """Tensors the census found reachable only through an unreachable reference cycle: alive
     after the call that made them returned, until the cycle collector next runs."""
     ends = census_order(record)
-    seen = [(s, c) for s in ends for n, c in (s.get("components") or {}).items()
-            if n == CYCLES or c.get("category") == CYCLE_CATEGORY]
+    seen: list[tuple[Stage, Component]] = [(s, c) for s in ends for n, c in (s.components or {}).items()
+                                           if n == CYCLES or c.category == CYCLE_CATEGORY]
     if not seen:  # any size: a leak is a leak, and the census only checks storages of 1 MiB or more
         return []
-    stage, top = max(seen, key=lambda sc: sc[1]["bytes"])
+    stage, top = max(seen, key=lambda sc: sc[1].bytes)
     first, last = seen[0][0], seen[-1][0]
     weights = largest_weights(record)
-    how = "returned" if first.get("call") else "ended"
+    how = "returned" if first.call is not None else "ended"
     span = ("seen at that stage end only" if first is last
             else f"seen from that stage end {_until(last, ends)}")
-    severity = "high" if weights and top["bytes"] >= RETAINED_RATIO * weights else "medium"
+    severity = "high" if weights and top.bytes >= RETAINED_RATIO * weights else "medium"
     return [Finding("reference-cycle", severity,
-                    f"{units.size(top['bytes'])} of tensors stay alive after `{first['path']}` {how} "
+                    f"{units.size(top.bytes)} of tensors stay alive after `{first.path}` {how} "
                     f"only through a reference cycle (`{CYCLES}`, {span}): freed only by the cycle collector, "
                     f"whenever it next runs, not when the call returns.",
-                    {"component": CYCLES, "stage": stage["path"], "bytes": top["bytes"],
-                     "from_stage": first["path"], "to_stage": last["path"],
-                     "ratio_to_weights": round(top["bytes"] / weights, 4) if weights else None})]
+                    {"component": CYCLES, "stage": stage.path, "bytes": top.bytes,
+                     "from_stage": first.path, "to_stage": last.path,
+                     "ratio_to_weights": round(top.bytes / weights, 4) if weights else None})]
 
 
 # -- (e) RSS the census does not explain ---------------------------------------------------
 
-def _untracked(record: dict) -> list[Finding]:
-    run_peak = (record.get("peak") or {}).get("rss")
+def _untracked(record: RunRecord) -> list[Finding]:
+    run_peak = record.peak.rss
     at_peak = peak_stage(record)
     attribution = attribute(at_peak) if at_peak is not None else None
     if not run_peak or attribution is None or attribution.beyond_census is None:
@@ -337,7 +339,7 @@ def _untracked(record: dict) -> list[Finding]:
     beyond = attribution.beyond_census
     if beyond <= UNTRACKED_SHARE * run_peak:
         return []
-    start = (record.get("process") or {}).get("rss_at_start")
+    start = record.process.rss_at_start
     detail = ""
     if attribution.unseen is not None:
         detail = (f"; {units.size(attribution.unseen)} of it are tensors the census cannot reach "
@@ -354,8 +356,8 @@ def _untracked(record: dict) -> list[Finding]:
 
 # -- (f) peak RSS against the live-tensor peak ---------------------------------------------
 
-def _tensor_gap(record: dict) -> list[Finding]:
-    run_peak = (record.get("peak") or {}).get("rss")
+def _tensor_gap(record: RunRecord) -> list[Finding]:
+    run_peak = record.peak.rss
     high, metered = live_tensor_high(record), live_tensor_peak(record)
     if not run_peak or high is None:
         return []
@@ -376,37 +378,37 @@ def _tensor_gap(record: dict) -> list[Finding]:
 
 # -- (g) stages that failed, runs that did not finish --------------------------------------
 
-def _failures(record: dict) -> list[Finding]:
+def _failures(record: RunRecord) -> list[Finding]:
     found = []
-    for stage in record["stages"]:
-        if stage.get("status") == "failed":
+    for stage in record.stages:
+        if stage.status == "failed":
             found.append(Finding("failed-stage", "high",
-                                 f"Stage `{stage['path']}` failed ({stage.get('error') or 'no error recorded'}): "
+                                 f"Stage `{stage.path}` failed ({stage.error or 'no error recorded'}): "
                                  f"its readings end where it failed.",
-                                 {"stage": stage["path"], "error": stage.get("error")}))
-        elif stage.get("status") == "open":
+                                 {"stage": stage.path, "error": stage.error}))
+        elif stage.status == "open":
             found.append(Finding("failed-stage", "high",
-                                 f"Stage `{stage['path']}` never finished: it has a start reading only.",
-                                 {"stage": stage["path"]}))
-    exit_ = record.get("exit") or {}
-    if exit_.get("status") not in (None, "ok"):
+                                 f"Stage `{stage.path}` never finished: it has a start reading only.",
+                                 {"stage": stage.path}))
+    exit_ = record.exit
+    if exit_ is not None and exit_.status != "ok":
         found.append(Finding("failed-stage", "high",
-                             f"The run ended {exit_['status']}"
-                             + (f" ({exit_['error']})" if exit_.get("error") else "")
+                             f"The run ended {exit_.status}"
+                             + (f" ({exit_.error})" if exit_.error else "")
                              + ": later stages and the final readings may be missing.",
-                             {"exit": exit_.get("status"), "error": exit_.get("error")}))
+                             {"exit": exit_.status, "error": exit_.error}))
     return found
 
 
-def _component_names(snapshots: list[dict]) -> list[str]:
+def _component_names(snapshots: list[Stage]) -> list[str]:
     names: dict[str, None] = {}
     for stage in snapshots:
-        names.update(dict.fromkeys(stage["components"] or {}))
+        names.update(dict.fromkeys(stage.components or {}))
     return list(names)
 
 
-def _until(last: dict, snapshots: list[dict]) -> str:
-    return "to the end" if last is snapshots[-1] else f"to stage `{last['path']}` (gone after it)"
+def _until(last: Stage, snapshots: list[Stage]) -> str:
+    return "to the end" if last is snapshots[-1] else f"to stage `{last.path}` (gone after it)"
 
 
 # -- remedies and what they save ---------------------------------------------------------
@@ -444,7 +446,7 @@ _CHUNK_REMEDY = ("Process calibration samples in chunks: run the layer on a few 
                  "sample are never alive together.")
 
 
-def _with_remedy(finding: Finding, rule: Rule, record: dict) -> Finding:
+def _with_remedy(finding: Finding, rule: Rule, record: RunRecord) -> Finding:
     remedy = finding.remedy or _remedy_words(finding) or rule.remedy
     return Finding(finding.rule, finding.severity, finding.statement, finding.evidence, remedy,
                    saving(finding, record), _validated(finding, record))
@@ -463,7 +465,7 @@ def _remedy_words(finding: Finding) -> str | None:
     return None
 
 
-def saving(finding: Finding, record: dict) -> dict | None:
+def saving(finding: Finding, record: RunRecord) -> dict | None:
     """What the remedy would save: the evidence's bytes here and at each projection target.
 
     {bytes, projected: [{target, bytes | None}], basis}; None for rules whose remedy saves
@@ -498,7 +500,7 @@ def saving(finding: Finding, record: dict) -> dict | None:
     return {"bytes": here, "projected": projected, "basis": basis}
 
 
-def _validated(finding: Finding, record: dict) -> tuple:
+def _validated(finding: Finding, record: RunRecord) -> tuple:
     """The record's validated remedies that answer this finding: one of their components is
     in its evidence (and its rule among theirs, when they name rules), or, naming no
     components, its rule is among theirs."""
@@ -507,7 +509,7 @@ def _validated(finding: Finding, record: dict) -> tuple:
         value = finding.evidence.get(key)
         named |= {value} if isinstance(value, str) else set(value or ())
     found = []
-    for item in record.get("validated_remedies") or []:
+    for item in record.annotations.get("validated_remedies") or []:
         if not isinstance(item, dict) or not item.get("variant"):
             continue
         components, rules = set(item.get("components") or ()), set(item.get("rules") or ())

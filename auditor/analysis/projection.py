@@ -41,7 +41,10 @@ uncalibrated).
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from itertools import combinations
+from typing import Callable, TypeVar
 
 import numpy as np
 
@@ -50,6 +53,7 @@ from auditor.allocator_retention import MMAP_THRESHOLD_MAX
 
 from auditor.analysis.drivers import (FIT_DRIVERS, Shape, component_driver, scale, shape_of,
                                       workload_shape)
+from auditor.record_schema import RunRecord, Stage
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 # Categories that follow the model's own dtype; the rest keep the algorithm's storage dtype.
@@ -61,21 +65,22 @@ FLOOR = 4096
 MOST_DRIVERS_IN_A_SMALL_FIT = 3
 
 
-def audited_shape(record: dict) -> Shape:
-    workload = record.get("workload")
+def audited_shape(record: RunRecord) -> Shape:
+    workload = record.annotations.get("workload")
     if not workload or "architecture" not in workload:
-        raise ValueError(f"run {record.get('name')!r} has no workload field (architecture, "
+        raise ValueError(f"run {record.name!r} has no workload field (architecture, "
                          "tokens): it cannot be projected")
     return workload_shape(workload)
 
 
-def project(record: dict, target: str, target_dtype: str | None = None,
+def project(record: RunRecord, target: str, target_dtype: str | None = None,
             target_tokens: int | None = None, *, target_overrides: dict | None = None,
             calibration: list[dict] | None = None) -> dict:
     """The scaled projection of every stage of `record` to architecture `target`.
 
-    `calibration`: traced run records of the same job at other small shapes (default: the
-    record's own `calibration` field, if any); without them nothing is fitted.
+    `calibration`: the compact records (JSON, auditor.jobs.calibration) of traced runs of the
+    same job at other small shapes (default: the record's own `calibration` annotation, if
+    any); without them nothing is fitted.
     """
     refused = refusal(record, "scaled", target)
     if refused is not None:
@@ -84,11 +89,11 @@ def project(record: dict, target: str, target_dtype: str | None = None,
     batch = audited.batch
     tokens = target_tokens or audited.tokens
     shape = shape_of(target, tokens, target_overrides, sequence=max(tokens // batch, 1), batch=batch)
-    runs = [r for r in (calibration if calibration is not None else record.get("calibration") or [])
+    runs = [r for r in (calibration if calibration is not None else record.annotations.get("calibration") or [])
             if r.get("workload")]
-    fit = _Fit(audited, shape, [(workload_shape(r["workload"]), stage_keys(r)) for r in runs])
+    fit = _Fit(audited, shape, [(workload_shape(r["workload"]), _compact_readings(r)) for r in runs])
     dtype_factor = _dtype_factor(record, target_dtype)
-    threads = int((record.get("environment") or {}).get("threads") or 1)
+    threads = int(record.environment.threads or 1)
     stages = [_project_stage(s, key, fit, dtype_factor, threads) for key, s in stage_keys(record).items()]
     _peaks_inside_children(list(stage_keys(record).values()), stages)
     explained = _explain(stages)
@@ -106,60 +111,99 @@ def project(record: dict, target: str, target_dtype: str | None = None,
     }
 
 
-def refusal(record: dict, method: str, target: str) -> dict | None:
+def refusal(record: RunRecord, method: str, target: str) -> dict | None:
     """For a run whose algorithm says it cannot be projected (the record's `not_projected`, a
     sentence saying why), the projection that says so and holds no number; else None."""
-    why = record.get("not_projected")
+    why = record.annotations.get("not_projected")
     if not why:
         return None
     return {"method": method, "target": target, "target_dtype": None, "not_projected": str(why),
             "stages": [], "peak": None, "live_tensor_peak": None}
 
 
-def _dtype_factor(record: dict, target_dtype: str | None) -> float:
+def _dtype_factor(record: RunRecord, target_dtype: str | None) -> float:
     if target_dtype is None:
         return 1.0
-    audited = record["workload"].get("dtype", "float32")
+    audited = record.annotations["workload"].get("dtype", "float32")
     if target_dtype not in DTYPE_BYTES or audited not in DTYPE_BYTES:
         raise ValueError(f"unknown dtype {target_dtype!r}; known: {', '.join(DTYPE_BYTES)}")
     return DTYPE_BYTES[target_dtype] / DTYPE_BYTES[audited]
 
 
-def stage_keys(run: dict) -> dict[tuple[str, int], dict]:
+Keyed = TypeVar("Keyed")
+
+
+def stage_keys(run: RunRecord) -> dict[tuple[str, int], Stage]:
     """Finished stages by (path, how many stages of that path came before): a stage called
     several times pairs with the same call in another run of the job."""
-    keyed: dict[tuple[str, int], dict] = {}
+    return _keyed((stage.path, stage) for stage in run.stages if stage.status != "open")
+
+
+def json_stage_keys(run: dict) -> dict[tuple[str, int], dict]:
+    """`stage_keys` of stages held as JSON: a calibration run's compact record
+    (auditor.jobs.calibration), a projection (`project`'s, `project_traced`'s)."""
+    return _keyed((stage["path"], stage) for stage in run.get("stages") or [] if stage.get("status") != "open")
+
+
+def _keyed(stages: Iterable[tuple[str, Keyed]]) -> dict[tuple[str, int], Keyed]:
+    keyed: dict[tuple[str, int], Keyed] = {}
     seen: dict[str, int] = {}
-    for stage in run.get("stages") or []:
-        if stage.get("status") == "open":
-            continue
-        n = seen[stage["path"]] = seen.get(stage["path"], -1) + 1
-        keyed[(stage["path"], n)] = stage
+    for path, stage in stages:
+        n = seen[path] = seen.get(path, -1) + 1
+        keyed[(path, n)] = stage
     return keyed
 
 
 # -- readings of one stage ---------------------------------------------------------------
 
-def _census(stage: dict) -> int:
-    return sum(c["bytes"] for c in (stage.get("components") or {}).values())
+@dataclass(frozen=True)
+class _Tensors:
+    """What the fit reads of a stage: its census and live-tensor meter, from a run record's
+    stage or a calibration run's compact one (JSON)."""
+    components: dict[str, int]  # census at the stage end: name -> bytes
+    end: int | None             # live-tensor meter at the end and at its peak; None: meter off
+    peak: int | None
+
+    @classmethod
+    def of(cls, stage: Stage) -> _Tensors:
+        meter = stage.live_tensors
+        return cls({name: c.bytes for name, c in (stage.components or {}).items()},
+                   meter.end if meter else None, meter.peak if meter else None)
+
+    @classmethod
+    def of_json(cls, stage: dict) -> _Tensors:
+        meter = stage.get("live_tensors") or {}
+        return cls({name: c.get("bytes", 0) for name, c in (stage.get("components") or {}).items()},
+                   meter.get("end"), meter.get("peak"))
 
 
-def _end(stage: dict) -> int:
-    return (stage.get("live_tensors") or {}).get("end", _census(stage))
+def _compact_readings(run: dict) -> dict[tuple[str, int], _Tensors]:
+    return {key: _Tensors.of_json(stage) for key, stage in json_stage_keys(run).items()}
 
 
-def _unseen(stage: dict) -> int:
+Reading = Callable[[_Tensors], int]
+
+
+def _census(stage: _Tensors) -> int:
+    return sum(stage.components.values())
+
+
+def _end(stage: _Tensors) -> int:
+    return stage.end if stage.end is not None else _census(stage)
+
+
+def _unseen(stage: _Tensors) -> int:
     """Live tensors no census root reaches (saved by autograd: no Python object to census)."""
     return max(_end(stage) - _census(stage), 0)
 
 
-def _transient(stage: dict) -> int:
+def _transient(stage: _Tensors) -> int:
     end = _end(stage)
-    return max((stage.get("live_tensors") or {}).get("peak", end) - end, 0)
+    return max((stage.peak if stage.peak is not None else end) - end, 0)
 
 
-def _component(name: str):
-    return lambda stage: ((stage.get("components") or {}).get(name) or {}).get("bytes", 0)
+def _component(name: str) -> Reading:
+    return lambda stage: stage.components.get(name, 0)
 
 
 # -- the fit -----------------------------------------------------------------------------
@@ -167,7 +211,7 @@ def _component(name: str):
 class _Fit:
     """Splits each quantity of a stage onto drivers, from the audited run and calibration runs."""
 
-    def __init__(self, audited: Shape, target: Shape, runs: list[tuple[Shape, dict]]):
+    def __init__(self, audited: Shape, target: Shape, runs: list[tuple[Shape, dict[tuple[str, int], _Tensors]]]):
         self.audited, self.target, self.runs = audited, target, runs
 
     @property
@@ -178,7 +222,7 @@ class _Fit:
         growth = sum(b * (scale(d, self.audited, self.target) - 1) for d, b in shares.items())
         return max(round(measured + growth), 0)
 
-    def a_priori(self, driver: str, measured: int, key: tuple, reading) -> dict:
+    def a_priori(self, driver: str, measured: int, key: tuple, reading: Reading) -> dict:
         """`measured` scaled by `driver`, unless calibration runs show the driver is wrong."""
         shares = {driver: measured}
         if self.calibrated:
@@ -189,14 +233,14 @@ class _Fit:
             return {"how": "a priori", "shares": shares, **_checked(values, _miss(values, predicted))}
         return {"how": "a priori", "shares": shares}
 
-    def fitted(self, measured: int, key: tuple, reading, fallback: str = "parameters") -> dict:
+    def fitted(self, measured: int, key: tuple, reading: Reading, fallback: str = "parameters") -> dict:
         if not self.calibrated:
             return {"how": "a priori", "shares": {fallback: measured}}
         values, shapes = self._series(key, reading, measured)
         shares, residual = fit_shares(values, shapes)
         return {"how": "fitted", "shares": shares, **_checked(values, residual)}
 
-    def _series(self, key: tuple, reading, measured: int) -> tuple[list[float], list[Shape]]:
+    def _series(self, key: tuple, reading: Reading, measured: int) -> tuple[list[float], list[Shape]]:
         values, shapes = [float(measured)], [self.audited]
         for shape, stages in self.runs:
             if key in stages:
@@ -318,32 +362,34 @@ def _allocator_growth(threshold: int | None, fit: _Fit, threads: int) -> int:
     return allocator_retention.growth(threads, threshold, target)
 
 
-def _project_stage(stage: dict, key: tuple, fit: _Fit, dtype_factor: float, threads: int = 1) -> dict:
-    path = stage["path"]
+def _project_stage(stage: Stage, key: tuple, fit: _Fit, dtype_factor: float, threads: int = 1) -> dict:
+    path = stage.path
+    tensors = _Tensors.of(stage)
     components = {}
-    for name, item in (stage.get("components") or {}).items():
-        driver = component_driver(name, item["category"])
-        how = fit.a_priori(driver, item["bytes"], key, _component(name))
-        projected = fit.grow(item["bytes"], how["shares"])
-        if item["category"] in MODEL_DTYPE_CATEGORIES:
+    for name, item in (stage.components or {}).items():
+        driver = component_driver(name, item.category)
+        how = fit.a_priori(driver, item.bytes, key, _component(name))
+        projected = fit.grow(item.bytes, how["shares"])
+        if item.category in MODEL_DTYPE_CATEGORIES:
             projected = round(projected * dtype_factor)
-        components[name] = {"category": item["category"], "bytes": item["bytes"],
+        components[name] = {"category": item.category, "bytes": item.bytes,
                             "projected": projected, **how}
-    unseen = _unseen(stage)
+    unseen = _unseen(tensors)
     unseen_how: dict = (fit.fitted(unseen, key, _unseen, fallback="activations") if unseen or fit.calibrated
                         else {"how": "a priori", "shares": {}})
-    transient = _transient(stage)
+    transient = _transient(tensors)
     transient_how = fit.fitted(transient, key, _transient, fallback="parameters")
     unseen_projected = fit.grow(unseen, unseen_how["shares"])
     transient_projected = fit.grow(transient, transient_how["shares"])
     tensor_end = sum(c["projected"] for c in components.values()) + unseen_projected
     tensor_peak = tensor_end + transient_projected
-    meter = stage.get("live_tensors") or {}
-    measured_beyond = max(stage["rss"]["peak"] - meter.get("peak", _end(stage)), 0)
-    growth = _allocator_growth(meter.get("allocator_threshold"), fit, threads)
+    assert stage.rss.peak is not None, "a finished stage's RSS peak"
+    measured_beyond = max(stage.rss.peak - (tensors.peak if tensors.peak is not None else _end(tensors)), 0)
+    threshold = stage.live_tensors.allocator_threshold if stage.live_tensors else None
+    growth = _allocator_growth(threshold, fit, threads)
     beyond_tensors = measured_beyond + growth
     return {
-        "path": path, "parent": stage.get("parent"), "components": components,
+        "path": path, "parent": stage.parent, "components": components,
         "unseen_tensors": {"bytes": unseen, "projected": unseen_projected, **unseen_how},
         "transient": {"bytes": transient, "projected": transient_projected, **transient_how},
         "beyond_tensors": beyond_tensors, "beyond_measured": measured_beyond,
@@ -353,14 +399,14 @@ def _project_stage(stage: dict, key: tuple, fit: _Fit, dtype_factor: float, thre
     }
 
 
-def _peaks_inside_children(measured: list[dict], stages: list[dict]) -> None:
+def _peaks_inside_children(measured: list[Stage], stages: list[dict]) -> None:
     """A stage whose measured peak is no higher than its children's takes their projected peak."""
     pairs = list(zip(measured, stages))
     for real, stage in sorted(pairs, key=lambda p: -p[1]["path"].count("/")):  # deepest first
         children = [(r, p) for r, p in pairs if p.get("parent") == stage["path"]
-                    and real["start_s"] <= r["start_s"] and (real["end_s"] is None or r["start_s"] <= real["end_s"])]
-        meter = (real.get("live_tensors") or {}).get("peak")
-        child_peaks = [(r.get("live_tensors") or {}).get("peak") for r, _ in children]
+                    and real.start_s <= r.start_s and (real.end_s is None or r.start_s <= real.end_s)]
+        meter = _live_peak(real)
+        child_peaks = [_live_peak(r) for r, _ in children]
         known = [p for p in child_peaks if p is not None]
         if not children or meter is None or len(known) < len(child_peaks) or meter > max(known):
             continue
@@ -370,6 +416,10 @@ def _peaks_inside_children(measured: list[dict], stages: list[dict]) -> None:
         stage["rss_peak"] = max(max(p["rss_peak"] for _, p in children),
                                 stage["tensor_peak"] + stage["beyond_tensors"])
         stage["transient"]["projected"] = stage["tensor_peak"] - stage["tensor_end"]
+
+
+def _live_peak(stage: Stage) -> int | None:
+    return stage.live_tensors.peak if stage.live_tensors else None
 
 
 def _explain(stages: list[dict]) -> dict:

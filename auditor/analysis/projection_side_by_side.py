@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from auditor.analysis.component_history import fold_component
 from auditor.analysis.components import UNCALIBRATED, scaled_caveat
+from auditor.record_schema import RunRecord
 
 _CALL_NUMBER = re.compile(r"#\d+(?=/|$)")
 
@@ -68,13 +69,14 @@ def folded_path(path: str) -> str:
     return _CALL_NUMBER.sub("", path)
 
 
-def side_by_side(record: dict) -> list[SideBySide]:
-    """One per projection of the record that has per-stage figures."""
-    return [_side(record, item) for item in record.get("projections") or []
+def side_by_side(record: RunRecord) -> list[SideBySide]:
+    """One per projection of the record that has per-stage figures (its `projections`
+    annotation: JSON, each item read as a projection)."""
+    return [_side(record, item) for item in record.annotations.get("projections") or []
             if isinstance(item, dict) and isinstance(item.get("stages"), list)]
 
 
-def _side(record: dict, projection: dict) -> SideBySide:
+def _side(record: RunRecord, projection: dict) -> SideBySide:
     side = SideBySide(method=str(projection.get("method", "scaled")),
                       target=str(projection.get("target", "?")), notes=_notes(projection),
                       uncalibrated=scaled_caveat(projection) == UNCALIBRATED)
@@ -98,16 +100,16 @@ def _notes(projection: dict) -> list[str]:
     return notes
 
 
-def _stages(record: dict, projection: dict) -> list[StageSide]:
+def _stages(record: RunRecord, projection: dict) -> list[StageSide]:
     rows: dict[str, StageSide] = {}
-    for stage in record.get("stages") or []:
-        if stage.get("status") == "open":
+    for stage in record.stages:
+        if stage.status == "open":
             continue
-        row = _row(rows, stage["path"])
+        row = _row(rows, stage.path)
         row.audited_calls += 1
         row.audited_tensor_peak = _most(row.audited_tensor_peak,
-                                        (stage.get("live_tensors") or {}).get("peak"))
-        row.audited_rss_peak = _most(row.audited_rss_peak, (stage.get("rss") or {}).get("peak"))
+                                        stage.live_tensors.peak if stage.live_tensors else None)
+        row.audited_rss_peak = _most(row.audited_rss_peak, stage.rss.peak)
     for stage in projection["stages"]:
         row = _row(rows, stage["path"])
         row.target_calls += 1
@@ -130,13 +132,14 @@ def _most(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else max(a, b)
 
 
-def _components(record: dict, projection: dict) -> list[ComponentSide]:
+def _components(record: RunRecord, projection: dict) -> list[ComponentSide]:
     found: dict[str, ComponentSide] = {}
-    for stage in record.get("stages") or []:
-        _fold_stage_end(found, stage.get("components") or {}, "audited", lambda c: c.get("bytes") or 0)
+    for stage in record.stages:
+        _fold_stage_end(found, {name: (c.category, c.bytes) for name, c in (stage.components or {}).items()},
+                        "audited")
     for stage in projection["stages"]:
-        _fold_stage_end(found, stage.get("components") or {}, "target",
-                        lambda c: c.get("projected") or 0)
+        _fold_stage_end(found, {name: (str(c.get("category", "other")), c.get("projected") or 0)
+                                for name, c in (stage.get("components") or {}).items()}, "target")
         for name, item in (stage.get("components") or {}).items():
             if item.get("explained") is False:  # never a number (auditor.analysis.projection)
                 side = found[fold_component(name)]
@@ -144,14 +147,15 @@ def _components(record: dict, projection: dict) -> list[ComponentSide]:
     return sorted(found.values(), key=lambda c: -max(c.target or 0, c.audited))
 
 
-def _fold_stage_end(found: dict[str, ComponentSide], components: dict, side: str, size) -> None:
+def _fold_stage_end(found: dict[str, ComponentSide], components: dict[str, tuple[str, int]], side: str) -> None:
+    """One stage end's components (name: (category, bytes)) folded into `found`'s `side`."""
     totals: dict[str, tuple[int, int]] = {}
-    for name, item in components.items():
+    for name, (category, size) in components.items():
         folded = fold_component(name)
         if folded not in found:
-            found[folded] = ComponentSide(folded, str(item.get("category", "other")))
+            found[folded] = ComponentSide(folded, category)
         total, count = totals.get(folded, (0, 0))
-        totals[folded] = (total + size(item), count + 1)
+        totals[folded] = (total + size, count + 1)
     for folded, (total, count) in totals.items():
         item = found[folded]
         if side == "audited":

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from auditor.record_schema import RunRecord
+
 
 @dataclass(frozen=True)
 class Target:
@@ -31,43 +33,43 @@ TARGETS = (Target("peak live tensors", "scaled", 0.03), Target("peak RSS", "scal
 
 # -- comparing ---------------------------------------------------------------------------
 
-def compare(small: dict, real: dict, projections: dict[str, dict]) -> dict:
+def compare(small: RunRecord, real: RunRecord, projections: dict[str, dict]) -> dict:
     """Every projected number beside the real run's own, with the relative error."""
-    from auditor.analysis.projection import stage_keys
+    from auditor.analysis.projection import json_stage_keys, stage_keys
     measured = stage_keys(real)
-    by_method = {m: stage_keys(p) for m, p in projections.items()}
+    by_method = {m: json_stage_keys(p) for m, p in projections.items()}
     stages = []
     for key, stage in measured.items():
-        meter = stage.get("live_tensors") or {}
-        row = {"path": stage["path"], "real": {"tensor_peak": meter.get("peak"), "rss_peak": stage["rss"]["peak"]}}
+        live = stage.live_tensors.peak if stage.live_tensors else None
+        row: dict = {"path": stage.path, "real": {"tensor_peak": live, "rss_peak": stage.rss.peak}}
         for method, projected in by_method.items():
             p = projected.get(key)
             row[method] = ({"tensor_peak": p["tensor_peak"], "rss_peak": p["rss_peak"],
                             "estimated": p.get("estimated") or 0} if p else None)
         stages.append(row)
-    peak_key = next((k for k, s in measured.items() if s.get("id") == real["peak"].get("stage_id")),
-                    (real["peak"].get("stage"), 0))
-    peak_stage = measured.get(peak_key)
+    peak_key = next((k for k, s in measured.items() if s.id == real.peak.stage_id),
+                    (real.peak.stage, 0) if real.peak.stage is not None else None)
+    peak_stage = measured.get(peak_key) if peak_key is not None else None
     real_peak = {"live_tensors": max((s["real"]["tensor_peak"] or 0 for s in stages), default=None),
-                 "rss": real["peak"]["rss"], "stage": real["peak"].get("stage")}
+                 "rss": real.peak.rss, "stage": real.peak.stage}
     peak: dict = {"real": real_peak}
     for method, p in projections.items():
         peak[method] = ({"live_tensors": p["live_tensor_peak"], "rss": p["peak"]["rss"],
                          "stage": p["peak"]["stage"]} if p.get("peak") else
                         {"live_tensors": None, "rss": None, "stage": None})
     components = []
-    if peak_stage is not None:
-        for name, item in (peak_stage.get("components") or {}).items():
-            row = {"name": name, "category": item["category"], "real": item["bytes"]}
+    if peak_stage is not None and peak_key is not None:
+        for name, item in (peak_stage.components or {}).items():
+            row = {"name": name, "category": item.category, "real": item.bytes}
             for method, projected in by_method.items():
                 p = (projected.get(peak_key) or {}).get("components", {}).get(name)
                 row[method] = p["projected"] if p else None
             components.append(row)
     return {"stages": stages, "peak": peak, "components": components,
-            "components_stage": peak_stage["path"] if peak_stage else None,
-            "small_peak": {"live_tensors": max(((s.get("live_tensors") or {}).get("peak", 0)
-                                                for s in small["stages"]), default=None),
-                           "rss": small["peak"]["rss"]}}
+            "components_stage": peak_stage.path if peak_stage else None,
+            "small_peak": {"live_tensors": max(((s.live_tensors.peak or 0) if s.live_tensors else 0
+                                                for s in small.stages), default=None),
+                           "rss": small.peak.rss}}
 
 
 def error(projected: float | None, real: float | None) -> float | None:

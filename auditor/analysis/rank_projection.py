@@ -18,17 +18,19 @@ the host); the device count is read from the sharded part.
 """
 from __future__ import annotations
 
+from auditor.record_schema import RunRecord, Stage
+
 SHARDED_FROM = ("prune",)  # the stages (and their children) once the model is sharded
 
 
-def paired_rank(rank: int, real: dict[int, dict]) -> int:
+def paired_rank(rank: int, real: dict[int, RunRecord]) -> int:
     if rank in real:
         return rank
     others = [r for r in real if r != 0]
     return max(others) if others else 0
 
 
-def project_ranks(real: dict[int, dict], traced: dict[int, dict[int, dict]]) -> list[dict]:
+def project_ranks(real: dict[int, RunRecord], traced: dict[int, dict[int, RunRecord]]) -> list[dict]:
     """One entry per world size (ascending): each rank's projection and the worst rank's."""
     worlds = []
     for world_size in sorted(traced):
@@ -38,14 +40,14 @@ def project_ranks(real: dict[int, dict], traced: dict[int, dict[int, dict]]) -> 
     return worlds
 
 
-def project_rank(rank: int, traced_record: dict, real: dict[int, dict]) -> dict:
+def project_rank(rank: int, traced_record: RunRecord, real: dict[int, RunRecord]) -> dict:
     from auditor.analysis.traced_projection import project_traced
     paired = paired_rank(rank, real)
     projection = project_traced(real[paired], traced_record)
     stages = projection["stages"]
     sharded = [s for s in stages if s["path"].split("/")[0] in SHARDED_FROM]
-    retained = max((traced_record.get("gather_buffers") or {}).values(), default=0)
-    return {"rank": rank, "traced_as": traced_record.get("traced_as", rank), "paired_real_rank": paired,
+    retained = max((traced_record.annotations.get("gather_buffers") or {}).values(), default=0)
+    return {"rank": rank, "traced_as": traced_record.annotations.get("traced_as", rank), "paired_real_rank": paired,
             "retained_buffer": retained, "whole": _peak(stages, retained), "sharded": _peak(sharded, retained),
             "stages": stages, "data_dependent": projection["data_dependent"]}
 
@@ -69,24 +71,26 @@ def fewest_devices(worlds: list[dict], budget: int, figure: str = "live_tensors_
     return None
 
 
-def compare_rank(projected: dict, real_record: dict) -> dict:
+def compare_rank(projected: dict, real_record: RunRecord) -> dict:
     """A projected rank against the real run of the same rank at the target (held-out check):
     peak live tensors over the run and every stage's, peak RSS, as signed errors."""
-    real_stages: dict[str, dict] = {}
-    for s in real_record["stages"]:
-        if s.get("status") != "open":
-            real_stages.setdefault(s["path"], s)
-    seen, worst = set(), (0.0, None)
+    real_stages: dict[str, Stage] = {}
+    for s in real_record.stages:
+        if s.status != "open":
+            real_stages.setdefault(s.path, s)
+    seen: set[str] = set()
+    worst: tuple[float, str | None] = (0.0, None)
     for s in projected["stages"]:
         real = real_stages.get(s["path"])
-        if s["path"] in seen or real is None or not (real.get("live_tensors") or {}).get("peak"):
+        real_peak = _live_peak(real) if real is not None else None
+        if s["path"] in seen or not real_peak:
             continue
         seen.add(s["path"])
-        error = _error(s["tensor_peak"], real["live_tensors"]["peak"])
+        error = _error(s["tensor_peak"], real_peak)
         if abs(error) > abs(worst[0]):
             worst = (error, s["path"])
-    real_live = max((s.get("live_tensors") or {}).get("peak") or 0 for s in real_stages.values())
-    real_rss = max(s["rss"]["peak"] for s in real_stages.values())
+    real_live = max(_live_peak(s) or 0 for s in real_stages.values())
+    real_rss = max(_rss_peak(s) for s in real_stages.values())
     return {"live_tensors": _error(projected["whole"]["live_tensors"], real_live),
             "sharded_live_tensors": _error(projected["sharded"]["live_tensors"], _real_sharded(real_stages, "live")),
             "every_stage": worst[0], "every_stage_worst": worst[1],
@@ -97,11 +101,20 @@ def compare_rank(projected: dict, real_record: dict) -> dict:
             "real": {"live_tensors": real_live, "rss": real_rss}}
 
 
-def _real_sharded(stages: dict[str, dict], figure: str) -> int:
+def _real_sharded(stages: dict[str, Stage], figure: str) -> int:
     chosen = [s for path, s in stages.items() if path.split("/")[0] in SHARDED_FROM]
     if figure == "rss":
-        return max(s["rss"]["peak"] for s in chosen)
-    return max((s.get("live_tensors") or {}).get("peak") or 0 for s in chosen)
+        return max(_rss_peak(s) for s in chosen)
+    return max(_live_peak(s) or 0 for s in chosen)
+
+
+def _live_peak(stage: Stage) -> int | None:
+    return stage.live_tensors.peak if stage.live_tensors else None
+
+
+def _rss_peak(stage: Stage) -> int:
+    assert stage.rss.peak is not None, "a finished stage's RSS peak"
+    return stage.rss.peak
 
 
 def _error(projected: int, real: int) -> float:

@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 
 from auditor.record import RunRecordError, load, rank_folder_name, rank_folders
+from auditor.record_schema import AtPeak, RunRecord, Stage
 
 COLLECTIVE_OPS = ("c10d::", "_c10d_functional::", "c10d_functional::")
 # The AsyncCollectiveTensor a functional collective returns wraps the collective's output: its
@@ -36,7 +37,7 @@ def is_multi_rank(folder: str | os.PathLike) -> bool:
     return folder.is_dir() and not (folder / "events.jsonl").exists() and bool(rank_folders(folder))
 
 
-def load_ranks(folder: str | os.PathLike) -> dict[int, dict]:
+def load_ranks(folder: str | os.PathLike) -> dict[int, RunRecord]:
     """Each rank's record, by rank (RunRecordError naming the rank folder if one is unreadable)."""
     records = {}
     for rank in rank_folders(folder):
@@ -52,14 +53,14 @@ def merge_ranks(folder: str | os.PathLike) -> dict:
     return merge(load_ranks(folder), folder)
 
 
-def merge(records: dict[int, dict], folder: str | os.PathLike = "") -> dict:
+def merge(records: dict[int, RunRecord], folder: str | os.PathLike = "") -> dict:
     ranks = [_rank_summary(rank, record) for rank, record in sorted(records.items())]
     stages = _stage_rows(records)
     world = {r["world_size"] for r in ranks if r["world_size"] is not None}
     expected = max(world) if world else len(ranks)
     return {
-        "folder": str(folder), "name": next(iter(records.values()))["name"] if records else None,
-        "command": next(iter(records.values())).get("command") if records else None,
+        "folder": str(folder), "name": next(iter(records.values())).name if records else None,
+        "command": next(iter(records.values())).command if records else None,
         "world_size": sorted(world), "ranks": ranks,
         "missing_ranks": [n for n in range(expected) if n not in records],
         "stages": stages, "peak": _global_peak(ranks, "rss_peak", "rss_peak_stage"),
@@ -70,30 +71,30 @@ def merge(records: dict[int, dict], folder: str | os.PathLike = "") -> dict:
     }
 
 
-def _rank_summary(rank: int, record: dict) -> dict:
-    identity = record.get("rank") or {}
-    exit_ = record.get("exit") or {}
-    live = [(s["live_tensors"]["peak"], s["path"]) for s in record["stages"]
-            if s.get("live_tensors") and s["live_tensors"].get("peak") is not None]
+def _rank_summary(rank: int, record: RunRecord) -> dict:
+    identity = record.rank  # None: a record without its rank's identity
+    status = record.exit.status if record.exit is not None else None
+    live = [(s.live_tensors.peak, s.path) for s in record.stages
+            if s.live_tensors is not None and s.live_tensors.peak is not None]
     live_peak, live_stage = max(live, key=lambda pair: pair[0]) if live else (None, None)
-    return {"rank": rank, "world_size": identity.get("world_size"),
-            "local_rank": identity.get("local_rank"), "host": identity.get("host"),
-            "backend": identity.get("backend"), "source": identity.get("source"),
-            "status": exit_.get("status") or "unknown", "finished": exit_.get("status") != "unfinished",
-            "rss_peak": record["peak"].get("rss"), "rss_peak_stage": record["peak"].get("stage"),
+    return {"rank": rank, "world_size": identity.world_size if identity else None,
+            "local_rank": identity.local_rank if identity else None, "host": identity.host if identity else None,
+            "backend": identity.backend if identity else None, "source": identity.source if identity else None,
+            "status": status or "unknown", "finished": status != "unfinished",
+            "rss_peak": record.peak.rss, "rss_peak_stage": record.peak.stage,
             "live_peak": live_peak, "live_peak_stage": live_stage,
-            "rss_at_start": record["process"].get("rss_at_start"),
-            "duration_s": record.get("duration_s"),
-            "open_stages": [s["path"] for s in record["stages"] if s["status"] == "open"]}
+            "rss_at_start": record.process.rss_at_start,
+            "duration_s": record.duration_s,
+            "open_stages": [s.path for s in record.stages if s.status == "open"]}
 
 
-def _stage_rows(records: dict[int, dict]) -> list[dict]:
+def _stage_rows(records: dict[int, RunRecord]) -> list[dict]:
     """Stage paths in the order they first ran (rank 0's, then others' own), every rank's
     readings side by side; a path a rank entered several times keeps its highest."""
     rows: dict[str, dict] = {}
     for rank, record in sorted(records.items()):
-        for stage in record["stages"]:
-            row = rows.setdefault(stage["path"], {"path": stage["path"], "ranks": {}})
+        for stage in record.stages:
+            row = rows.setdefault(stage.path, {"path": stage.path, "ranks": {}})
             row["ranks"][rank] = _highest(row["ranks"].get(rank), _reading(stage))
     for row in rows.values():
         row["rss"] = spread({r: v["rss_peak"] for r, v in row["ranks"].items()})
@@ -101,12 +102,13 @@ def _stage_rows(records: dict[int, dict]) -> list[dict]:
     return list(rows.values())
 
 
-def _reading(stage: dict) -> dict:
-    live = stage.get("live_tensors") or {}
-    return {"rss_peak": stage["rss"].get("peak"), "live_peak": live.get("peak"),
-            "status": stage["status"], "calls": 1,
-            "communication": collective_bytes(live.get("at_peak")),
-            "wrappers": collective_bytes(live.get("at_peak"), COLLECTIVE_WRAPPERS)}
+def _reading(stage: Stage) -> dict:
+    live = stage.live_tensors
+    at_peak = live.at_peak if live is not None else None
+    return {"rss_peak": stage.rss.peak, "live_peak": live.peak if live is not None else None,
+            "status": stage.status, "calls": 1,
+            "communication": collective_bytes(at_peak),
+            "wrappers": collective_bytes(at_peak, COLLECTIVE_WRAPPERS)}
 
 
 def _highest(kept: dict | None, new: dict) -> dict:
@@ -123,15 +125,15 @@ def _max(a, b):
     return max(values) if values else None
 
 
-def collective_bytes(at_peak: dict | None, ops: tuple[str, ...] = COLLECTIVE_OPS) -> int | None:
+def collective_bytes(at_peak: AtPeak | None, ops: tuple[str, ...] = COLLECTIVE_OPS) -> int | None:
     """Bytes alive at a live-tensor peak that a c10d collective created, its wrappers left out
     (or, with `ops=COLLECTIVE_WRAPPERS`, the wrappers' alone); None: meter off."""
-    if not at_peak:
+    if at_peak is None:
         return None
-    wanted = [row for row in at_peak.get("rows", []) if (row.get("op") or "").startswith(ops)]
+    wanted = [row for row in at_peak.rows if (row.op or "").startswith(ops)]
     if ops is COLLECTIVE_OPS:
-        wanted = [row for row in wanted if not row["op"].startswith(COLLECTIVE_WRAPPERS)]
-    return sum(row["bytes"] for row in wanted)
+        wanted = [row for row in wanted if not (row.op or "").startswith(COLLECTIVE_WRAPPERS)]
+    return sum(row.bytes for row in wanted)
 
 
 def spread(values: dict[int, int | None]) -> dict | None:

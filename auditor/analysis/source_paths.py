@@ -11,6 +11,8 @@ import os
 import re
 import shlex
 
+from auditor.record_schema import RunRecord
+
 _LIBRARY = re.compile(r".*?/(?:site|dist)-packages/")
 _STDLIB = re.compile(r".*?/lib/python\d+\.\d+/")
 
@@ -25,20 +27,19 @@ def _auditors_own(path: str) -> bool:
     return bool(_CONSOLE_SCRIPT.match(path)) or (path.startswith(_AUDITOR) and not path.startswith(_AUDITOR_JOBS))
 
 
-def code_root(record: dict) -> str | None:
+def code_root(record: RunRecord) -> str | None:
     """The folder that the audited code's files in the memray sites share, if any: the
     working folder the run started in when every such file lies inside it (the folder that
     names allocation sites, auditor.allocation_sites; also when there are no sites), else
     their common folder. The auditor's own frames (its wrappers pass through the stacks) are
     not the audited code."""
-    memray = record.get("memray") or {}
     files = set()
-    for site in memray.get("sites") or []:
-        for frame in [site.get("location", "")] + [f.partition(" at ")[2] for f in site.get("python_stack") or []]:
+    for site in record.memray.sites if record.memray else []:
+        for frame in [site.location] + [f.partition(" at ")[2] for f in site.python_stack]:
             path = frame.rsplit(":", 1)[0]
             if path.startswith("/") and not (_LIBRARY.match(path) or _STDLIB.match(path) or _auditors_own(path)):
                 files.add(path)
-    cwd = (record.get("process") or {}).get("cwd")
+    cwd = record.process.cwd
     if not (isinstance(cwd, str) and cwd.startswith("/") and cwd != "/"):
         cwd = None
     if cwd is not None and all(f.startswith(os.path.join(cwd, "")) for f in files):

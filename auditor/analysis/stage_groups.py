@@ -18,28 +18,29 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from auditor.analysis.components import meter
 from auditor.analysis.unstaged import describe
+from auditor.record_schema import Call, RunRecord, Stage, Unstaged
 
 _CALL_NUMBER = re.compile(r"#\d+$")
 
 
-def _call(stage: dict) -> dict:
-    """The stage's staged-call fields ({} for a stage that was not a staged call)."""
-    call = stage.get("call")
-    return call if isinstance(call, dict) else {}
+def _call(stage: Stage) -> Call:
+    """The stage's staged-call fields (none set for a stage that was not a staged call)."""
+    return stage.call if stage.call is not None else Call()
 
 
-def fold_key(stage: dict) -> str:
+def fold_key(stage: Stage) -> str:
     """What makes calls one row: the staged callable, else the name without `#n`."""
-    return _call(stage).get("target") or _CALL_NUMBER.sub("", stage["name"])
+    return _call(stage).target or _CALL_NUMBER.sub("", stage.name)
 
 
-def call_name(stage: dict) -> str:
+def call_name(stage: Stage) -> str:
     """Which call a stage was, for a reader: its label and number, else its name."""
     call = _call(stage)
-    if call.get("label"):
-        return f"{call['label']} (call {call['index']})" if call.get("index") else str(call["label"])
-    return stage["name"]
+    if call.label:
+        return f"{call.label} (call {call.index})" if call.index else str(call.label)
+    return stage.name
 
 
 @dataclass
@@ -48,8 +49,8 @@ class StageRow:
     key: str                     # the folded path (unstaged: "(unstaged) ..." under it)
     label: str                   # the name shown (a folded row: the fold key)
     depth: int
-    stages: list[dict] = field(default_factory=list)   # the calls, in start order
-    interval: dict | None = None                       # kind "unstaged"
+    stages: list[Stage] = field(default_factory=list)  # the calls, in start order
+    interval: Unstaged | None = None                   # kind "unstaged"
     children: list["StageRow"] = field(default_factory=list)
 
     @property
@@ -57,58 +58,59 @@ class StageRow:
         return len(self.stages)
 
     @property
-    def entries(self) -> list[dict]:
+    def entries(self) -> Sequence[Stage | Unstaged]:
         return [self.interval] if self.interval is not None else self.stages
 
     @property
     def start_s(self) -> float:
-        return min(e["start_s"] for e in self.entries)
+        return min(e.start_s for e in self.entries)
 
     @property
     def duration(self) -> float | None:
-        times = [e["end_s"] - e["start_s"] for e in self.entries if e.get("end_s") is not None]
+        times = [e.end_s - e.start_s for e in self.entries if e.end_s is not None]
         return sum(times) if times else None
 
     @property
     def statuses(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for s in self.stages:
-            counts[s.get("status", "ok")] = counts.get(s.get("status", "ok"), 0) + 1
+            counts[s.status] = counts.get(s.status, 0) + 1
         return counts
 
     def reading(self, key: str, field_: str) -> int | None:
         """`rss`/`live_tensors` start of the first entry, end of the last."""
-        entries = self.entries if field_ == "start" else [e for e in self.entries if e.get("end_s") is not None]
+        entries = self.entries if field_ == "start" else [e for e in self.entries if e.end_s is not None]
         if not entries:
             return None
-        return ((entries[0] if field_ == "start" else entries[-1]).get(key) or {}).get(field_)
+        reading = meter(entries[0] if field_ == "start" else entries[-1], key)
+        return getattr(reading, field_) if reading is not None else None
 
-    def highest(self, key: str) -> tuple[int | None, dict | None]:
+    def highest(self, key: str) -> tuple[int | None, Stage | Unstaged | None]:
         """The highest `key` peak (rss / live_tensors) among the entries, and the entry holding it."""
-        best: tuple[int | None, dict | None] = (None, None)
+        best: tuple[int | None, Stage | Unstaged | None] = (None, None)
         for entry in self.entries:
-            value = (entry.get(key) or {}).get("peak")
+            reading = meter(entry, key)
+            value = reading.peak if reading is not None else None
             if value is not None and (best[0] is None or value > best[0]):
                 best = (value, entry)
         return best
 
     def largest_rise(self) -> int | None:
         """The largest peak - start of any entry."""
-        readings = [e.get("rss") or {} for e in self.entries]
-        rises = [rss["peak"] - rss["start"] for rss in readings
-                 if rss.get("peak") is not None and rss.get("start") is not None]
+        rises = [e.rss.peak - e.rss.start for e in self.entries
+                 if e.rss.peak is not None and e.rss.start is not None]
         return max(rises) if rises else None
 
 
-def stage_rows(record: dict, unstaged: Sequence[dict] = ()) -> list[StageRow]:
+def stage_rows(record: RunRecord, unstaged: Sequence[Unstaged] = ()) -> list[StageRow]:
     """The rows in reading order (a parent before its children, siblings by first start)."""
     folded: dict[str, str] = {}     # stage path -> folded path
     rows: dict[str, StageRow] = {}
     top: list[StageRow] = []
-    for stage in record["stages"]:  # start order: a parent comes before its children
-        parent = folded.get(stage.get("parent")) if stage.get("parent") is not None else None
+    for stage in record.stages:  # start order: a parent comes before its children
+        parent = folded.get(stage.parent) if stage.parent is not None else None
         key = (parent + "/" if parent is not None else "") + fold_key(stage)
-        folded[stage["path"]] = key
+        folded[stage.path] = key
         row = rows.get(key)
         if row is None:
             depth = rows[parent].depth + 1 if parent in rows else 0
@@ -119,11 +121,11 @@ def stage_rows(record: dict, unstaged: Sequence[dict] = ()) -> list[StageRow]:
         if row.count > 1:
             row.kind = "folded"
         else:
-            row.label = row.stages[0]["name"]
+            row.label = row.stages[0].name
     for item in unstaged:
-        parent = folded.get(item["parent"]) if item.get("parent") is not None else None
+        parent = folded.get(item.parent) if item.parent is not None else None
         depth = rows[parent].depth + 1 if parent in rows else 0
-        row = StageRow("unstaged", f"{parent or ''}/(unstaged) {item.get('start_s')}",
+        row = StageRow("unstaged", f"{parent or ''}/(unstaged) {item.start_s}",
                        f"(unstaged) {describe(item)}", depth, interval=item)
         (rows[parent].children if parent in rows else top).append(row)
     ordered: list[StageRow] = []
@@ -137,23 +139,24 @@ def _walk(rows: list[StageRow], out: list[StageRow]) -> None:
         _walk(row.children, out)
 
 
-def holds(row: StageRow, record: dict) -> bool:
+def holds(row: StageRow, record: RunRecord) -> bool:
     """Whether the row holds the run's peak: its stage (id, else path), or its interval."""
-    peak = record.get("peak") or {}
-    where = peak.get("where") if isinstance(peak.get("where"), dict) else None
+    peak = record.peak
+    where = peak.where
     if row.kind == "unstaged":
-        interval = row.interval or {}
-        return (where is not None and where.get("kind") == "unstaged"
-                and all(interval.get(k) == where.get(k) for k in ("parent", "after", "before"))
-                and (interval.get("rss") or {}).get("peak") == peak.get("rss"))
-    if where is not None and where.get("kind") == "unstaged":
+        interval = row.interval
+        place = (interval.parent, interval.after, interval.before) if interval is not None else (None, None, None)
+        return (where is not None and where.kind == "unstaged"
+                and place == (where.parent, where.after, where.before)
+                and (interval.rss.peak if interval is not None else None) == peak.rss)
+    if where is not None and where.kind == "unstaged":
         return False
-    if peak.get("stage_id") is not None:
-        return any(s.get("id") == peak["stage_id"] for s in row.stages)
-    return any(s["path"] == peak.get("stage") for s in row.stages)
+    if peak.stage_id is not None:
+        return any(s.id == peak.stage_id for s in row.stages)
+    return any(s.path == peak.stage for s in row.stages)
 
 
-def limit(rows: list[StageRow], most: int, record: dict) -> tuple[list[StageRow], list[StageRow]]:
+def limit(rows: list[StageRow], most: int, record: RunRecord) -> tuple[list[StageRow], list[StageRow]]:
     """At most `most` rows (kept, left out): the row holding the run's peak with its parents,
     then the shallowest rows first (top level before what runs inside), the highest RSS peaks
     first within a depth, each with its parents; in reading order."""
@@ -185,20 +188,20 @@ def limit(rows: list[StageRow], most: int, record: dict) -> tuple[list[StageRow]
     return kept, [r for r in rows if id(r) not in keep]
 
 
-def top_live_peaks(record: dict, n: int) -> list[dict]:
+def top_live_peaks(record: RunRecord, n: int) -> list[Stage]:
     """The `n` stages with the highest live-tensor peaks that carry `at_peak`, one per row of
     the stage table (the call with the highest peak of a folded row). A parent whose peak is
     its child's (the same moment) gives way to the child, which says more precisely where."""
-    candidates = []
+    candidates: list[tuple[int, Stage]] = []  # (its live-tensor peak, the stage)
     for row in stage_rows(record):
-        value, stage = row.highest("live_tensors")
-        if stage is not None and (stage.get("live_tensors") or {}).get("at_peak"):
-            candidates.append(stage)
-    candidates.sort(key=lambda s: (-s["live_tensors"]["peak"], -s["path"].count("/")))
-    chosen: list[dict] = []
-    for stage in candidates:
-        if any(c["live_tensors"]["peak"] == stage["live_tensors"]["peak"]
-               and c["path"].startswith(stage["path"] + "/") for c in chosen):
+        value, stage = row.highest("live_tensors")  # rows without intervals: a stage
+        if (value is not None and isinstance(stage, Stage) and stage.live_tensors is not None
+                and stage.live_tensors.at_peak is not None):
+            candidates.append((value, stage))
+    candidates.sort(key=lambda vs: (-vs[0], -vs[1].path.count("/")))
+    chosen: list[tuple[int, Stage]] = []
+    for value, stage in candidates:
+        if any(c_value == value and c.path.startswith(stage.path + "/") for c_value, c in chosen):
             continue
-        chosen.append(stage)
-    return chosen[:n]
+        chosen.append((value, stage))
+    return [stage for _, stage in chosen[:n]]

@@ -11,13 +11,15 @@ Series, all (seconds since the audit began, bytes):
     rss            process start, stage start and end readings, marks, peaks above both
                    boundary readings, process end
     live_tensors   the live-tensor meter's start, end and peak per stage, when present
-    memray         memray's own RSS snapshots (record `memray.snapshots`), when present
+    memray         memray's own RSS snapshots (record `memray.snapshots`, a field this record
+                   version does not know: kept in `memray.extra_fields`), when present
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from auditor.analysis.components import finished
+from auditor.analysis.components import ended, finished, meter
+from auditor.record_schema import Readings, RunRecord, Stage
 
 
 @dataclass
@@ -47,74 +49,83 @@ class Timeline:
     end_s: float = 0.0
 
 
-def timeline(record: dict) -> Timeline:
+def timeline(record: RunRecord) -> Timeline:
     stages = finished(record)
-    result = Timeline(spans=[Span(s["start_s"], s["end_s"], s["name"], s.get("status", "ok"))
-                             for s in stages if s.get("parent") is None])
-    process = record.get("process") or {}
-    end_s = record.get("duration_s") or max((s["end_s"] for s in stages), default=0.0)
+    result = Timeline(spans=[Span(s.start_s, ended(s), s.name, s.status) for s in stages if s.parent is None])
+    process = record.process
+    end_s = record.duration_s or max((ended(s) for s in stages), default=0.0)
     result.end_s = end_s
-    if process.get("rss_at_start") is not None:
-        result.rss.append((0.0, process["rss_at_start"]))
-    if process.get("rss_at_end") is not None:
-        result.rss.append((end_s, process["rss_at_end"]))
-    children: dict[str, list[dict]] = {}
+    if process.rss_at_start is not None:
+        result.rss.append((0.0, process.rss_at_start))
+    if process.rss_at_end is not None:
+        result.rss.append((end_s, process.rss_at_end))
+    children: dict[str, list[Stage]] = {}
     for entry in stages:
-        if entry.get("parent") is not None:
-            children.setdefault(entry["parent"], []).append(entry)
-    run_peak = (record.get("peak") or {}).get("rss")
+        if entry.parent is not None:
+            children.setdefault(entry.parent, []).append(entry)
+    run_peak = record.peak.rss
     for entry in stages:
-        rss = entry["rss"]
-        result.rss += [(entry["start_s"], rss["start"]), (entry["end_s"], rss["end"])]
-        placed = _place(entry, "rss", children.get(entry["path"], []))
+        start, end, peak = _readings(entry.rss)  # a finished stage has all three
+        result.rss += [(entry.start_s, start), (ended(entry), end)]
+        placed = _place(entry, "rss", children.get(entry.path, []))
         if placed is not None:
-            inside = rss["peak"] > max(rss["start"], rss["end"])
+            inside = peak > max(start, end)
             if inside:  # a boundary reading already shows a peak equal to it
-                result.rss.append((placed, rss["peak"]))
-                result.peaks.append(Peak(placed, rss["peak"], entry["path"]))
-            if rss["peak"] == run_peak and result.run_peak is None:
-                at = placed if inside else entry["end_s"] if rss["end"] == rss["peak"] else entry["start_s"]
-                result.run_peak = Peak(at, rss["peak"], entry["path"])
-        meter = entry.get("live_tensors") or {}
-        if meter.get("start") is not None and meter.get("end") is not None:
-            result.live_tensors += [(entry["start_s"], meter["start"]), (entry["end_s"], meter["end"])]
-            placed = _place(entry, "live_tensors", children.get(entry["path"], []))
-            if placed is not None and meter["peak"] > max(meter["start"], meter["end"]):
-                result.live_tensors.append((placed, meter["peak"]))
-    for mark in record.get("marks") or []:
-        if mark.get("rss") is not None and mark.get("t_s") is not None:
-            result.rss.append((mark["t_s"], mark["rss"]))
-            result.marks.append((mark["t_s"], mark["name"], mark["rss"]))
+                result.rss.append((placed, peak))
+                result.peaks.append(Peak(placed, peak, entry.path))
+            if peak == run_peak and result.run_peak is None:
+                at = placed if inside else ended(entry) if end == peak else entry.start_s
+                result.run_peak = Peak(at, peak, entry.path)
+        live = entry.live_tensors
+        if live is not None and live.start is not None and live.end is not None:
+            result.live_tensors += [(entry.start_s, live.start), (ended(entry), live.end)]
+            placed = _place(entry, "live_tensors", children.get(entry.path, []))
+            if placed is not None and live.peak is not None and live.peak > max(live.start, live.end):
+                result.live_tensors.append((placed, live.peak))
+    for mark in record.marks:
+        if mark.rss is not None and mark.t_s is not None:
+            result.rss.append((mark.t_s, mark.rss))
+            result.marks.append((mark.t_s, mark.name, mark.rss))
     result.memray = _memray_snapshots(record)
     result.rss.sort(key=lambda p: p[0])
     result.live_tensors.sort(key=lambda p: p[0])
     return result
 
 
-def _place(entry: dict, key: str, kids: list[dict]) -> float | None:
+def _readings(rss: Readings) -> tuple[int, int, int]:
+    """(start, end, peak) of a finished stage's RSS: the record has all three."""
+    assert rss.start is not None and rss.end is not None and rss.peak is not None, "a finished stage's RSS"
+    return rss.start, rss.end, rss.peak
+
+
+def _place(entry: Stage, key: str, kids: list[Stage]) -> float | None:
     """Where to draw the stage's `key` peak; None if a child's marker already shows it."""
-    reading = entry.get(key) or {}
-    peak = reading.get("peak")
+    peak = _peak(entry, key)
     if peak is None:
         return None
-    if any((kid.get(key) or {}).get("peak") == peak for kid in kids):
+    if any(_peak(kid, key) == peak for kid in kids):
         return None
-    start, end = entry["start_s"], entry["end_s"]
+    start, end = entry.start_s, ended(entry)
     gaps, cursor = [], start
-    for kid in sorted(kids, key=lambda k: k["start_s"]):
-        if kid["start_s"] > cursor:
-            gaps.append((cursor, kid["start_s"]))
-        cursor = max(cursor, kid["end_s"])
+    for kid in sorted(kids, key=lambda k: k.start_s):
+        if kid.start_s > cursor:
+            gaps.append((cursor, kid.start_s))
+        cursor = max(cursor, ended(kid))
     if end > cursor:
         gaps.append((cursor, end))
     a, b = max(gaps, key=lambda g: g[1] - g[0]) if gaps else (start, end)
     return (a + b) / 2
 
 
-def _memray_snapshots(record: dict) -> list[tuple[float, int]]:
+def _peak(entry: Stage, key: str) -> int | None:
+    reading = meter(entry, key)
+    return reading.peak if reading is not None else None
+
+
+def _memray_snapshots(record: RunRecord) -> list[tuple[float, int]]:
     """`memray.snapshots` as [{t_s, rss}] or [[t_s, rss, ...]]; anything else is ignored."""
     points = []
-    for item in ((record.get("memray") or {}).get("snapshots") or []):
+    for item in ((record.memray.extra_fields.get("snapshots") if record.memray else None) or []):
         if isinstance(item, dict) and item.get("t_s") is not None and item.get("rss") is not None:
             points.append((float(item["t_s"]), int(item["rss"])))
         elif isinstance(item, (list, tuple)) and len(item) >= 2:

@@ -17,28 +17,30 @@ The result has the shape of `projection.project`'s, so a report shows both side 
 from __future__ import annotations
 
 from auditor import allocator_retention
+from auditor.record_schema import RunRecord, Stage
 
 
-def project_traced(record: dict, traced_record: dict) -> dict:
+def project_traced(record: RunRecord, traced_record: RunRecord) -> dict:
     from auditor.analysis.projection import refusal
-    refused = refusal(record, "traced", traced_record["workload"]["architecture"])
+    target = traced_record.annotations["workload"]["architecture"]
+    refused = refusal(record, "traced", target)
     if refused is not None:  # an algorithm that cannot be traced: its traced run holds no work
         return refused
     real = _RealBeyond(record)
     estimated = _estimated_by_stage(traced_record)
     stages: list[dict] = []
     seen: dict[str, int] = {}
-    for s in traced_record["stages"]:
-        if s.get("status") != "open":
-            n = seen[s["path"]] = seen.get(s["path"], -1) + 1
-            stages.append(_stage(s, real, estimated.get((s["path"], n))))
+    for s in traced_record.stages:
+        if s.status != "open":
+            n = seen[s.path] = seen.get(s.path, -1) + 1
+            stages.append(_stage(s, real, estimated.get((s.path, n))))
     peak = max(stages, key=lambda s: s["rss_peak"], default=None)
     return {
         "method": "traced",
-        "target": traced_record["workload"]["architecture"],
+        "target": target,
         "target_dtype": None,
-        "run": traced_record.get("name"),
-        "data_dependent_ops": (traced_record.get("traced") or {}).get("data_dependent_ops", {}),
+        "run": traced_record.name,
+        "data_dependent_ops": (traced_record.annotations.get("traced") or {}).get("data_dependent_ops", {}),
         "data_dependent": data_dependent(traced_record),
         "stages": stages,
         "peak": {"stage": peak["path"], "rss": peak["rss_peak"], "live_tensors": peak["tensor_peak"],
@@ -47,41 +49,43 @@ def project_traced(record: dict, traced_record: dict) -> dict:
     }
 
 
-def data_dependent(traced_record: dict) -> dict:
+def data_dependent(traced_record: RunRecord) -> dict:
     """The traced run's data-dependent sites (ratio, source, calls) and how its estimated
     bytes were measured; `unknown`: the sites sized empty for want of any ratio."""
     from auditor.analysis.estimated_bytes import sites
     found = sites(traced_record)
-    measured = traced_record.get("estimated_bytes") or {}
+    measured = traced_record.annotations.get("estimated_bytes") or {}
     return {"sites": found, "unknown": [s for s in found if s.get("source") == "unknown"],
             "method": measured.get("method")}
 
 
-def _estimated_by_stage(traced_record: dict) -> dict:
+def _estimated_by_stage(traced_record: RunRecord) -> dict:
+    """The traced record's `estimated_bytes` (an annotation: JSON) by stage key, as `stage_keys`."""
     keyed: dict[tuple[str, int], dict] = {}
     seen: dict[str, int] = {}
-    for stage in (traced_record.get("estimated_bytes") or {}).get("stages", []):
+    for stage in (traced_record.annotations.get("estimated_bytes") or {}).get("stages", []):
         n = seen[stage["path"]] = seen.get(stage["path"], -1) + 1
         keyed[(stage["path"], n)] = stage
     return keyed
 
 
-def _stage(traced: dict, real: "_RealBeyond", estimated: dict | None = None) -> dict:
-    paired = real.stage(traced["path"])
-    real_components = (paired or {}).get("components") or {}
+def _stage(traced: Stage, real: "_RealBeyond", estimated: dict | None = None) -> dict:
+    paired = real.stage(traced.path)
+    real_components = (paired.components if paired is not None else None) or {}
     estimated_components = (estimated or {}).get("components") or {}
     components = {
-        name: {"category": item["category"],
-               "bytes": real_components.get(name, {}).get("bytes"),
-               "projected": item["bytes"], "estimated": estimated_components.get(name, 0)}
-        for name, item in (traced.get("components") or {}).items()
+        name: {"category": item.category,
+               "bytes": real_components[name].bytes if name in real_components else None,
+               "projected": item.bytes, "estimated": estimated_components.get(name, 0)}
+        for name, item in (traced.components or {}).items()
     }
-    meter = traced.get("live_tensors") or {}
-    tensor_peak = meter.get("peak", sum(c["projected"] for c in components.values()))
-    measured, source = real.beyond(traced["path"])
-    growth = real.allocator_growth(traced["path"], meter.get("allocator_threshold"))
+    meter = traced.live_tensors
+    tensor_peak = (meter.peak if meter is not None and meter.peak is not None
+                   else sum(c["projected"] for c in components.values()))
+    measured, source = real.beyond(traced.path)
+    growth = real.allocator_growth(traced.path, meter.allocator_threshold if meter is not None else None)
     beyond_tensors = measured + growth
-    return {"path": traced["path"], "components": components,
+    return {"path": traced.path, "components": components,
             "tensor_peak": tensor_peak, "rss_peak": tensor_peak + beyond_tensors,
             "beyond_tensors": beyond_tensors, "beyond_measured": measured, "beyond_from": source,
             "allocator_growth": growth, "allocator_growth_range": allocator_retention.growth_range(growth), "estimated": (estimated or {}).get("live_tensors", 0)}
@@ -91,18 +95,18 @@ class _RealBeyond:
     """The real run's RSS beyond tensors for a traced stage: its own stage's, else the most of
     the calls of its stage (a loop the target runs more often), else the run's."""
 
-    def __init__(self, record: dict):
+    def __init__(self, record: RunRecord):
         from auditor.analysis.projection_side_by_side import folded_path
         self._folded = folded_path
-        self.by_path = {s["path"]: s for s in record["stages"] if s.get("status") != "open"}
-        self.by_folded: dict[str, list[dict]] = {}
+        self.by_path = {s.path: s for s in record.stages if s.status != "open"}
+        self.by_folded: dict[str, list[Stage]] = {}
         for stage in self.by_path.values():
-            self.by_folded.setdefault(folded_path(stage["path"]), []).append(stage)
-        live = max(((s.get("live_tensors") or {}).get("peak") or 0 for s in self.by_path.values()), default=0)
-        self.run_beyond = max((record.get("peak") or {}).get("rss", 0) - live, 0)
-        self.threads = int((record.get("environment") or {}).get("threads") or 1)
+            self.by_folded.setdefault(folded_path(stage.path), []).append(stage)
+        live = max(((s.live_tensors.peak if s.live_tensors else None) or 0 for s in self.by_path.values()), default=0)
+        self.run_beyond = max((record.peak.rss or 0) - live, 0)
+        self.threads = int(record.environment.threads or 1)
 
-    def stage(self, path: str) -> dict | None:
+    def stage(self, path: str) -> Stage | None:
         return self.by_path.get(path)
 
     def beyond(self, path: str) -> tuple[int, str]:
@@ -116,18 +120,18 @@ class _RealBeyond:
     def allocator_growth(self, path: str, target_threshold: int | None) -> int:
         """auditor.allocator_retention's growth from the real run's mmap threshold to the
         target's; 0 when either run did not follow the threshold (older records)."""
-        stage = self.by_path.get(path) or max(self.by_folded.get(self._folded(path)) or [{}],
-                                              key=lambda s: _threshold(s) or 0)
+        calls = self.by_folded.get(self._folded(path)) or []
+        stage = self.by_path.get(path) or (max(calls, key=lambda s: _threshold(s) or 0) if calls else None)
         real_threshold = _threshold(stage)
         if target_threshold is None or real_threshold is None:
             return 0
         return allocator_retention.growth(self.threads, real_threshold, target_threshold)
 
 
-def _threshold(stage: dict) -> int | None:
-    return (stage.get("live_tensors") or {}).get("allocator_threshold")
+def _threshold(stage: Stage | None) -> int | None:
+    return stage.live_tensors.allocator_threshold if stage is not None and stage.live_tensors else None
 
 
-def _beyond_tensors(real: dict) -> int:
-    meter = real.get("live_tensors") or {}
-    return max(real["rss"]["peak"] - meter.get("peak", 0), 0)
+def _beyond_tensors(real: Stage) -> int:
+    assert real.rss.peak is not None, "a finished stage's RSS peak"
+    return max(real.rss.peak - ((real.live_tensors.peak if real.live_tensors else None) or 0), 0)

@@ -11,6 +11,7 @@ per-stage high-water mark, CUDA from the caching allocator.
 from __future__ import annotations
 
 from auditor.analysis.stability import classify
+from auditor.record_schema import LiveTensors, RunRecord, Stage
 from auditor.units import share, signed_size, size
 
 ACTIVATION_TOLERANCE = 0.02  # saved-tensor accounting vs live-tensor growth over the forward
@@ -19,43 +20,64 @@ MEASURES = {"live_tensors": "live tensors", "rss": "RSS", "cuda_allocated": "CUD
 
 # -- stages --------------------------------------------------------------------------------
 
-def stage(record: dict, path: str) -> dict | None:
-    return next((s for s in record["stages"] if s["path"] == path and s["status"] == "ok"), None)
+def stage(record: RunRecord, path: str) -> Stage | None:
+    return next((s for s in record.stages if s.path == path and s.status == "ok"), None)
 
 
-def step_numbers(record: dict) -> list[int]:
-    return [int(s["name"].split()[1]) for s in record["stages"]
-            if s["parent"] is None and s["name"].startswith("step ") and s["status"] == "ok"]
+def step_numbers(record: RunRecord) -> list[int]:
+    return [int(s.name.split()[1]) for s in record.stages
+            if s.parent is None and s.name.startswith("step ") and s.status == "ok"]
 
 
-def micro_stages(record: dict, step: int, kind: str) -> list[dict]:
+def micro_stages(record: RunRecord, step: int, kind: str) -> list[Stage]:
     """`forward` or `backward` stages of a step, micro-batch order."""
-    return [s for s in record["stages"] if s["parent"] == f"step {step}" and s["status"] == "ok"
-            and s["name"].split()[0] == kind]
+    return [s for s in record.stages if s.parent == f"step {step}" and s.status == "ok"
+            and s.name.split()[0] == kind]
 
 
-def peaks(entry: dict | None) -> dict:
+def peaks(entry: Stage | None) -> dict:
     """A stage's peaks: live tensors, RSS and (on GPU) CUDA allocated and reserved."""
     if entry is None:
         return {"live_tensors": None, "rss": None, "cuda_allocated": None, "cuda_reserved": None}
-    cuda = entry.get("cuda") or {}
-    return {"live_tensors": (entry.get("live_tensors") or {}).get("peak"),
-            "rss": (entry.get("rss") or {}).get("peak"),
-            "cuda_allocated": cuda.get("peak_allocated"), "cuda_reserved": cuda.get("reserved_end")}
+    cuda = entry.cuda
+    return {"live_tensors": entry.live_tensors.peak if entry.live_tensors else None,
+            "rss": entry.rss.peak,
+            "cuda_allocated": cuda.peak_allocated if cuda else None,
+            "cuda_reserved": cuda.reserved_end if cuda else None}
 
 
-def transient(entry: dict) -> int:
+def _meter(entry: Stage) -> LiveTensors:
+    """The stage's live-tensor meter: a train-step run has it on."""
+    assert entry.live_tensors is not None, f"stage {entry.path!r} has no live-tensor meter"
+    return entry.live_tensors
+
+
+def _growth(entry: Stage) -> int:
+    """Live-tensor bytes the stage left behind: its end reading above its start."""
+    meter = _meter(entry)
+    assert meter.start is not None and meter.end is not None, "a finished stage's live-tensor readings"
+    return meter.end - meter.start
+
+
+def _live_peak(entry: Stage) -> int:
+    peak = _meter(entry).peak
+    assert peak is not None, "a finished stage's live-tensor peak"
+    return peak
+
+
+def transient(entry: Stage) -> int:
     """Live-tensor bytes that exist only inside the stage: its peak above its start and end."""
-    live = entry["live_tensors"]
-    return live["peak"] - max(live["start"], live["end"])
+    meter = _meter(entry)
+    assert meter.start is not None and meter.end is not None, "a finished stage's live-tensor readings"
+    return _live_peak(entry) - max(meter.start, meter.end)
 
 
 # -- the study -----------------------------------------------------------------------------
 
-def study(record: dict) -> dict:
+def study(record: RunRecord) -> dict:
     steps = step_numbers(record)
-    result = {"settings": record["workload"]["settings"], "steps": steps,
-              "complete": (record.get("exit") or {}).get("status") == "ok"}
+    result = {"settings": record.annotations["workload"]["settings"], "steps": steps,
+              "complete": record.exit is not None and record.exit.status == "ok"}
     if not steps:
         return result
     per_step = series(record)
@@ -75,10 +97,10 @@ def study(record: dict) -> dict:
     return result
 
 
-def components(record: dict) -> list[dict]:
+def components(record: RunRecord) -> list[dict]:
     """Rows: name, measured bytes, expected bytes (from the config) or None, how it was measured."""
-    expected = record["workload"]["expected"]
-    measured = record.get("measured") or {}
+    expected = record.annotations["workload"]["expected"]
+    measured = record.annotations.get("measured") or {}
     saved = measured.get("saved_tensors") or {}
     rows = [
         _row("parameters", measured.get("parameters"), expected["parameters"],
@@ -96,10 +118,10 @@ def components(record: dict) -> list[dict]:
     if saved.get("autocast weight copies"):
         rows.append(_row("autocast weight copies", saved["autocast weight copies"], None,
                          "low-precision casts of the weights, saved for backward"))
-    holder = max(_step_stages(record), key=lambda s: s["live_tensors"]["peak"], default=None)
+    holder = max(_step_stages(record), key=_live_peak, default=None)
     if holder is not None:
         rows.append(_row("temporaries", transient(holder), None,
-                         f"at the peak, in {holder['path']}: the stage's peak above its start and end"))
+                         f"at the peak, in {holder.path}: the stage's peak above its start and end"))
     return rows
 
 
@@ -108,20 +130,20 @@ def _row(name, measured, expected, how) -> dict:
     return {"name": name, "measured": measured, "expected": expected, "exact": exact, "how": how}
 
 
-def _step_stages(record: dict) -> list[dict]:
-    return [s for s in record["stages"] if s["status"] == "ok" and s["parent"]
-            and s["parent"].startswith("step ") and s.get("live_tensors")]
+def _step_stages(record: RunRecord) -> list[Stage]:
+    return [s for s in record.stages if s.status == "ok" and s.parent
+            and s.parent.startswith("step ") and s.live_tensors is not None]
 
 
-def activation_check(record: dict) -> dict | None:
+def activation_check(record: RunRecord) -> dict | None:
     """Saved-tensor accounting against the live tensors the first forward left behind."""
-    saved = (record.get("measured") or {}).get("saved_tensors")
+    saved = (record.annotations.get("measured") or {}).get("saved_tensors")
     forwards = micro_stages(record, 1, "forward")
     forward = forwards[0] if forwards else None
     if not saved or forward is None:
         return None
     accounted = saved["activations"] + saved["autocast weight copies"]
-    grown = forward["live_tensors"]["end"] - forward["live_tensors"]["start"]
+    grown = _growth(forward)
     difference = grown - accounted
     relative = difference / accounted if accounted else None
     return {"saved": accounted, "live_growth": grown, "difference": difference,
@@ -130,10 +152,10 @@ def activation_check(record: dict) -> dict | None:
             "tolerance": ACTIVATION_TOLERANCE}
 
 
-def calculator_check(record: dict) -> dict | None:
+def calculator_check(record: RunRecord) -> dict | None:
     """The config-only activation calculator against the saved-tensor bytes."""
-    calc = record["workload"].get("activation_calculator")
-    saved = (record.get("measured") or {}).get("saved_tensors")
+    calc = record.annotations["workload"].get("activation_calculator")
+    saved = (record.annotations.get("measured") or {}).get("saved_tensors")
     if not calc or not saved:
         return None
     if "unavailable" in calc:
@@ -148,7 +170,7 @@ def calculator_check(record: dict) -> dict | None:
             "measured_weight_copies": saved["autocast weight copies"]}
 
 
-def series(record: dict) -> dict:
+def series(record: RunRecord) -> dict:
     """Each step's peak: live tensors, RSS, and on GPU CUDA allocated."""
     out: dict[str, list] = {"live_tensors": [], "rss": [], "cuda_allocated": []}
     for number in step_numbers(record):
@@ -169,7 +191,7 @@ def one_against_many(per_step: dict, components_: list[dict]) -> list[dict]:
     return rows
 
 
-def forward_only(record: dict, per_step: dict) -> dict:
+def forward_only(record: RunRecord, per_step: dict) -> dict:
     """Inference forward against the full step, for each measure present."""
     forward = peaks(stage(record, "forward only"))
     step = {key: max(values) if values else None for key, values in per_step.items()}
@@ -180,7 +202,7 @@ def forward_only(record: dict, per_step: dict) -> dict:
 
 # -- why a one-step breakdown and the peak over many steps differ -------------------------
 
-def explanations(record: dict, result: dict) -> list[str]:
+def explanations(record: RunRecord, result: dict) -> list[str]:
     rows = {row["name"]: row["measured"] for row in result["components"]}
     lines = [_sum_versus_peak(result["peak"], rows)]
     lines += [line for line in (_optimizer_warm_up(record, rows), _accumulation(record, rows),
@@ -200,33 +222,33 @@ def _sum_versus_peak(peak: dict, rows: dict) -> str:
                    f"what persists, and a sum of persistent components misses them.")
 
 
-def peak_stage_name(record: dict, step: int) -> str:
+def peak_stage_name(record: RunRecord, step: int) -> str:
     """The stage of step `step` where live tensors peaked (forward, backward, optimizer...)."""
-    children = [s for s in record["stages"] if s["parent"] == f"step {step}" and s.get("live_tensors")]
-    return max(children, key=lambda s: s["live_tensors"]["peak"])["name"]
+    children = [s for s in record.stages if s.parent == f"step {step}" and s.live_tensors is not None]
+    return max(children, key=_live_peak).name
 
 
-def _optimizer_warm_up(record: dict, rows: dict) -> str | None:
+def _optimizer_warm_up(record: RunRecord, rows: dict) -> str | None:
     state = rows.get("optimizer state")
     first, second = stage(record, "step 1/optimizer"), stage(record, "step 2")
     if not state or first is None:
         return None
-    grown = first["live_tensors"]["end"] - first["live_tensors"]["start"]
+    grown = _growth(first)
     line = (f"Optimizer state appears at step 1: +{size(grown)} of live tensors in step 1's "
             f"`optimizer` stage (the state measured is {size(state)}).")
     if second is not None:
-        one = max(s["live_tensors"]["peak"] for s in micro_stages(record, 1, "backward"))
-        two = max(s["live_tensors"]["peak"] for s in micro_stages(record, 2, "backward"))
+        one = max(_live_peak(s) for s in micro_stages(record, 1, "backward"))
+        two = max(_live_peak(s) for s in micro_stages(record, 2, "backward"))
         line += (f" From step 2 on it is held through forward and backward too: step 2's backward "
                  f"peaks at {size(two)} against step 1's {size(one)} ({signed_size(two - one)}).")
     return line
 
 
-def _accumulation(record: dict, rows: dict) -> str | None:
+def _accumulation(record: RunRecord, rows: dict) -> str | None:
     backward = micro_stages(record, 1, "backward")
     if len(backward) < 2:
         return None
-    first, later = backward[0]["live_tensors"]["peak"], backward[1]["live_tensors"]["peak"]
+    first, later = _live_peak(backward[0]), _live_peak(backward[1])
     return (f"Accumulation over {len(backward)} micro-batches: gradients ({size(rows.get('gradients'))}) "
             f"stay alive from the first micro-batch's backward to the optimizer, so micro-batch 2's "
             f"backward peaks at {size(later)} against micro-batch 1's {size(first)} "
@@ -243,7 +265,7 @@ def _process_overhead(per_step: dict) -> str | None:
             f"the allocator keeps after frees, which a tensor-level breakdown does not count.")
 
 
-def _cuda_caching(record: dict) -> str | None:
+def _cuda_caching(record: RunRecord) -> str | None:
     cuda = [peaks(stage(record, f"step {n}")) for n in step_numbers(record)]
     if not cuda or cuda[0]["cuda_allocated"] is None:
         return None
@@ -256,13 +278,13 @@ def _cuda_caching(record: dict) -> str | None:
 
 # -- sweeps --------------------------------------------------------------------------------
 
-def sweep_rows(records: list[dict]) -> list[dict]:
+def sweep_rows(records: list[RunRecord]) -> list[dict]:
     """One row per configuration: forward-only and full-step peaks, saved activations."""
     rows = []
     for record in records:
-        settings = record["workload"]["settings"]
+        settings = record.annotations["workload"]["settings"]
         result = study(record)
-        saved = ((record.get("measured") or {}).get("saved_tensors") or {})
+        saved = ((record.annotations.get("measured") or {}).get("saved_tensors") or {})
         row = {"architecture": settings["architecture"], "sequence_length": settings["sequence_length"],
                "precision": settings["precision"], "complete": result["complete"],
                "saved_activations": saved.get("activations"),
@@ -275,9 +297,9 @@ def sweep_rows(records: list[dict]) -> list[dict]:
     return rows
 
 
-def _float32_bytes(record: dict) -> int | None:
+def _float32_bytes(record: RunRecord) -> int | None:
     """Saved activations still in float32, from the calculator's terms (checked to the byte)."""
-    saved = (record["workload"].get("activation_calculator") or {}).get("saved")
+    saved = (record.annotations["workload"].get("activation_calculator") or {}).get("saved")
     if not saved:
         return None
     layer = sum(t["bytes"] for t in saved["per_layer"]["terms"] if t["dtype"] == "float32")
@@ -285,8 +307,8 @@ def _float32_bytes(record: dict) -> int | None:
     return saved["layers"] * layer + outside
 
 
-def _state_bytes(record: dict) -> int | None:
-    measured = record.get("measured") or {}
+def _state_bytes(record: RunRecord) -> int | None:
+    measured = record.annotations.get("measured") or {}
     parts = [measured.get(k) for k in ("parameters", "gradients", "optimizer_state")]
     known = [p for p in parts if p is not None]
     return sum(known) if len(known) == len(parts) else None

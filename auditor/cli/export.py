@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 from auditor.cli import UsageError, check_file_writable, examples
+from auditor.record_schema import RunRecord
 
 DEFAULT_NAMES = {"chrome-trace": "trace.json"}  # format -> file name in the run folder
 
@@ -56,7 +57,7 @@ def main(args) -> int:
     return 0
 
 
-def read_record(run: Path) -> dict:
+def read_record(run: Path) -> RunRecord:
     """The record of a run folder or run.json; a killed run's is assembled from its event
     log, nothing written."""
     from auditor.record import RunRecordError, load

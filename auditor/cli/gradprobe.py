@@ -16,6 +16,7 @@ from architectures.options import (add_device_argument, add_seed_argument, add_s
 from auditor.cli import UsageError, check_writable_report, examples
 from auditor.cli.progress import StatusLine
 from auditor.cli.report_name import default_report_path, defaults_of
+from auditor.record_schema import RunRecord
 
 DEFAULT_TARGETS = ["mistral-7b"]
 
@@ -109,13 +110,13 @@ def main(args) -> int:
         return _partial(folder, output, projections, "interrupted", 130)
     except RuntimeError as error:  # a child that failed (calibration, tracing): how it ended
         return _partial(folder, output, projections, str(error), 1)
-    record["projections"] = projections
+    record.annotations["projections"] = projections
     _write(record, folder, output)
     _print_summary(record, output, folder)
     return 0
 
 
-def _audit(args, settings, targets, folder: Path, projections: list) -> dict:
+def _audit(args, settings, targets, folder: Path, projections: list) -> RunRecord:
     """The real run, calibration, then each target's projections (appended as they come)."""
     from auditor.analysis.projection import project
     from auditor.analysis.traced_projection import project_traced
@@ -128,8 +129,8 @@ def _audit(args, settings, targets, folder: Path, projections: list) -> dict:
         if not args.no_trace:  # small traced runs that let the scaled projection fit its drivers
             from auditor.jobs.calibration import calibrate
             advance("calibrating the scaled projection (small traced runs)")
-            record["calibration"] = calibrate(settings, folder / "calibration",
-                                              observed_sizes=record.get("data_dependent_sizes"))
+            record.annotations["calibration"] = calibrate(
+                settings, folder / "calibration", observed_sizes=record.annotations.get("data_dependent_sizes"))
         for target in targets:
             advance(f"projecting to {target} (scaled)")
             projections.append(project(record, target))
@@ -137,18 +138,18 @@ def _audit(args, settings, targets, folder: Path, projections: list) -> dict:
                 advance(f"tracing {target} on fake tensors")
                 traced = job.traced_audit(replace(settings, architecture=target, overrides={}),
                                           folder / f"traced-{target}",
-                                          observed_sizes=record.get("data_dependent_sizes"))
+                                          observed_sizes=record.annotations.get("data_dependent_sizes"))
                 projections.append(project_traced(record, traced))
     return record
 
 
-def _write(record: dict, folder: Path, output: Path) -> None:
+def _write(record: RunRecord, folder: Path, output: Path) -> None:
     """The derived results beside run.json (which stays the audit's own), then the report."""
     from auditor.record import DERIVED_FILES, write_derived
     from auditor.renderers.markdown import write_report
     for key in DERIVED_FILES:
-        if key in record:
-            write_derived(folder, key, record[key])
+        if key in record.annotations:
+            write_derived(folder, key, record.annotations[key])
     write_report(record, output, run_folder=folder)
 
 
@@ -162,10 +163,9 @@ def _partial(folder: Path, output: Path, projections: list, why: str, status: in
     if record is None:
         print(f"auditor: {why} before the run began; nothing written", file=sys.stderr)
         return status
-    record["projections"] = projections
-    if (record.get("exit") or {}).get("status") == "ok":  # the audit had finished; projections not
-        record.setdefault("warnings", []).append(
-            f"{why} after the audit: {len(projections)} projection(s) made before it")
+    record.annotations["projections"] = projections
+    if record.exit is not None and record.exit.status == "ok":  # the audit had finished; projections not
+        record.warnings.append(f"{why} after the audit: {len(projections)} projection(s) made before it")
     _write(record, folder, output)
     print(f"auditor: {why}; partial report: {output}\nrun record: {folder / 'run.json'}",
           file=sys.stderr)
@@ -208,13 +208,12 @@ def _default_output(args, targets: list[str]) -> Path:
     return default_report_path("gradprobe", [args.arch], dict(settings, targets=targets), defaults)
 
 
-def _print_summary(record: dict, output: Path, folder: Path) -> None:
+def _print_summary(record: RunRecord, output: Path, folder: Path) -> None:
     from auditor.analysis.components import scaled_caveat
     from auditor.analysis.estimated_bytes import estimate_note
     from auditor.units import size
-    peak = record["peak"]
-    print(f"peak RSS {size(peak['rss'])} in {peak['stage']}")
-    for p in record.get("projections", []):
+    print(f"peak RSS {size(record.peak.rss)} in {record.peak.stage}")
+    for p in record.annotations.get("projections", []):
         if p.get("not_projected"):
             print(f"{p['method']:>6} projection to {p['target']}: none ({p['not_projected']})")
         elif p.get("explained") is False:  # no number its drivers do not explain

@@ -32,6 +32,7 @@ def register(subparsers) -> None:
 
 def main(args) -> int:
     from auditor.record import EVENTS_FILE, RUN_FILE, RunRecordError, assembled, write_json_atomically
+    from auditor.record_schema import RunRecord
     folder = Path(args.folder)
     if not folder.is_dir():
         what = "is not a folder" if folder.exists() else "does not exist"
@@ -45,15 +46,15 @@ def main(args) -> int:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write {str(out)!r}: folder {args.folder!r} is not writable")
     try:
-        record = assembled(folder)
+        written = assembled(folder)  # the JSON run.json holds
+        record = RunRecord.from_json(written, f"event log of {str(folder)!r}")
     except RunRecordError as error:
         raise UsageError(str(error)) from None
     try:
-        write_json_atomically(out, record)
+        write_json_atomically(out, written)
     except OSError as error:
         raise UsageError(f"cannot write {str(out)!r}: {error.strerror or error}") from None
-    stages = record["stages"]
-    still_open = sum(1 for s in stages if s["status"] == "open")
-    print(f"{out}: {len(stages) - still_open} finished stages, {still_open} open; "
-          f"exit {record['exit']['status']}")
+    still_open = sum(1 for s in record.stages if not s.finished)
+    print(f"{out}: {len(record.stages) - still_open} finished stages, {still_open} open; "
+          f"exit {record.exit.status if record.exit else 'unknown'}")
     return 0

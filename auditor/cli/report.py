@@ -54,7 +54,7 @@ def main(args) -> int:
             loaded.append((load(run, from_events=True), Path(run) if Path(run).is_dir() else Path(run).parent))
         except RunRecordError as error:
             raise UsageError(f"{error}; give a run.json written by `auditor run` or its run folder") from None
-    training = [(record.get("workload") or {}).get("job") == "train-step" for record, _ in loaded]
+    training = [(record.annotations.get("workload") or {}).get("job") == "train-step" for record, _ in loaded]
     if len(loaded) > 1 and not all(training):
         raise UsageError("several runs make one report only when all are `auditor train-step` runs")
     run_folder = loaded[0][1]
@@ -62,13 +62,13 @@ def main(args) -> int:
     _check_writable(out)
     try:
         if all(training):
-            from auditor.renderers.train_step_markdown import write_report
+            from auditor.renderers import train_step_markdown
             # in the order the configurations ran, whatever order a shell glob gave them in
-            in_order = sorted(loaded, key=lambda pair: pair[0].get("started_at") or "")
-            write_report(in_order, out, command=shlex.join(args.command_line))
+            in_order = sorted(loaded, key=lambda pair: pair[0].started_at or "")
+            train_step_markdown.write_report(in_order, out, command=shlex.join(args.command_line))
         else:
-            from auditor.renderers.markdown import write_report
-            write_report(loaded[0][0], out, run_folder=run_folder)
+            from auditor.renderers import markdown
+            markdown.write_report(loaded[0][0], out, run_folder=run_folder)
     except OSError as error:
         raise UsageError(f"cannot write the report to {str(out)!r}: {error.strerror or error}") from None
     except (KeyError, TypeError, ValueError, AttributeError) as error:

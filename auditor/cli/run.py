@@ -25,6 +25,7 @@ from pathlib import Path
 from architectures.options import add_size_arguments, size_overrides
 from auditor.cli import UsageError, check_script, examples
 from auditor.record import EVENTS_FILE
+from auditor.record_schema import Call, RunRecord, RunRecordError, Stage
 
 
 def register(subparsers) -> None:
@@ -79,7 +80,7 @@ def register(subparsers) -> None:
 def main(args) -> int:
     from auditor.audit import Audit
     from auditor.call_labels import resolve_hook
-    from auditor.jobs.script_projection import Program, plan_for
+    from auditor.jobs.script_projection import Program
     from auditor.model_from import ModelFrom
     if args.script is None:
         raise UsageError("run needs a script: auditor run [options] SCRIPT [ARGS...]")
@@ -110,16 +111,31 @@ def main(args) -> int:
             status = _run_script(audit, script)
     finally:
         sys.path[:], sys.argv = saved_path, saved_argv
+    record = _typed_record(console, audit)
     try:
-        _summary(console, audit)
+        _summary(console, audit, record)
     except (OSError, ValueError):  # the script closed stderr: nowhere left to print
         pass
     if target is not None:
         program = Program(script=str(script.resolve()), args=list(args.args), cwd=os.getcwd(),
                           path=[script_folder])
-        _project(console, audit, status, plan_for(audit.record or {}, program, args.model_from,
-                                                  target, args.stages, args.label))
+        _project(console, audit, record, status, target, program, args)
     return status
+
+
+def _typed_record(console, audit) -> RunRecord | None:
+    """The audit's record (the JSON of run.json) typed, for the summary and the projection; None
+    without one. One that does not read as a run record is a warning: never the exit status."""
+    if audit.record is None:
+        return None
+    try:
+        return RunRecord.from_json(audit.record, str(audit.run_json))
+    except RunRecordError as error:
+        try:
+            console.print(f"auditor: warning: {error}", markup=False, soft_wrap=True)
+        except (OSError, ValueError):  # the script closed stderr
+            pass
+        return None
 
 
 def _target_model(args):
@@ -141,19 +157,20 @@ def _target_model(args):
     return TargetModel(args.target, overrides, args.target_dtype)
 
 
-def _project(console, audit, status: int, plan) -> None:
+def _project(console, audit, record: RunRecord | None, status: int, target, program, args) -> None:
     """The traced projection after the real run; a failure is a warning, never the exit status."""
-    from auditor.jobs.script_projection import project_program, traced_folder
+    from auditor.jobs.script_projection import plan_for, project_program, traced_folder
     from auditor.record import write_derived
-    what = f"projection to {plan.target.describe()}"
-    if audit.record is None or status != 0:
+    what = f"projection to {target.describe()}"
+    if record is None or status != 0:
         console.print(f"auditor: {what} skipped: the script did not finish (exit status {status})",
                       markup=False)
         return
     console.print(f"auditor: {what}: tracing the script on fake tensors", markup=False)
-    folder = traced_folder(audit.folder, plan.target)
+    plan = plan_for(record, program, args.model_from, target, args.stages, args.label)
+    folder = traced_folder(audit.folder, target)
     try:
-        projection = project_program(audit.record, plan, folder)
+        projection = project_program(record, plan, folder)
         write_derived(audit.folder, "projections", [projection])
     except (RuntimeError, OSError, ValueError) as error:
         console.print(f"auditor: warning: {what} failed: {error}", markup=False, soft_wrap=True)
@@ -268,14 +285,14 @@ def _one_line_warnings(console):
         warnings.showwarning = original
 
 
-def _which_call(highest: dict, calls: list[dict]) -> str:
+def _which_call(highest: Stage, calls: list[Stage]) -> str:
     """Where a folded row's highest peak was: `#113 model.layers.3.mlp.down_proj`."""
     if len(calls) == 1:
         return ""
-    call = highest.get("call")
+    call: Call | None = highest.call
     if call is None:
         return f"{next(i for i, e in enumerate(calls, 1) if e is highest)} of {len(calls)}"
-    return f"#{call['index']}" + (f" {call['label']}" if call.get("label") else "")
+    return f"#{call.index}" + (f" {call.label}" if call.label else "")
 
 
 def mib(n: int | None) -> str:
@@ -295,17 +312,25 @@ def _progress(console, entry: dict) -> None:
                   f"{entry['end_s'] - entry['start_s']:.2f} s", soft_wrap=True)
 
 
-def _summary(console, audit) -> None:
+def _rss_change(stage: Stage) -> int:
+    """RSS end - start; 0 for a stage never finished (a live audit finishes all of its stages)."""
+    return 0 if stage.rss.end is None or stage.rss.start is None else stage.rss.end - stage.rss.start
+
+
+def _duration(stage: Stage) -> float:
+    return 0.0 if stage.end_s is None else stage.end_s - stage.start_s
+
+
+def _summary(console, audit, record: RunRecord | None) -> None:
     from rich.markup import escape
     from rich.table import Table
 
     from auditor.analysis.stage_groups import fold_key, stage_rows
     from auditor.analysis.unstaged import peak_place
-    record = audit.record
     if record is None:
         return
-    stages = record["stages"]
-    table = Table(title=f"auditor: {record['name']}", title_justify="left")
+    stages = record.stages
+    table = Table(title=f"auditor: {record.name}", title_justify="left")
     table.add_column("stage", overflow="fold")
     for column in ("calls", "RSS end", "delta", "peak inside", "time"):
         table.add_column(column, justify="right", no_wrap=True)
@@ -314,34 +339,32 @@ def _summary(console, audit) -> None:
     for row in rows:  # a stage is its name indented under its parent, as in a profiler
         calls = row.stages
         label = "  " * row.depth + fold_key(calls[0])
-        failed = sum(entry["status"] != "ok" for entry in calls)
+        failed = sum(entry.status != "ok" for entry in calls)
         if failed:
-            status = calls[-1]["status"] if len(calls) == 1 else f"{failed} not ok"
+            status = calls[-1].status if len(calls) == 1 else f"{failed} not ok"
             label += f" [{status}]"
-        highest = max(calls, key=lambda entry: entry["rss"]["peak"] or 0)
-        table.add_row(escape(label), str(len(calls)), mib(calls[-1]["rss"]["end"]),
-                      signed_mib(sum(e["rss"]["end"] - e["rss"]["start"] for e in calls)),
-                      mib(highest["rss"]["peak"]),
-                      f"{sum(e['end_s'] - e['start_s'] for e in calls):.2f} s",
+        highest = max(calls, key=lambda entry: entry.rss.peak or 0)
+        table.add_row(escape(label), str(len(calls)), mib(calls[-1].rss.end),
+                      signed_mib(sum(_rss_change(e) for e in calls)), mib(highest.rss.peak),
+                      f"{sum(_duration(e) for e in calls):.2f} s",
                       escape(_which_call(highest, calls)))
     console.print(table)
     if len(rows) < len(stages):
         console.print(f"({len(stages)} stages in {len(rows)} rows: repeated calls folded, delta "
                       "and time summed over the calls; each call is in the run record)")
-    peak = record["peak"]
     where = peak_place(record).phrase.replace("`", "")  # in stage X, after the last stage (X), ...
-    console.print(f"peak RSS {mib(peak['rss'])} {where}; "
-                  f"started at {mib(record['process']['rss_at_start'])}",
+    console.print(f"peak RSS {mib(record.peak.rss)} {where}; "
+                  f"started at {mib(record.process.rss_at_start)}",
                   markup=False, soft_wrap=True)
-    memray = record.get("memray")
-    if memray and memray["sites"]:  # only files that exist are named
-        top = memray["sites"][0]
-        flamegraph = audit.folder / (memray["flamegraph"] or "-")
-        console.print(f"memray: top site at the high-water mark {top['location']} "
-                      f"({mib(top['bytes'])}); flamegraph "
+    memray = record.memray
+    if memray is not None and memray.sites:  # only files that exist are named
+        top = memray.sites[0]
+        flamegraph = audit.folder / (memray.flamegraph or "-")
+        console.print(f"memray: top site at the high-water mark {top.location} "
+                      f"({mib(top.bytes)}); flamegraph "
                       f"{flamegraph if flamegraph.is_file() else 'not written'}",
                       markup=False, soft_wrap=True)
-    trace = record.get("files", {}).get("torch_profiler")
+    trace = (record.files or {}).get("torch_profiler")
     if trace and (audit.folder / trace).is_file():
         folder = (audit.folder / trace).parent
         console.print(f"torch profiler trace: {audit.folder / trace}; view it with "
@@ -350,7 +373,7 @@ def _summary(console, audit) -> None:
         console.print(f"run record: {audit.run_json}", markup=False, soft_wrap=True)
         return
     events = audit.folder / EVENTS_FILE
-    complete = (record.get("event_log") or {}).get("state") == "complete"
+    complete = record.event_log is not None and record.event_log.state == "complete"
     kept = (f"{events} holds {'every event' if complete else 'the events written before it failed'}; "
             f"`auditor report {audit.folder}` renders them and `auditor rebuild {audit.folder}` "
             "writes run.json once there is space") if events.is_file() else "no event log either"

@@ -108,9 +108,9 @@ def _sweep(args, runs, output: Path) -> int:
                 except KeyboardInterrupt as stop:  # fresh_process.Interrupted: the child's stages
                     interrupted = True
                     record = getattr(getattr(stop, "child", None), "record", None)
-                if record is not None and "workload" in record:  # it reached the workload
+                if record is not None and "workload" in record.annotations:  # it reached the workload
                     records.append((record, run))
-                failed += record is None or (record.get("exit") or {}).get("status") != "ok"
+                failed += record is None or record.exit is None or record.exit.status != "ok"
                 if interrupted:
                     break
     except KeyboardInterrupt:  # between two configurations

@@ -9,7 +9,7 @@ only their stages' tensor readings are kept (`compact`), stored in the record's
 `calibration` field for `auditor.analysis.projection` to fit.
 
     runs = calibrate(settings, folder / "calibration")           # or target=Settings(...)
-    record["calibration"] = runs
+    record.annotations["calibration"] = runs
     project(record, "mistral-7b")
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 import architectures
 from auditor.jobs.fresh_process import run_module
 from auditor.jobs.gradprobe import Settings
+from auditor.record_schema import RunRecord
 
 SIZES_FILE = "observed-sizes.json"  # the audited run's data-dependent sizes, for the traced runs
 
@@ -89,13 +90,13 @@ def calibrate(settings: Settings, folder: Path, target: Settings | None = None,
     return [json.loads((folder / _slug(label) / "compact.json").read_text()) for label, _ in plan]
 
 
-def compact(record: dict, label: str) -> dict:
-    """What a fit needs of a traced run: its workload, each stage's tensor readings and the
-    data-dependent sizes it estimated."""
+def compact(record: RunRecord, label: str) -> dict:
+    """What a fit needs of a traced run (JSON, as `calibration` keeps it): its workload, each
+    stage's tensor readings and the data-dependent sizes it estimated."""
     keep = ("path", "parent", "status", "live_tensors", "components")
-    return {"label": label, "name": record.get("name"), "workload": record.get("workload"),
-            "stages": [{k: s.get(k) for k in keep} for s in record["stages"]],
-            "estimated_sizes": (record.get("traced") or {}).get("estimated_sizes", [])}
+    return {"label": label, "name": record.name, "workload": record.annotations.get("workload"),
+            "stages": [{k: stage.get(k) for k in keep} for stage in (s.to_json() for s in record.stages)],
+            "estimated_sizes": (record.annotations.get("traced") or {}).get("estimated_sizes", [])}
 
 
 def _slug(label: str) -> str:

@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from auditor.record_schema import RunRecord, Stage
+
 # Python < 3.11 has no -P: drop sys.path[0] (the current folder) before running the module.
 _SAFE_PATH_BOOT = ("import runpy, sys; del sys.path[0]; sys.argv.pop(0); "
                    "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
@@ -49,7 +51,7 @@ class ChildRun:
     timed_out: bool = False
     output: str = ""            # the last TAIL_CHARS of its stdout and stderr
     wall_s: float = 0.0
-    record: dict | None = None  # the run folder's record (finished or rebuilt), if any
+    record: RunRecord | None = None  # the run folder's record (finished or rebuilt), if any
     parent_interrupted: bool = False
 
     @property
@@ -88,9 +90,9 @@ class ChildRun:
         return (self.output.strip().splitlines() or [""])[-1]
 
     @property
-    def stages(self) -> list[dict]:
+    def stages(self) -> list[Stage]:
         """The finished stages of its run record (none without one)."""
-        return [s for s in (self.record or {}).get("stages", []) if s.get("status") != "open"]
+        return [s for s in self.record.stages if s.finished] if self.record is not None else []
 
     def failure(self, what: str) -> str:
         """One line for an error: what failed, how it ended, its last line of output."""
@@ -163,10 +165,10 @@ def _after_interrupt(process: subprocess.Popen) -> int:
     return process.wait()
 
 
-def recovered_record(folder: str | os.PathLike, child: ChildRun | None = None) -> dict | None:
+def recovered_record(folder: str | os.PathLike, child: ChildRun | None = None) -> RunRecord | None:
     """The run record in `folder`: run.json, else rebuilt from events.jsonl (and written back
     when the disk allows), amended with how `child` ended when the run did not finish.
-    None when the folder holds neither."""
+    None when the folder holds neither, or a rebuilt record that does not read as one."""
     from auditor import record as run_record
     folder = Path(folder)
     try:
@@ -183,7 +185,10 @@ def recovered_record(folder: str | os.PathLike, child: ChildRun | None = None) -
         run_record.write_json_atomically(folder / run_record.RUN_FILE, record)
     except OSError:  # a full disk: the record still comes back in memory
         record.setdefault("warnings", []).append(f"run.json could not be written to {str(folder)!r}")
-    return record
+    try:
+        return RunRecord.from_json(record, f"record rebuilt from the event log of {str(folder)!r}")
+    except run_record.RunRecordError:
+        return None
 
 
 def _exit_of(child: ChildRun) -> dict:

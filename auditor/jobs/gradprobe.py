@@ -19,6 +19,7 @@ import torch
 
 import auditor
 from auditor.audit import Audit
+from auditor.record_schema import RunRecord
 
 
 
@@ -192,7 +193,7 @@ def _weights_folder(settings: Settings, config, scratch: str) -> str:
 
 def audit(settings: Settings, out: Path, *, memray: bool = False, fake: bool = False,
           on_stage_end=None, observed_sizes: list | None = None, estimate_sizes: bool = True,
-          record_sizes: bool = True) -> dict:
+          record_sizes: bool = True) -> RunRecord:
     """Audit one run of the job; returns the run record (also `out/run.json`). A real run
     records its data-dependent sizes (`record_sizes`); a traced one sizes them by
     `observed_sizes` (a real run's), or makes them empty with `estimate_sizes=False`
@@ -214,7 +215,7 @@ def audit(settings: Settings, out: Path, *, memray: bool = False, fake: bool = F
             run.annotate("minimum", minimum(settings, result["prunable"]))
             if remedies:
                 run.annotate("validated_remedies", remedies)
-    return run.record
+    return RunRecord.from_json(run.record, str(run.run_json))
 
 
 def validated_remedies(settings: Settings, reports: Path = REPORTS) -> list[dict]:
@@ -287,7 +288,7 @@ ESTIMATED_BYTES = "estimated_bytes.json"  # beside a traced run's run.json: the 
 
 
 def traced_audit(settings: Settings, out: Path, timeout_s: int = 1800,
-                 observed_sizes: list | None = None) -> dict:
+                 observed_sizes: list | None = None) -> RunRecord:
     """The job traced on fake tensors in a fresh process (a 7B model fits: nothing is allocated),
     its data-dependent sizes estimated from `observed_sizes` (the real run's). Where estimates
     were used, traced again with them empty (`out/lower-bound`) to measure the bytes that rest
@@ -296,21 +297,22 @@ def traced_audit(settings: Settings, out: Path, timeout_s: int = 1800,
     record = _traced_child(settings, Path(out), timeout_s, observed_sizes)
     if has_estimates(record):
         lower = _traced_child(settings, Path(out) / "lower-bound", timeout_s, None, estimate=False)
-        record["estimated_bytes"] = estimated_bytes(record, lower)
-        (Path(out) / ESTIMATED_BYTES).write_text(json.dumps(record["estimated_bytes"], indent=1))
+        record.annotations["estimated_bytes"] = estimated_bytes(record, lower)
+        (Path(out) / ESTIMATED_BYTES).write_text(json.dumps(record.annotations["estimated_bytes"], indent=1))
     return record
 
 
-def load_traced(out: Path) -> dict:
+def load_traced(out: Path) -> RunRecord:
     """The record `traced_audit` left in `out`, with its `estimated_bytes` where it had estimates."""
-    record = json.loads((Path(out) / "run.json").read_text())
+    path = Path(out) / "run.json"
+    record = RunRecord.from_json(json.loads(path.read_text()), str(path))
     if (Path(out) / ESTIMATED_BYTES).is_file():
-        record["estimated_bytes"] = json.loads((Path(out) / ESTIMATED_BYTES).read_text())
+        record.annotations["estimated_bytes"] = json.loads((Path(out) / ESTIMATED_BYTES).read_text())
     return record
 
 
 def _traced_child(settings: Settings, out: Path, timeout_s: int, observed_sizes: list | None,
-                  estimate: bool = True) -> dict:
+                  estimate: bool = True) -> RunRecord:
     from auditor.jobs.fresh_process import run_module
     sizes = Path(out).with_name(Path(out).name + "-sizes.json")  # beside: the run folder is the child's
     sizes.parent.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,7 @@ from auditor.jobs.projection_validation import (DEFAULT_MARGIN, SCALE_UP_RANGE, 
                                                 check_fits)
 from auditor.jobs.script_projection import Plan, Program, plan_for, project_program, run_program
 from auditor.model_from import TargetModel
+from auditor.record_schema import RunRecord
 
 
 def validate_program(program: Program, model_from: str, target: TargetModel, stages: list[str],
@@ -66,12 +67,12 @@ def validate_program(program: Program, model_from: str, target: TargetModel, sta
     return result
 
 
-def _finished(child, what: str) -> dict:
+def _finished(child, what: str) -> RunRecord:
     if not child.ok or child.record is None:
         raise RuntimeError(child.failure(what))
     return child.record
 
 
-def _parameters(record: dict) -> int:
-    calls = (record.get("model_from") or {}).get("calls") or [{}]
+def _parameters(record: RunRecord) -> int:
+    calls = (record.annotations.get("model_from") or {}).get("calls") or [{}]
     return int(calls[0].get("parameters") or 0)

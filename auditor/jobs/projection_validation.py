@@ -73,10 +73,10 @@ def validate(small: Settings, target: str, target_overrides: dict, folder: Path,
     progress(f"tracing {_label(held_out)} on fake tensors, and calibration runs (traced, "
              "perturbed small shapes) beside it")
     with ThreadPoolExecutor(max_workers=1) as pool:  # two processes of fake tensors: no RSS is read
-        sizes = record.get("data_dependent_sizes")  # the small run's, for each traced run
+        sizes = record.annotations.get("data_dependent_sizes")  # the small run's, for each traced run
         tracing = pool.submit(traced_audit, held_out, folder / "traced-target", observed_sizes=sizes)
-        record["calibration"] = calibrate(small, folder / "calibration", target=held_out,
-                                          observed_sizes=sizes)
+        record.annotations["calibration"] = calibrate(small, folder / "calibration", target=held_out,
+                                                      observed_sizes=sizes)
         traced = project_traced(record, tracing.result())
     available = memory()
     if traced.get("peak"):  # an algorithm that is not projected: the weights' floor was checked

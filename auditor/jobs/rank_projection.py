@@ -45,6 +45,7 @@ import auditor
 from auditor.audit import Audit
 from auditor.jobs import gradprobe as job
 from auditor.jobs.gradprobe import Settings
+from auditor.record_schema import RunRecord
 
 VARIANT = "sharded"
 
@@ -72,7 +73,7 @@ def rank_workload(settings: Settings) -> dict:
 
 
 def rank_audit(settings: Settings, out: Path, *, fake: bool, observed_sizes: list | None = None,
-               estimate_sizes: bool = True) -> dict:
+               estimate_sizes: bool = True) -> RunRecord:
     """This rank's audited run (RUN/rank-N/ under a process group or torchrun's environment)."""
     name = f"gradprobe-{settings.variant}-{settings.architecture}" + ("-traced" if fake else "")
     with Audit(out=out, name=name, census=True, live_tensors=True, traced=fake,
@@ -81,7 +82,7 @@ def rank_audit(settings: Settings, out: Path, *, fake: bool, observed_sizes: lis
         run.annotate("workload", job.workload(settings))
         for key, value in rank_workload(settings).items():
             run.annotate(key, value)
-    return run.record
+    return RunRecord.from_json(run.record, str(run.run_json))
 
 
 def gather_buffers(model: torch.nn.Module, world_size: int) -> dict[str, int]:
@@ -192,7 +193,7 @@ def _real_rank_main(argv: list[str]) -> None:
 # -- the parent's side: fresh processes ------------------------------------------------------
 
 def traced_rank(settings: Settings, world_size: int, rank: int, out: Path, observed_sizes: list | None,
-                timeout_s: int = 3600, lower_bound: bool = True) -> dict:
+                timeout_s: int = 3600, lower_bound: bool = True) -> RunRecord:
     """Rank `rank` of `world_size` traced in a fresh process into OUT/rank-R/; where sizes were
     estimated, traced again with them empty (OUT/lower-bound/rank-R/) to measure the bytes that rest
     on them (the record's `estimated_bytes`), as the single-process traced audit does."""
@@ -200,19 +201,19 @@ def traced_rank(settings: Settings, world_size: int, rank: int, out: Path, obser
     record = _traced_child(settings, world_size, rank, Path(out), observed_sizes, True, timeout_s)
     if lower_bound and has_estimates(record):
         lower = _traced_child(settings, world_size, rank, Path(out) / "lower-bound", None, False, timeout_s)
-        record["estimated_bytes"] = estimated_bytes(record, lower)
+        record.annotations["estimated_bytes"] = estimated_bytes(record, lower)
     return record
 
 
-def _traced_child(settings, world_size, rank, out: Path, observed, estimate, timeout_s) -> dict:
+def _traced_child(settings, world_size, rank, out: Path, observed, estimate, timeout_s) -> RunRecord:
     """The traced record in OUT/rank-R/: traced now, or the one a finished earlier trace left there
     (a 7B trace takes minutes) if it traced these settings at this world size."""
     from auditor.jobs.fresh_process import run_module
     from auditor.record import RUN_FILE, load, rank_folder_name
     if (out / rank_folder_name(rank) / RUN_FILE).is_file():
         earlier = load(out / rank_folder_name(rank))
-        if (earlier["workload"]["settings"] != asdict(settings)
-                or (earlier.get("rank") or {}).get("world_size") != world_size):
+        if (earlier.annotations["workload"]["settings"] != asdict(settings)
+                or (earlier.rank.world_size if earlier.rank else None) != world_size):
             raise ValueError(f"{out / rank_folder_name(rank)} holds a trace of other settings: choose a new folder")
         return earlier
     out.mkdir(parents=True, exist_ok=True)
@@ -251,8 +252,9 @@ def _chunk_rows(rows: int, world_size: int, rank: int) -> int:
     return max(0, min(per, rows - rank * per))
 
 
-def traced_ranks(settings: Settings, world_size: int, out: Path, real: dict[int, dict],
-                 every_rank: bool = True, timeout_s: int = 3600, lower_bound: bool = True) -> dict[int, dict]:
+def traced_ranks(settings: Settings, world_size: int, out: Path, real: dict[int, RunRecord],
+                 every_rank: bool = True, timeout_s: int = 3600,
+                 lower_bound: bool = True) -> dict[int, RunRecord]:
     """{rank: traced record} for every rank of `world_size` (traced one by one), or, with
     `every_rank=False`, one traced rank per `rank_classes` class standing for the class (each such
     record's `traced_as` names the rank that was traced). Data-dependent sizes come from `real`
@@ -260,12 +262,13 @@ def traced_ranks(settings: Settings, world_size: int, out: Path, real: dict[int,
     `lower_bound=False` skips the second trace that measures the estimated bytes."""
     from auditor.analysis.rank_projection import paired_rank
     settings = Settings(**{**asdict(settings), "variant": VARIANT})
-    found = {}
+    found: dict[int, RunRecord] = {}
     for ranks in ([[r] for r in range(world_size)] if every_rank else rank_classes(settings, world_size)):
-        observed = real[paired_rank(ranks[0], real)].get("data_dependent_sizes")
+        observed = real[paired_rank(ranks[0], real)].annotations.get("data_dependent_sizes")
         record = traced_rank(settings, world_size, ranks[0], out, observed, timeout_s, lower_bound)
+        record.annotations["traced_as"] = ranks[0]  # the one record stands for each rank of its class
         for rank in ranks:
-            found[rank] = {**record, "traced_as": ranks[0]}
+            found[rank] = record
     return found
 
 
@@ -288,7 +291,7 @@ def project_world_sizes(small: Settings, target: Settings, world_sizes: list[int
     return worlds
 
 
-def real_ranks(settings: Settings, world_size: int, out: Path, timeout_s: int = 1800) -> dict[int, dict]:
+def real_ranks(settings: Settings, world_size: int, out: Path, timeout_s: int = 1800) -> dict[int, RunRecord]:
     """A real torchrun of `world_size` ranks (gloo on CPU, one thread each): {rank: its record}."""
     import subprocess
 

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from auditor.model_from import TargetModel
+from auditor.record_schema import RunRecord
 
 TRACED_ENV = "AUDITOR_TRACED"
 
@@ -71,16 +72,16 @@ class Plan:
     estimate_sizes: bool = True  # False: value-dependent sizes traced empty (the lower bound)
 
 
-def plan_for(record: dict, program: Program, model_from: str, target: TargetModel,
+def plan_for(record: RunRecord, program: Program, model_from: str, target: TargetModel,
              stages: list[str], label: str | None = None) -> Plan:
     """The traced run's plan from the real run's record (its model_from calls, its name)."""
-    observed = (record.get("model_from") or {}).get("calls") or []
+    observed = (record.annotations.get("model_from") or {}).get("calls") or []
     return Plan(program=program, model_from=model_from, target=target, observed=observed,
-                stages=list(stages), label=label, name=f"{record.get('name', 'program')}-traced",
-                data_dependent_sizes=record.get("data_dependent_sizes"))
+                stages=list(stages), label=label, name=f"{record.name}-traced",
+                data_dependent_sizes=record.annotations.get("data_dependent_sizes"))
 
 
-def project_program(record: dict, plan: Plan, folder: Path, timeout_s: int = 3600) -> dict:
+def project_program(record: RunRecord, plan: Plan, folder: Path, timeout_s: int = 3600) -> dict:
     """The traced projection of the program to `plan.target`; RuntimeError (one line) when the
     traced run finished no stage."""
     from auditor.analysis.estimated_bytes import estimated_bytes, has_estimates
@@ -101,7 +102,7 @@ def project_program(record: dict, plan: Plan, folder: Path, timeout_s: int = 360
     if child.ok and has_estimates(traced):  # how much rests on estimated sizes: traced again without
         lower = run_program(replace(plan, estimate_sizes=False), folder / "lower-bound", timeout_s)
         if lower.ok and lower.record is not None:
-            traced["estimated_bytes"] = estimated_bytes(traced, lower.record)
+            traced.annotations["estimated_bytes"] = estimated_bytes(traced, lower.record)
     projection = project_traced(record, traced)
     projection["target"] = plan.target.describe()
     projection["model_from"] = plan.model_from
@@ -167,10 +168,11 @@ def shlex_join(program: Program) -> str:
 
 def audit_and_project(program, *, model_from: str, target: str | TargetModel, stages=(),
                       run_dir: str | os.PathLike | None = None, name: str | None = None,
-                      **audit_options) -> dict:
+                      **audit_options) -> RunRecord:
     """The Python API: audit `program()` here (census and live tensors on), then trace it at
-    `target` in a fresh process; returns the run record with its projection (also written
-    to RUN_DIR/projections.json, so `auditor report RUN_DIR` shows it).
+    `target` in a fresh process; returns the run record with its projection in its
+    annotations, as `auditor.load` gives it (also written to RUN_DIR/projections.json, so
+    `auditor report RUN_DIR` shows it).
 
     `program`: a module-level function with no arguments, or "module:function"; the fresh
     process imports it with this process's sys.path. RuntimeError (one line) when the traced
@@ -186,11 +188,12 @@ def audit_and_project(program, *, model_from: str, target: str | TargetModel, st
         with Audit(run_dir, name or spec.rpartition(":")[2], census=True, live_tensors=True,
                    stage_targets=list(stages), record_sizes=True, **audit_options) as audit:
             call.run()
-    record = audit.record
+    record = RunRecord.from_json(audit.record, str(audit.run_json))
     projection = project_program(record, plan_for(record, call, model_from, target, list(stages)),
                                  traced_folder(audit.folder, target))
     write_derived(audit.folder, "projections", [projection])
-    return {**record, "projections": [projection]}
+    record.annotations["projections"] = [projection]
+    return record
 
 
 if __name__ == "__main__":  # python -m auditor.jobs.script_projection PLAN_JSON FOLDER

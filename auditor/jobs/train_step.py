@@ -28,6 +28,7 @@ from auditor.audit import Audit
 from architectures import activation_size
 from auditor.jobs.optimizer_state import OPTIMIZERS
 from auditor.probes.saved_tensors import SavedTensorLedger, decoder_layers
+from auditor.record_schema import RunRecord
 
 # precision -> (weights dtype, autocast dtype or None), from the one list of precisions
 PRECISIONS = {name: (getattr(torch, weights), getattr(torch, amp) if amp else None)
@@ -199,7 +200,7 @@ def _first_step(measured: dict) -> dict:
 
 
 def audit(settings: Settings, out, *, memray: bool = False, cuda_history: bool = False,
-          on_step=None, on_stage_end=None, sweep_command: str | None = None) -> dict:
+          on_step=None, on_stage_end=None, sweep_command: str | None = None) -> RunRecord:
     """Audit the training steps in this process; the run record (also `out/run.json`).
     `sweep_command`: the `auditor train-step` command line this run is one configuration of
     (kept in the workload, so the report made again from the records names it)."""
@@ -208,7 +209,7 @@ def audit(settings: Settings, out, *, memray: bool = False, cuda_history: bool =
                cuda_history=cuda_history, on_stage_end=on_stage_end) as run:
         run.annotate("workload", {**workload(settings, config), "sweep_command": sweep_command})
         run_workload(settings, run, on_step)
-    return run.record
+    return RunRecord.from_json(run.record, str(run.run_json))
 
 
 def workload(settings: Settings, config) -> dict:
@@ -227,7 +228,7 @@ def workload(settings: Settings, config) -> dict:
 
 def audit_in_fresh_process(settings: Settings, out, *, memray: bool = False,
                            cuda_history: bool = False, timeout_s: int = 3600,
-                           sweep_command: str | None = None) -> dict:
+                           sweep_command: str | None = None) -> RunRecord:
     """The audit in a new Python process, so its peak RSS owes nothing to earlier work.
 
     A child that dies (out of memory, killed, timed out) still leaves its finished stages:

@@ -14,10 +14,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 from auditor.jobs.gradprobe import Settings
+from auditor.record_schema import RunRecord
 
 
 def real_audit(settings: Settings, out: Path, threads: int | None = None,
-               timeout_s: int = 3600) -> dict:
+               timeout_s: int = 3600) -> RunRecord:
     """The job for real in a fresh process; its run record. RuntimeError (one line, saying how
     the child ended) when it did not finish."""
     from auditor.jobs.fresh_process import run_module

@@ -12,6 +12,11 @@ Times are microseconds since the audit began (the record's seconds x 1e6); sizes
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
+from auditor.record_schema import Mark, Peak, RunRecord, Stage
+
 PEAK_TIME = "somewhere inside the stage; the record keeps the value, not the instant"
 RUN_PEAK_TIME = ("somewhere inside stage {stage!r}, drawn at its end; the record keeps the "
                  "value, not the instant")
@@ -23,18 +28,19 @@ UNFINISHED = ("the run did not finish (killed?): the record was rebuilt from its
 MEMRAY_SITES = ("allocations alive at memray's own high-water mark, grouped by their first "
                 "line of user code")
 PROCESS_TID = 0  # counters and run-wide events belong to the process, not to a thread
+Reading = tuple[float, str, "int | None"]  # (time, counter, bytes)
 
 
-def render(record: dict, source: str | None = None) -> dict:
-    """The trace-event JSON object for a run record (from auditor.record.load or rebuild)."""
-    pid = record["process"].get("pid") or 1
+def render(record: RunRecord, source: str | None = None) -> dict:
+    """The trace-event JSON object for a run record (from auditor.record.load)."""
+    pid = record.process.pid or 1
     tids = thread_ids(record)
     end_s = run_end(record)
     events = metadata(record, pid, tids)
-    events += [stage_span(entry, pid, tids, end_s) for entry in record["stages"]]
+    events += [stage_span(entry, pid, tids, end_s) for entry in record.stages]
     events += counters(record, pid)
-    events += [peak for entry in record["stages"] if (peak := stage_peak(entry, pid, tids))]
-    events += [mark_event(mark, pid, tids) for mark in record.get("marks") or []]
+    events += [peak for entry in record.stages if (peak := stage_peak(entry, pid, tids))]
+    events += [mark_event(mark, pid, tids) for mark in record.marks]
     events += run_peak(record, pid, tids, end_s)
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": other_data(record, source, end_s)}
@@ -44,30 +50,30 @@ def us(seconds: float) -> float:
     return round(seconds * 1e6, 3)
 
 
-def thread_ids(record: dict) -> dict[str, int]:
+def thread_ids(record: RunRecord) -> dict[str, int]:
     """A tid per thread name: the main thread 1, then the others as they first appear."""
-    marks = record.get("marks") or []
-    names = dict.fromkeys(thread_of(item) for item in record["stages"] + marks)
+    items: list[Stage | Mark] = [*record.stages, *record.marks]
+    names = dict.fromkeys(thread_of(item) for item in items)
     ordered = sorted(names, key=lambda name: name != "MainThread")  # stable: keeps first appearance
     return {name: tid for tid, name in enumerate(ordered, 1)}
 
 
-def thread_of(item: dict) -> str:
-    return item.get("thread") or "MainThread"
+def thread_of(item: Stage | Mark) -> str:
+    return item.thread or "MainThread"
 
 
-def run_end(record: dict) -> float:
+def run_end(record: RunRecord) -> float:
     """The run's duration, or for a killed run the last time its event log records."""
-    if record.get("duration_s") is not None:
-        return record["duration_s"]
-    times = [s[key] for s in record["stages"] for key in ("start_s", "end_s") if s[key] is not None]
-    times += [m["t_s"] for m in record.get("marks") or []]
+    if record.duration_s is not None:
+        return record.duration_s
+    times = [t for s in record.stages for t in (s.start_s, s.end_s) if t is not None]
+    times += [m.t_s for m in record.marks]
     return max(times, default=0.0)
 
 
-def metadata(record: dict, pid: int, tids: dict[str, int]) -> list[dict]:
+def metadata(record: RunRecord, pid: int, tids: dict[str, int]) -> list[dict]:
     events = [{"name": "process_name", "ph": "M", "pid": pid, "tid": PROCESS_TID,
-               "args": {"name": f"auditor: {record['name']} ({record['device']})"}}]
+               "args": {"name": f"auditor: {record.name} ({record.device})"}}]
     for name, tid in tids.items():
         events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
         events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
@@ -77,41 +83,42 @@ def metadata(record: dict, pid: int, tids: dict[str, int]) -> list[dict]:
 
 # -- stages ------------------------------------------------------------------------------
 
-def stage_span(entry: dict, pid: int, tids: dict[str, int], run_end_s: float) -> dict:
+def stage_span(entry: Stage, pid: int, tids: dict[str, int], run_end_s: float) -> dict:
     """A complete event ("X"); the trace viewers nest spans of one thread by their times."""
-    args = {key: value for key, value in entry.items()
+    args = {key: value for key, value in entry.to_json().items()  # every field, as the record has it
             if key not in ("name", "start_s", "end_s") and value is not None}
-    end_s = entry["end_s"]
+    end_s = entry.end_s
     if end_s is None:
-        end_s = max(run_end_s, entry["start_s"])
+        end_s = max(run_end_s, entry.start_s)
         args["end"] = OPEN_STAGE.format(end_s=end_s)
-    start = us(entry["start_s"])
-    return {"name": entry["name"], "cat": "stage", "ph": "X", "ts": start,
+    start = us(entry.start_s)
+    return {"name": entry.name, "cat": "stage", "ph": "X", "ts": start,
             "dur": round(us(end_s) - start, 3), "pid": pid, "tid": tids[thread_of(entry)],
             "args": args}
 
 
-def stage_peak(entry: dict, pid: int, tids: dict[str, int]) -> dict | None:
+def stage_peak(entry: Stage, pid: int, tids: dict[str, int]) -> dict | None:
     """The stage's peaks at its end, on its thread, saying the instant is unknown."""
-    rss, live, heap, cuda = (entry.get(key) or {} for key in ("rss", "live_tensors", "py_heap", "cuda"))
-    peaks = {"peak_rss": rss.get("peak"), "peak_live_tensors": live.get("peak"),
-             "peak_py_heap": heap.get("peak"), "peak_cuda_allocated": cuda.get("peak_allocated")}
+    live, heap, cuda = entry.live_tensors, entry.py_heap, entry.cuda
+    peaks = {"peak_rss": entry.rss.peak, "peak_live_tensors": live.peak if live else None,
+             "peak_py_heap": heap.peak if heap else None,
+             "peak_cuda_allocated": cuda.peak_allocated if cuda else None}
     peaks = {key: value for key, value in peaks.items() if value is not None}
-    if not peaks or entry["end_s"] is None:  # an open stage never had its peak read
+    if not peaks or entry.end_s is None:  # an open stage never had its peak read
         return None
-    return {"name": "stage peak", "cat": "peak", "ph": "i", "s": "t", "ts": us(entry["end_s"]),
+    return {"name": "stage peak", "cat": "peak", "ph": "i", "s": "t", "ts": us(entry.end_s),
             "pid": pid, "tid": tids[thread_of(entry)],
-            "args": {"stage": entry["path"], **peaks, "time": PEAK_TIME}}
+            "args": {"stage": entry.path, **peaks, "time": PEAK_TIME}}
 
 
 # -- counters ----------------------------------------------------------------------------
 
-def counters(record: dict, pid: int) -> list[dict]:
+def counters(record: RunRecord, pid: int) -> list[dict]:
     """One "C" event per reading the record keeps with its time, in time order."""
     readings = list(run_readings(record))
-    for entry in record["stages"]:
+    for entry in record.stages:
         readings += stage_readings(entry)
-    for mark in record.get("marks") or []:
+    for mark in record.marks:
         readings += mark_readings(mark)
     readings.sort(key=lambda reading: reading[0])  # stable: same-time readings keep record order
     return [{"name": counter, "cat": "memory", "ph": "C", "ts": us(t_s), "pid": pid,
@@ -119,76 +126,79 @@ def counters(record: dict, pid: int) -> list[dict]:
             for t_s, counter, value in readings if value is not None]
 
 
-def run_readings(record: dict):
-    process = record["process"]
-    yield 0.0, "RSS", process.get("rss_at_start")
-    if record.get("duration_s") is not None:
-        yield record["duration_s"], "RSS", process.get("rss_at_end")
+def run_readings(record: RunRecord) -> Iterator[Reading]:
+    process = record.process
+    yield 0.0, "RSS", process.rss_at_start
+    if record.duration_s is not None:
+        yield record.duration_s, "RSS", process.rss_at_end
 
 
-def stage_readings(entry: dict):
-    rss, live, heap, cuda = (entry.get(key) or {} for key in ("rss", "live_tensors", "py_heap", "cuda"))
-    for t_s, when in ((entry["start_s"], "start"), (entry["end_s"], "end")):
-        if t_s is None:
-            continue
-        yield t_s, "RSS", rss.get(when)
-        yield t_s, "live tensors", live.get(when)
-        yield t_s, "Python heap", heap.get(when)
-        yield t_s, "CUDA allocated", cuda.get(f"allocated_{when}")
+def stage_readings(entry: Stage) -> Iterator[Reading]:
+    rss, live, heap, cuda = entry.rss, entry.live_tensors, entry.py_heap, entry.cuda
+    yield entry.start_s, "RSS", rss.start
+    yield entry.start_s, "live tensors", live.start if live else None
+    yield entry.start_s, "Python heap", heap.start if heap else None
+    yield entry.start_s, "CUDA allocated", cuda.allocated_start if cuda else None
+    if entry.end_s is not None:  # an open stage has its start only
+        yield entry.end_s, "RSS", rss.end
+        yield entry.end_s, "live tensors", live.end if live else None
+        yield entry.end_s, "Python heap", heap.end if heap else None
+        yield entry.end_s, "CUDA allocated", cuda.allocated_end if cuda else None
 
 
-def mark_readings(mark: dict):
-    yield mark["t_s"], "RSS", mark.get("rss")
-    yield mark["t_s"], "Python heap", mark.get("py_heap")
-    yield mark["t_s"], "CUDA allocated", (mark.get("cuda") or {}).get("allocated")
+def mark_readings(mark: Mark) -> Iterator[Reading]:
+    yield mark.t_s, "RSS", mark.rss
+    yield mark.t_s, "Python heap", mark.py_heap
+    yield mark.t_s, "CUDA allocated", (mark.cuda or {}).get("allocated")  # the probe's own JSON
 
 
 # -- marks and the run's peak ------------------------------------------------------------
 
-def mark_event(mark: dict, pid: int, tids: dict[str, int]) -> dict:
-    args = {key: value for key, value in mark.items()
+def mark_event(mark: Mark, pid: int, tids: dict[str, int]) -> dict:
+    args = {key: value for key, value in mark.to_json().items()
             if key not in ("name", "t_s", "thread") and value is not None}
-    return {"name": mark["name"], "cat": "mark", "ph": "i", "s": "t", "ts": us(mark["t_s"]),
+    return {"name": mark.name, "cat": "mark", "ph": "i", "s": "t", "ts": us(mark.t_s),
             "pid": pid, "tid": tids[thread_of(mark)], "args": args}
 
 
-def run_peak(record: dict, pid: int, tids: dict[str, int], run_end_s: float) -> list[dict]:
+def run_peak(record: RunRecord, pid: int, tids: dict[str, int], run_end_s: float) -> list[dict]:
     """"peak RSS", global, at the end of the stage holding it, with memray's top sites."""
-    peak = record.get("peak") or {}
-    if peak.get("rss") is None:
+    peak = record.peak
+    if peak.rss is None:
         return []  # killed before any stage finished: no peak was read
     holder = peak_holder(record, peak)
-    args = {key: value for key, value in peak.items() if value is not None}
-    if holder is None:
+    args = {key: value for key, value in peak.to_json().items() if value is not None}
+    if holder is None or holder.end_s is None:
         t_s, tid, args["time"] = run_end_s, PROCESS_TID, RUN_PEAK_OUTSIDE
     else:
-        t_s, tid = holder["end_s"], tids[thread_of(holder)]
-        args["time"] = RUN_PEAK_TIME.format(stage=holder["path"])
-    memray = record.get("memray")
-    if memray and memray.get("sites"):
+        t_s, tid = holder.end_s, tids[thread_of(holder)]
+        args["time"] = RUN_PEAK_TIME.format(stage=holder.path)
+    memray = record.memray
+    if memray is not None and memray.sites:
         args["memray"] = {
-            "peak_memory": memray.get("peak_memory"), "stage": memray.get("stage"),
+            "peak_memory": memray.peak_memory, "stage": memray.stage,
             "what": MEMRAY_SITES,
-            "sites": [{key: site.get(key) for key in ("location", "function", "code", "bytes", "allocations")}
-                      for site in memray["sites"]]}
+            "sites": [{"location": site.location, "function": site.function, "code": site.code,
+                       "bytes": site.bytes, "allocations": site.allocations} for site in memray.sites]}
     return [{"name": "peak RSS", "cat": "peak", "ph": "i", "s": "g", "ts": us(t_s), "pid": pid,
              "tid": tid, "args": args}]
 
 
-def peak_holder(record: dict, peak: dict) -> dict | None:
-    finished = [s for s in record["stages"] if s["end_s"] is not None]
-    by_id = [s for s in finished if peak.get("stage_id") is not None and s.get("id") == peak["stage_id"]]
-    by_path = [s for s in finished if s["path"] == peak.get("stage")]
-    return (by_id or by_path or [None])[0]
+def peak_holder(record: RunRecord, peak: Peak) -> Stage | None:
+    finished = [s for s in record.stages if s.end_s is not None]
+    by_id = [s for s in finished if peak.stage_id is not None and s.id == peak.stage_id]
+    by_path = [s for s in finished if s.path == peak.stage]
+    return next(iter(by_id or by_path), None)
 
 
-def other_data(record: dict, source: str | None, end_s: float) -> dict:
-    data = {key: record.get(key) for key in ("name", "command", "device", "schema", "started_at")}
-    data.update(exit=record.get("exit"), duration_s=record.get("duration_s"),
-                sizes="bytes", times="microseconds since the audit began")
+def other_data(record: RunRecord, source: str | None, end_s: float) -> dict:
+    data: dict[str, Any] = {"name": record.name, "command": record.command, "device": record.device,
+            "schema": record.schema, "started_at": record.started_at}
+    data.update(exit=record.exit.to_json() if record.exit is not None else None,
+                duration_s=record.duration_s, sizes="bytes", times="microseconds since the audit began")
     if source is not None:
         data["record"] = source
-    if (record.get("exit") or {}).get("status") == "unfinished" or any(
-            s["end_s"] is None for s in record["stages"]):
+    if (record.exit is not None and record.exit.status == "unfinished") or any(
+            s.end_s is None for s in record.stages):
         data["unfinished"] = UNFINISHED.format(end_s=end_s)
     return data

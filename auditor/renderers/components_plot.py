@@ -10,14 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from auditor import units
-from auditor.analysis.component_history import history
+from auditor.analysis.component_history import ComponentHistory, history
+from auditor.record_schema import RunRecord
 
 TOP = 8
 COLOURS = ("#1f4e9c", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457", "#827717")
 REST_COLOUR = "#bdbdbd"
 
 
-def write_png(record: dict, path: str | Path) -> Path | None:
+def write_png(record: RunRecord, path: str | Path) -> Path | None:
     """Draw the record's component timeline into `path`; None (nothing written) without a census."""
     figure = draw(record)
     if figure is None:
@@ -27,7 +28,7 @@ def write_png(record: dict, path: str | Path) -> Path | None:
     return path
 
 
-def draw(record: dict):
+def draw(record: RunRecord):
     """The figure, or None when the record has no census at any stage end."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -50,7 +51,7 @@ def draw(record: dict):
     figure = Figure(figsize=(11, 4.8), dpi=110, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    end = max(record.get("duration_s") or 0, times[-1] + 1e-3)  # the last census holds to the end
+    end = max(record.duration_s or 0, times[-1] + 1e-3)  # the last census holds to the end
     times = times + [end]
     bands = [b + b[-1:] for b in bands]
     axes.stackplot(times, *bands, labels=labels, colors=colours, step="post", alpha=0.85, lw=0)
@@ -58,14 +59,14 @@ def draw(record: dict):
     axes.set_ylim(0, peak / scale * 1.12 or 1)
     axes.set_xlabel("seconds since the audit began (a census at each stage end)")
     axes.set_ylabel(unit)
-    axes.set_title(f"{record.get('name', 'run')}: components at each stage end "
+    axes.set_title(f"{record.name}: components at each stage end "
                    f"(largest {len(top)}, folded over instances)", fontsize=10)
     axes.grid(axis="y", lw=0.4, alpha=0.6)
     axes.legend(loc="upper left", fontsize=7, framealpha=0.85)
     return figure
 
 
-def _label(item) -> str:
+def _label(item: ComponentHistory) -> str:
     name = item.name if len(item.name) <= 40 else "…" + item.name[-39:]
     count = f" x{len(item.instances)}" if len(item.instances) > 1 else ""
     return f"{name}{count} (max {units.size(item.most_at_once)})"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from auditor import units
 from auditor.analysis.projection_side_by_side import SideBySide, side_by_side
+from auditor.record_schema import RunRecord
 from auditor.renderers import markdown_text as md
 
 MOST_COMPONENTS = 20
@@ -16,8 +17,13 @@ _HOW = {
 }
 
 
-def projection_sections(record: dict) -> str:
-    return "\n\n".join(_section(side) for side in side_by_side(record))
+def projection_sections(record: RunRecord) -> str:
+    return sections(side_by_side(record))
+
+
+def sections(sides: list[SideBySide]) -> str:
+    """The sections of projections already set side by side (the run report's model holds them)."""
+    return "\n\n".join(_section(side) for side in sides)
 
 
 def _section(side: SideBySide) -> str:

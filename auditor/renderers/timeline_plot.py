@@ -14,6 +14,7 @@ from pathlib import Path
 from auditor import units
 from auditor.analysis import unstaged
 from auditor.analysis.timeline import timeline
+from auditor.record_schema import RunRecord
 
 SPAN_COLOURS = ("#dbe9f6", "#fbe5d0")
 FAILED_COLOUR = "#f4c7c3"
@@ -23,14 +24,14 @@ MIN_LABEL_WIDTH = 0.005  # ... when there are more, only those at least this sha
 TITLE_CHARS, TITLE_LINES = 110, 3  # a line of the 10 pt title, first guess for the 11 in figure
 
 
-def write_png(record: dict, path: str | Path) -> Path:
+def write_png(record: RunRecord, path: str | Path) -> Path:
     """Draw the record's timeline into `path` (a .png); returns the path."""
     path = Path(path)
     draw(record).savefig(path, format="png")
     return path
 
 
-def draw(record: dict):
+def draw(record: RunRecord):
     """The timeline as a matplotlib Figure (Agg canvas), every label inside the figure."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure  # a bare Figure: no pyplot state, no backend switch
@@ -85,7 +86,7 @@ def draw(record: dict):
     axes.set_ylim(0, peak / scale * 1.12)
     axes.set_xlabel("seconds since the audit began (census time excluded)")
     axes.set_ylabel(unit)
-    _fit_title(figure, axes, f"{record.get('name', 'run')}: memory over time")
+    _fit_title(figure, axes, f"{record.name}: memory over time")
     axes.grid(axis="y", lw=0.4, alpha=0.6)
     axes.legend(loc="best", fontsize=7, framealpha=0.85)
     return figure

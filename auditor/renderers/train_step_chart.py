@@ -7,13 +7,14 @@ from pathlib import Path
 
 from auditor import units
 from auditor.analysis import training
+from auditor.record_schema import RunRecord
 
 COLOURS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer state": "#55a868",
            "saved activations": "#c44e52", "autocast weight copies": "#8172b3",
            "model buffers": "#937860", "temporaries": "#da8bc3"}
 
 
-def write_png(records: list[dict], path: str | Path) -> Path:
+def write_png(records: list[RunRecord], path: str | Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -44,6 +45,6 @@ def write_png(records: list[dict], path: str | Path) -> Path:
     return Path(path)
 
 
-def _label(record: dict) -> str:
-    s = record["workload"]["settings"]
+def _label(record: RunRecord) -> str:
+    s = record.annotations["workload"]["settings"]
     return f"{s['architecture']}\nseq {s['sequence_length']}\n{s['precision']}"

@@ -12,13 +12,14 @@ from urllib.parse import quote
 
 from auditor import units
 from auditor.analysis import training
+from auditor.record_schema import RunRecord
 from auditor.renderers import markdown_text as md
 from auditor.renderers.markdown import environment_section, sites_section
 
 MEASURES = tuple(training.MEASURES.items())
 
 
-def write_report(records: list[tuple[dict, Path]], out: str | os.PathLike, *, command: str) -> Path:
+def write_report(records: list[tuple[RunRecord, Path]], out: str | os.PathLike, *, command: str) -> Path:
     """`records`: (run record, its run folder) per configuration, in sweep order."""
     from auditor.renderers.train_step_chart import write_png
     out = Path(out)
@@ -30,11 +31,11 @@ def write_report(records: list[tuple[dict, Path]], out: str | os.PathLike, *, co
     return out
 
 
-def render(records: list[tuple[dict, Path]], *, command: str, report_folder: Path | None = None,
+def render(records: list[tuple[RunRecord, Path]], *, command: str, report_folder: Path | None = None,
            chart: str | None = None) -> str:
     """The report's markdown; `chart`: the components PNG's path relative to the report."""
     only = [record for record, _ in records]
-    architectures = ", ".join(dict.fromkeys(r["workload"]["settings"]["architecture"] for r in only))
+    architectures = ", ".join(dict.fromkeys(_settings(r)["architecture"] for r in only))
     parts = [f"# Training-step memory: {md.text(architectures)}", _intro(only, command),
              _sweep(only), f"![components against the measured peaks]({quote(chart)})" if chart else ""]
     for record, folder in records:
@@ -43,22 +44,27 @@ def render(records: list[tuple[dict, Path]], *, command: str, report_folder: Pat
     return "\n\n".join(p for p in parts if p).rstrip() + "\n"
 
 
-def _intro(records: list[dict], command: str) -> str:
+def _settings(record: RunRecord) -> dict:
+    """The configuration the train-step job ran (its `workload` annotation)."""
+    return record.annotations["workload"]["settings"]
+
+
+def _intro(records: list[RunRecord], command: str) -> str:
     """`command`: what made the report, unless the records name the sweep they all came from
     (then the report made again from them reads the same)."""
-    s = records[0]["workload"]["settings"]
-    sweeps = {r["workload"].get("sweep_command") for r in records}
+    s = _settings(records[0])
+    sweeps = {r.annotations["workload"].get("sweep_command") for r in records}
     if len(sweeps) == 1 and None not in sweeps:
         command = sweeps.pop()
     return (f"Produced by {md.code(command)}: each configuration ran in a fresh process on "
-            f"{md.text(records[0].get('device', 'cpu'))}, batch {s['batch_size']}, "
+            f"{md.text(records[0].device)}, batch {s['batch_size']}, "
             f"{s['accumulation']} micro-batch(es) per step, {s['steps']} steps, optimizer "
             f"{md.code(s['optimizer'])}, synthetic tokens (seed {s['seed']}). Live tensors are counted "
             f"storage by storage (exact); peak RSS is the per-stage kernel high-water mark; "
             f"`forward only` is one micro-batch without autograd (inference).")
 
 
-def _sweep(records: list[dict]) -> str:
+def _sweep(records: list[RunRecord]) -> str:
     rows = training.sweep_rows(records)
     measures = [(k, label) for k, label in MEASURES if any(r.get(f"step_{k}") for r in rows)]
     headers = ["architecture", "sequence", "precision"]
@@ -82,8 +88,8 @@ def _sweep(records: list[dict]) -> str:
             + md.table(headers, table, right) + "\n\n" + text)
 
 
-def _configuration(record: dict, folder: Path, report_folder: Path | None) -> str:
-    s = record["workload"]["settings"]
+def _configuration(record: RunRecord, folder: Path, report_folder: Path | None) -> str:
+    s = _settings(record)
     result = training.study(record)
     head = f"## {md.text(s['architecture'])}, sequence {s['sequence_length']}, {md.text(s['precision'])}"
     unfinished = None if result["complete"] else _unfinished(record)
@@ -95,19 +101,19 @@ def _configuration(record: dict, folder: Path, report_folder: Path | None) -> st
     return "\n\n".join(p for p in parts if p)
 
 
-def _ending(record: dict) -> str:
+def _ending(record: RunRecord) -> str:
     """How a configuration that did not finish ended: "killed by SIGKILL: out of memory?"."""
-    exit_ = record.get("exit") or {}
-    error = exit_.get("error") or ""
-    if exit_.get("status") == "interrupted" and not error.startswith("interrupted"):
+    exit_ = record.exit
+    error = (exit_.error if exit_ is not None else None) or ""
+    if exit_ is not None and exit_.status == "interrupted" and not error.startswith("interrupted"):
         return f"interrupted ({error})" if error else "interrupted"
     return error or "the run did not finish"
 
 
-def _unfinished(record: dict) -> str:
+def _unfinished(record: RunRecord) -> str:
     """The line saying the run did not finish, how it ended and which stages finished."""
-    done = [s["path"] for s in record["stages"] if s["status"] == "ok" and s["parent"] is None]
-    cut = [s["path"] for s in record["stages"] if s["status"] != "ok"]
+    done = [s.path for s in record.stages if s.status == "ok" and s.parent is None]
+    cut = [s.path for s in record.stages if s.status != "ok"]
     return (f"**This configuration did not finish: {md.text(_ending(record))}.** Finished stages: "
             f"{', '.join(md.code(p) for p in done) or 'none'}"
             + (f"; cut short: {', '.join(md.code(p) for p in cut)}" if cut else "") + ".")
@@ -158,7 +164,7 @@ def _calculator(calc: dict | None) -> str:
             f"```\n{calc['saved']['derivation']}\n```")
 
 
-def _steps(record: dict, result: dict) -> str:
+def _steps(record: RunRecord, result: dict) -> str:
     series = result["series"]
     keys = [(k, label) for k, label in MEASURES if series.get(k)]
     rows = []
@@ -182,9 +188,9 @@ def _stability(result: dict) -> str:
     return "### Leak, spike or stable\n\n" + "\n".join(lines)
 
 
-def _allocations(record: dict, folder: Path, report_folder: Path | None) -> str:
+def _allocations(record: RunRecord, folder: Path, report_folder: Path | None) -> str:
     parts = [sites_section(record, report_folder, folder, head="### Largest allocations at the peak")]
-    history = (record.get("files") or {}).get("cuda_history")
+    history = (record.files or {}).get("cuda_history")
     if history:
         target = Path(folder) / history
         link = md.relative_link(target, report_folder) if report_folder is not None else str(target)
