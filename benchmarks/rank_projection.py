@@ -169,6 +169,9 @@ def render(args) -> None:
                   "peak live tensors within 2% (run and every stage), RSS within 5%.", "",
                   *md.validation_table(v["rows"]), "", *md.validation_findings(v["rows"]), "",
                   f"`{v['command']}` ({v['seconds']:.0f} s, load average {v['load_average']})", ""]
+    retention = run_dir / "rss-retention.json"
+    if retention.is_file():
+        lines += [*md.retention_section(json.loads(retention.read_text())), ""]
     for path in sorted(run_dir.glob("projection-*.json")):
         p = json.loads(path.read_text())
         lines += [f"## {p['target']}: each rank at {', '.join(str(w['world_size']) for w in p['worlds'])} ranks",
