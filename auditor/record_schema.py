@@ -57,6 +57,12 @@ class RecordPart:
     def to_json(self) -> dict:
         return _to_json(self)
 
+    def __eq__(self, other: object) -> bool:
+        """Equal when they write the same JSON: annotations and unknown fields count too."""
+        return type(self) is type(other) and self.to_json() == other.to_json()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the dicts it stands for
+
     def problems(self, where: str) -> list[str]:
         """What is wrong beyond each field's own type (`where`: this part's path and a dot)."""
         return []
@@ -64,7 +70,7 @@ class RecordPart:
 
 # -- the record's parts ----------------------------------------------------------------------
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class Readings(RecordPart):
     """A meter over an interval (RSS, Python heap): at its start, its end, its highest."""
     start: Bytes | None = None
@@ -72,7 +78,7 @@ class Readings(RecordPart):
     peak: Bytes | None = None
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class CudaReadings(RecordPart):
     allocated_start: Bytes | None = None
     allocated_end: Bytes | None = None
@@ -80,7 +86,7 @@ class CudaReadings(RecordPart):
     peak_allocated: Bytes | None = None
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class AtPeakRow(RecordPart):
     """Storages alive at a live-tensor peak, grouped by owner, category, origin and operator."""
     owner: str | None
@@ -92,7 +98,7 @@ class AtPeakRow(RecordPart):
     alive_at_end: bool | None = None
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class AtPeak(RecordPart):
     bytes: Bytes
     rows: list[AtPeakRow]
@@ -100,26 +106,26 @@ class AtPeak(RecordPart):
     bytes_left_out: Bytes = 0
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class LiveTensors(Readings):
     allocator_threshold: Bytes | None = None
     at_peak: AtPeak | None = None
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class Component(RecordPart):
     category: str
     bytes: Bytes
     tensors: Count | None = None
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class TensorTotals(RecordPart):
     live_bytes: Bytes | None = None
     cycle_check: dict[str, JSON] | None = None
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class Call(RecordPart):
     """The staged call a stage was (auditor.targets): its callable, its number, its label."""
     target: str | None = None
@@ -127,7 +133,7 @@ class Call(RecordPart):
     label: str | None = None
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class Site(RecordPart):
     """An allocation site of memray's peak snapshot."""
     location: str
@@ -139,7 +145,7 @@ class Site(RecordPart):
     native_stack: list[str] = field(default_factory=list)
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class Interval(RecordPart):
     """What a stage and an unstaged interval share: their time and their meters."""
     thread: str | None = None
@@ -154,7 +160,7 @@ class Interval(RecordPart):
 STAGE_STATUSES = ("ok", "failed", "open")
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class Stage(Interval):
     id: Count | None = None
     name: str
@@ -186,7 +192,7 @@ class Stage(Interval):
         return found
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class Unstaged(Interval):
     """Time on a thread between stage boundaries that no stage covers at that depth."""
     id: Count
@@ -196,7 +202,7 @@ class Unstaged(Interval):
     before: str | None = None
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class Mark(RecordPart):
     name: str
     stage: str | None = None
@@ -207,7 +213,7 @@ class Mark(RecordPart):
     cuda: JSON = None
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class PeakPlace(RecordPart):
     """Where the run's RSS peak was first reached: a stage's own time or an unstaged interval."""
     kind: Literal["stage", "unstaged"]
@@ -217,7 +223,7 @@ class PeakPlace(RecordPart):
     before: str | None = None
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class Peak(RecordPart):
     rss: Bytes | None
     stage: str | None = None
@@ -227,7 +233,7 @@ class Peak(RecordPart):
     cuda_allocated: Bytes | None = None
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class Memray(RecordPart):
     file: str | None = None
     flamegraph: str | None = None
@@ -241,21 +247,21 @@ class Memray(RecordPart):
     sites: list[Site] = field(default_factory=list)
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class Exit(RecordPart):
     status: Literal["ok", "failed", "interrupted", "unfinished"]
     code: int | None = None
     error: str | None = None
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class EventLogState(RecordPart):
     state: Literal["complete", "incomplete"]
     lines: Count | None = None
     reason: str | None = None
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class Rank(RecordPart):
     """The rank of a distributed run this record is (auditor.ranks)."""
     rank: Count
@@ -268,7 +274,7 @@ class Rank(RecordPart):
     read_at: str | None = None
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class Environment(RecordPart):
     python: str | None = None
     torch: str | None = None
@@ -276,14 +282,14 @@ class Environment(RecordPart):
     threads: Count | None = None
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class Machine(RecordPart):
     platform: str | None = None
     cpus: Count | None = None
     memory_total: Bytes | None = None
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class Process(RecordPart):
     pid: Count | None = None
     rss_at_start: Bytes | None = None
@@ -291,14 +297,14 @@ class Process(RecordPart):
     cwd: str | None = None
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class ProbeState(RecordPart):
     state: str
     method: str | None = None
     reason: str | None = None
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class RunRecord(RecordPart):
     """run.json: `assemble(events)` (auditor.record), plus what a job annotated."""
     schema: str

@@ -100,3 +100,13 @@ def _small_record() -> dict:
             "stages": [stage, dict(stage, id=2, name="prune", path="prune", start_s=1.5, end_s=2.0,
                                    rss={"start": 20, "end": 20, "peak": 25})],
             "peak": {"rss": 30, "stage": "load"}}
+
+
+def test_records_are_equal_when_their_json_is_annotations_included():
+    first, second = RunRecord.from_json(_small_record()), RunRecord.from_json(_small_record())
+    assert first == second
+    second.annotations["result"] = {"pruned": 1}
+    assert first != second
+    second = RunRecord.from_json(_small_record())
+    second.stages[1].rss.peak += 1
+    assert first != second and first.stages[0] == second.stages[0]

@@ -21,7 +21,7 @@ from auditor.analysis.findings import RULES, evaluate, findings
 from auditor.analysis.source_paths import code_root, shown_command
 from auditor.analysis.timeline import timeline
 from auditor.cli import main
-from auditor.record_schema import CudaReadings
+from auditor.record_schema import CudaReadings, RunRecord
 from auditor.renderers.markdown import render
 from test_findings import TINY_GPT_NEO, records
 from conftest import one_error_line
@@ -281,7 +281,7 @@ def test_projection_columns_scaled_and_traced_side_by_side(built, tmp_path):
     projected = next(s for s in scaled["stages"] if s["path"] == stage)
     for name, item in projected["components"].items():
         assert row(table, f"`{name}`")[4] == units.size(item["projected"])
-        assert row(table, f"`{name}`")[5] == units.size(stage_bytes(traced_run, stage, name))
+        assert row(table, f"`{name}`")[5] == units.size(stage_bytes(RunRecord.from_json(traced_run), stage, name))
     assert row(table, "peak inside the stage")[4] == units.size(projected["rss_peak"])
     assert row(table, UNSEEN_TENSORS)[4] == units.size(projected["unseen_tensors"]["projected"])
     summary = table_after(text, "## Summary")
@@ -309,7 +309,7 @@ def test_an_uncalibrated_scaled_projection_says_so(built):
     assert UNCALIBRATED not in calibrated and "(scaled, uncalibrated)" not in calibrated
 
 
-def stage_bytes(record, path, name):
+def stage_bytes(record: RunRecord, path: str, name: str) -> int:
     return next(s for s in record.stages if s.path == path).components[name].bytes
 
 
