@@ -157,12 +157,11 @@ def test_an_exception_fails_open_stages_and_still_writes_the_record(tmp_path):
             with auditor.stage("outer"):
                 with auditor.stage("inner"):
                     raise KeyError("boom")
-    record = auditor.load(tmp_path / "run").to_json()
-    assert [(s["path"], s["status"]) for s in record["stages"]] == [("outer", "failed"),
-                                                                   ("outer/inner", "failed")]
-    assert record["stages"][1]["error"] == "KeyError: 'boom'"
-    assert record["exit"]["status"] == "failed" and record["exit"]["error"] == "KeyError: 'boom'"
-    assert audit.record == record
+    record = auditor.load(tmp_path / "run")
+    assert [(s.path, s.status) for s in record.stages] == [("outer", "failed"), ("outer/inner", "failed")]
+    assert record.stages[1].error == "KeyError: 'boom'"
+    assert record.exit.status == "failed" and record.exit.error == "KeyError: 'boom'"
+    assert audit.record == record.to_json()
     assert auditor.active_audit() is None
 
 
@@ -171,9 +170,9 @@ def test_keyboard_interrupt_is_recorded_as_interrupted(tmp_path):
         with auditor.Audit(tmp_path / "run"):
             with auditor.stage("long"):
                 raise KeyboardInterrupt
-    record = auditor.load(tmp_path / "run").to_json()
-    assert record["stages"][0]["status"] == "failed"
-    assert record["exit"]["status"] == "interrupted"
+    record = auditor.load(tmp_path / "run")
+    assert record.stages[0].status == "failed"
+    assert record.exit.status == "interrupted"
 
 
 def test_one_audit_at_a_time_and_entered_once(tmp_path):

@@ -34,6 +34,7 @@ def replaced_by_dev_full(fd: int):
 
 
 def paths(record: dict) -> list[tuple[str, str]]:
+    """(path, status) of each stage of a run record as JSON (`Audit.record`, `.to_json()`)."""
     return [(s["path"], s["status"]) for s in record["stages"]]
 
 
@@ -67,12 +68,12 @@ def test_a_log_write_that_fails_never_raises_into_the_program(tmp_path):
     lines = (folder / "events.jsonl").read_text().splitlines()
     assert [json.loads(line)["event"] for line in lines] == [  # whole lines only
         "run_started", "unstaged", "stage_started", "stage_finished", "unstaged", "stage_started"]
-    record = auditor.load(folder).to_json()  # run.json, from the events kept in memory
-    assert paths(record) == [("before", "ok"), ("inside", "ok")] + [(f"after {i}", "ok") for i in range(3)]
-    assert record["event_log"] == {"state": "incomplete", "lines": 6,
-                                   "reason": "events.jsonl could not be written: File too large"}
-    assert record["exit"]["status"] == "ok"
-    assert any("the run goes on" in w for w in record["warnings"])
+    record = auditor.load(folder)  # run.json, from the events kept in memory
+    assert paths(record.to_json()) == [("before", "ok"), ("inside", "ok")] + [(f"after {i}", "ok") for i in range(3)]
+    assert record.event_log.to_json() == {"state": "incomplete", "lines": 6,
+                                          "reason": "events.jsonl could not be written: File too large"}
+    assert record.exit.status == "ok"
+    assert any("the run goes on" in w for w in record.warnings)
 
 
 def test_descriptors_the_program_closes_and_reuses_are_never_written(tmp_path):
@@ -94,10 +95,10 @@ def test_descriptors_the_program_closes_and_reuses_are_never_written(tmp_path):
     assert result.returncode == 0 and "program done" in result.stdout, result.stderr
     for i in range(20):
         assert (tmp_path / f"mine-{i}.txt").read_text() == "the program's own\n"
-    record = auditor.load(tmp_path / "run").to_json()
-    assert paths(record) == [("before", "ok"), ("closes", "ok"), ("after", "ok")]
-    assert record["event_log"]["state"] == "incomplete"
-    assert record["probes"]["rss"]["method"] == "sampler"
+    record = auditor.load(tmp_path / "run")
+    assert paths(record.to_json()) == [("before", "ok"), ("closes", "ok"), ("after", "ok")]
+    assert record.event_log.state == "incomplete"
+    assert record.probes["rss"].method == "sampler"
 
 
 def test_a_complete_event_log_says_so(tmp_path):
@@ -198,12 +199,12 @@ def test_staging_a_callable_the_auditor_uses_stages_only_the_programs_calls(tmp_
     assert result.returncode == 0, result.stderr[-2000:]
     assert "sizes [1, 2, 3] [True, False]" in result.stdout
     assert "Traceback" not in result.stderr and "RecursionError" not in result.stderr
-    record = auditor.load(tmp_path / "run").to_json()
-    assert len(result.stderr.splitlines()) <= 2 * len(record["stages"]) + 20  # progress and table
+    record = auditor.load(tmp_path / "run")
+    assert len(result.stderr.splitlines()) <= 2 * len(record.stages) + 20  # progress and table
     name = target.split(":")[1]  # the program's own calls inside "work" (its imports call some too)
-    inside = [s for s in record["stages"] if s["parent"] == "work" and s["name"].split("#")[0] == name]
-    assert len(inside) >= calls and all(s["status"] == "ok" for s in inside)
-    assert record["exit"]["status"] == "ok"
+    inside = [s for s in record.stages if s.parent == "work" and s.name.split("#")[0] == name]
+    assert len(inside) >= calls and all(s.status == "ok" for s in inside)
+    assert record.exit.status == "ok"
 
 
 def test_several_of_the_auditors_own_callables_staged_at_once(tmp_path):
@@ -218,8 +219,7 @@ def test_several_of_the_auditors_own_callables_staged_at_once(tmp_path):
         "--stage", "builtins:getattr", "--tracemalloc", "--memray")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "n 5" in result.stdout and "Traceback" not in result.stderr
-    inside = [s["name"].split("#")[0] for s in auditor.load(tmp_path / "run").to_json()["stages"]
-              if s["parent"] == "work"]
+    inside = [s.name.split("#")[0] for s in auditor.load(tmp_path / "run").stages if s.parent == "work"]
     assert inside.count("len") == 2 and inside.count("perf_counter") == 1
 
 
@@ -252,8 +252,8 @@ def test_a_forked_child_never_writes_into_the_parents_record(tmp_path):
     """)
     assert result.returncode == 0 and "parent done" in result.stdout, result.stderr
     assert "child work" not in (tmp_path / "run" / "events.jsonl").read_text()
-    record = auditor.load(tmp_path / "run").to_json()
-    assert paths(record) == [("parent work", "ok"), ("after", "ok")]
+    record = auditor.load(tmp_path / "run")
+    assert paths(record.to_json()) == [("parent work", "ok"), ("after", "ok")]
     assert result.stderr.count("run record:") == 1  # the child prints no summary either
 
 
@@ -271,7 +271,7 @@ def test_a_script_that_closes_stderr_keeps_its_status(tmp_path):
     result = run_script(tmp_path, text)
     alone = run_python(tmp_path, text)
     assert result.returncode == alone.returncode == 0 and "done" in result.stdout, result.stderr
-    record = auditor.load(tmp_path / "run").to_json()
-    assert paths(record) == [("before", "ok"), ("after", "ok")]
-    assert record["exit"]["status"] == "ok"
-    assert any("on_stage_end failed" in w for w in record["warnings"])
+    record = auditor.load(tmp_path / "run")
+    assert paths(record.to_json()) == [("before", "ok"), ("after", "ok")]
+    assert record.exit.status == "ok"
+    assert any("on_stage_end failed" in w for w in record.warnings)

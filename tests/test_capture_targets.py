@@ -99,12 +99,11 @@ def test_a_staged_method_that_raises_fails_its_stage_and_propagates(tmp_path):
     with pytest.raises(ValueError, match="no good"):
         with auditor.Audit(tmp_path / "run", stage_targets=[Worker.explode]):
             Worker().explode()
-    record = auditor.load(tmp_path / "run").to_json()  # complete on disk
-    (entry,) = record["stages"]
-    assert (entry["name"], entry["status"], entry["error"]) == (
-        "Worker.explode", "failed", "ValueError: no good")
-    assert entry["rss"]["end"] is not None and entry["end_s"] >= entry["start_s"]
-    assert record["exit"]["status"] == "failed"
+    record = auditor.load(tmp_path / "run")  # complete on disk
+    (entry,) = record.stages
+    assert (entry.name, entry.status, entry.error) == ("Worker.explode", "failed", "ValueError: no good")
+    assert entry.rss.end is not None and entry.end_s >= entry.start_s
+    assert record.exit.status == "failed"
     assert Worker.__dict__["explode"].__name__ == "explode"
     assert not hasattr(Worker.__dict__["explode"], "__auditor_target__")
 

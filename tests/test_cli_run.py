@@ -55,10 +55,10 @@ def test_runs_a_script_like_python_with_staged_targets(workdir, capsys):
     assert "argv ['--flag', 'x']" in captured.out
     assert "work/Phase.run#2" in captured.err  # progress and table
     assert "run record: out/run.json" in captured.err
-    record = auditor.load(workdir / "out").to_json()
-    assert [s["path"] for s in record["stages"]] == ["work", "work/Phase.run", "work/Phase.run#2"]
-    assert record["name"] == "job"
-    assert record["command"] == f"auditor run --out out --stage {helper}:Phase.run scripts/job.py --flag x"
+    record = auditor.load(workdir / "out")
+    assert [s.path for s in record.stages] == ["work", "work/Phase.run", "work/Phase.run#2"]
+    assert record.name == "job"
+    assert record.command == f"auditor run --out out --stage {helper}:Phase.run scripts/job.py --flag x"
 
 
 def test_default_output_folder_under_runs(workdir, capsys):
@@ -66,7 +66,7 @@ def test_default_output_folder_under_runs(workdir, capsys):
     assert main(["run", "tiny.py"]) == 0
     (folder,) = (workdir / "runs").iterdir()
     assert folder.name.endswith("-tiny")
-    assert auditor.load(folder).to_json()["exit"]["status"] == "ok"
+    assert auditor.load(folder).exit.status == "ok"
 
 
 def test_exit_status_is_the_scripts(workdir, capsys):
@@ -76,8 +76,8 @@ def test_exit_status_is_the_scripts(workdir, capsys):
             sys.exit(3)
     """)
     assert main(["run", "--out", "o1", "exits.py"]) == 3
-    record = auditor.load(workdir / "o1").to_json()
-    assert record["exit"]["code"] == 3 and record["stages"][0]["status"] == "failed"
+    record = auditor.load(workdir / "o1")
+    assert record.exit.code == 3 and record.stages[0].status == "failed"
 
 
 def test_a_failing_script_exits_1_with_its_traceback_and_a_record(workdir, capsys):
@@ -92,9 +92,9 @@ def test_a_failing_script_exits_1_with_its_traceback_and_a_record(workdir, capsy
     err = capsys.readouterr().err
     assert "Traceback" in err and "RuntimeError: script bug" in err
     assert "auditor/cli/run.py" not in err and "runpy" not in err  # the script's frames only
-    record = auditor.load(workdir / "o").to_json()
-    assert record["stages"][0]["status"] == "failed"
-    assert record["exit"] == {"status": "failed", "code": 1, "error": "RuntimeError: script bug"}
+    record = auditor.load(workdir / "o")
+    assert record.stages[0].status == "failed"
+    assert record.exit.to_json() == {"status": "failed", "code": 1, "error": "RuntimeError: script bug"}
 
 
 def test_memray_top_site_is_the_known_line(workdir, capsys):
@@ -109,24 +109,24 @@ def test_memray_top_site_is_the_known_line(workdir, capsys):
             total = float(big.sum() + small.sum())
     """)
     assert main(["run", "--memray", "--out", "o", str(script)]) == 0
-    record = auditor.load(workdir / "o").to_json()
-    memray = record["memray"]
-    top = memray["sites"][0]
-    assert top["location"] == f"{script}:4"
-    assert 160_000_000 <= top["bytes"] < 161_000_000
-    assert top["python_stack"][0] == f"<module> at {script}:4"
-    assert any("alloc_cpu" in frame for frame in top["native_stack"])
-    assert memray["peak_memory"] >= 164_000_000
-    assert record["probes"]["memray"]["state"] == "on"
+    record = auditor.load(workdir / "o")
+    memray = record.memray
+    top = memray.sites[0]
+    assert top.location == f"{script}:4"
+    assert 160_000_000 <= top.bytes < 161_000_000
+    assert top.python_stack[0] == f"<module> at {script}:4"
+    assert any("alloc_cpu" in frame for frame in top.native_stack)
+    assert memray.peak_memory >= 164_000_000
+    assert record.probes["memray"].state == "on"
     # the sites go with the stage open at memray's high-water moment (found by time from its
     # ~10 ms snapshots: `big` is alive from `build` on, so the moment may fall in either stage
     # or in the unstaged time after them, where no stage carries them)
-    assert memray["stage"] in ("build", "after", None)
-    holders = [s for s in record["stages"] if s.get("memray_sites")]
-    assert [s["path"] for s in holders] == ([memray["stage"]] if memray["stage"] else [])
+    assert memray.stage in ("build", "after", None)
+    holders = [s for s in record.stages if s.memray_sites]
+    assert [s.path for s in holders] == ([memray.stage] if memray.stage else [])
     for holder in holders:
-        assert holder["memray_sites"][0]["location"] == top["location"]
-    html = (workdir / "o" / memray["flamegraph"]).read_text()
+        assert holder.memray_sites[0].location == top.location
+    html = (workdir / "o" / memray.flamegraph).read_text()
     assert "<html" in html.lower() and '<script src="http' not in html  # offline
     assert f"{script}:4" in capsys.readouterr().err
 
@@ -173,6 +173,6 @@ def test_a_script_that_changes_folder_keeps_its_record_where_asked(workdir, caps
     """)
     assert main(["run", "--out", "o", "moves.py"]) == 0
     assert capsys.readouterr().err.strip().endswith("run record: o/run.json")
-    assert [s["path"] for s in auditor.load(workdir / "o").to_json()["stages"]] == ["moves", "after"]
+    assert [s.path for s in auditor.load(workdir / "o").stages] == ["moves", "after"]
     assert list((workdir / "elsewhere").iterdir()) == []
     assert os.getcwd() == str(workdir)  # the command gives the folder back

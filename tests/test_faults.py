@@ -97,6 +97,7 @@ def assert_no_auditor_traceback(stderr: str) -> None:
 
 
 def stages_of(record: dict) -> list[tuple[str, str]]:
+    """(path, status) of each stage of a run record as JSON (run.json's text, `.to_json()`)."""
     return [(s["path"], s["status"]) for s in record["stages"]]
 
 
@@ -147,12 +148,12 @@ def test_a_signal_mid_stage_gives_an_interrupted_record(tmp_path, signum):
     result = fault.result
     assert fault.status == fault.alone == 128 + signum
     assert "Traceback" not in result.stderr, result.stderr
-    record = auditor.load(tmp_path / "run").to_json()  # a finished record: run.json
-    assert stages_of(record) == FINISHED_BEFORE_THE_FAULT + [("wait", "failed")]
+    record = auditor.load(tmp_path / "run")  # a finished record: run.json
+    assert stages_of(record.to_json()) == FINISHED_BEFORE_THE_FAULT + [("wait", "failed")]
     name = signal.Signals(signum).name
     expected = "KeyboardInterrupt" if signum == signal.SIGINT else name
-    assert record["exit"] == {"status": "interrupted", "code": 128 + signum, "error": expected}
-    assert record["stages"][-1]["error"].endswith(expected)
+    assert record.exit.to_json() == {"status": "interrupted", "code": 128 + signum, "error": expected}
+    assert record.stages[-1].error.endswith(expected)
 
 
 def handled_sigterm(tmp_path: Path) -> Injected:
@@ -162,9 +163,9 @@ def handled_sigterm(tmp_path: Path) -> Injected:
 def test_a_script_that_handles_sigterm_itself_keeps_its_own_ending(tmp_path):
     fault = handled_sigterm(tmp_path)
     assert fault.result.returncode == fault.status == fault.alone == 7
-    record = auditor.load(tmp_path / "run").to_json()
-    assert record["exit"]["status"] == "failed" and record["exit"]["code"] == 7
-    assert stages_of(record) == [("load", "ok"), ("wait", "failed")]
+    record = auditor.load(tmp_path / "run")
+    assert record.exit.status == "failed" and record.exit.code == 7
+    assert stages_of(record.to_json()) == [("load", "ok"), ("wait", "failed")]
 
 
 def test_sigkill_mid_stage_loses_no_finished_stage_and_still_reports(tmp_path):
@@ -215,9 +216,9 @@ def test_memory_error_under_an_address_space_limit(tmp_path):
     assert result.returncode == fault.alone == 1
     assert "MemoryError" in result.stderr  # the script's own traceback, as python shows it
     assert_no_auditor_traceback(result.stderr)
-    record = auditor.load(tmp_path / "run").to_json()
-    assert stages_of(record) == [("load", "ok"), ("too big", "failed")]
-    assert record["exit"] == {"status": "failed", "code": 1, "error": "MemoryError"}
+    record = auditor.load(tmp_path / "run")
+    assert stages_of(record.to_json()) == [("load", "ok"), ("too big", "failed")]
+    assert record.exit.to_json() == {"status": "failed", "code": 1, "error": "MemoryError"}
 
 
 def memory_cgroup(limit: int) -> Path:
@@ -461,7 +462,7 @@ def test_runs_started_together_never_share_a_folder(tmp_path):
     assert len(folders) == 8
     for folder in folders:
         assert stages_of(auditor.load(folder).to_json()) == [("load", "ok")]
-        assert auditor.load(folder).to_json()["exit"]["status"] == "ok"
+        assert auditor.load(folder).exit.status == "ok"
 
 
 # -- every fault above, as benchmarks/reliability.py injects it -----------------------------

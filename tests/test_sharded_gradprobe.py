@@ -15,6 +15,7 @@ from architectures import build_model
 from auditor import load
 from auditor.analysis.ranks import merge_ranks
 from auditor.cli import main
+from auditor.record_schema import RunRecord
 from gradprobe import GradProbe, mask_digest
 from gradprobe.variants import ShardedGradProbe, make_pruner
 from gradprobe.variants.sharded import GatheredMasks
@@ -78,15 +79,15 @@ def _tokens():
 
 
 def test_each_rank_records_its_own_phases_and_holds_fewer_live_tensors(runs, tmp_path):
-    alone = load(runs["alone"]).to_json()
+    alone = load(runs["alone"])
     merged = merge_ranks(runs["2 ranks"])
     assert [(r["rank"], r["world_size"], r["backend"], r["finished"]) for r in merged["ranks"]] == [
         (0, 2, "gloo", True), (1, 2, "gloo", True)]
-    records = [load(runs["2 ranks"] / f"rank-{rank}").to_json() for rank in (0, 1)]
+    records = [load(runs["2 ranks"] / f"rank-{rank}") for rank in (0, 1)]
     for record in records:
-        staged = {s["call"]["target"] for s in record["stages"] if s.get("call")}
+        staged = {s.call.target for s in record.stages if s.call}
         assert staged == {f"ShardedGradProbe.{phase}" for phase in ShardedGradProbe.phases}
-        assert record["rank"]["source"] == "torch.distributed"
+        assert record.rank.source == "torch.distributed"
         # the prune's live-tensor peak on each rank is below the single process's: shards, not wholes
         assert _prune_live_peak(record) < _prune_live_peak(alone)
     assert main(["report", str(runs["2 ranks"]), "-o", str(tmp_path / "merged.md")]) == 0
@@ -94,26 +95,25 @@ def test_each_rank_records_its_own_phases_and_holds_fewer_live_tensors(runs, tmp
     assert "ShardedGradProbe.record_original_gradients" in text and "rank 1 live peak" in text
 
 
-def _prune_live_peak(record: dict) -> int:
-    return next(s for s in record["stages"] if s["path"] == "prune")["live_tensors"]["peak"]
+def _prune_live_peak(record: RunRecord) -> int:
+    return next(s for s in record.stages if s.path == "prune").live_tensors.peak
 
 
 def test_the_pruner_state_is_this_ranks_shard(runs):
     """The census of each rank holds its shard: about half the single process's weights, and its
     candidates as bits of about half the rows."""
-    alone = _state_bytes(load(runs["alone"]).to_json(), ".candidates")  # baseline: a bool per weight
+    alone = _state_bytes(load(runs["alone"]), ".candidates")  # baseline: a bool per weight
     for rank in (0, 1):
-        record = load(runs["2 ranks"] / f"rank-{rank}").to_json()
+        record = load(runs["2 ranks"] / f"rank-{rank}")
         assert 0 < _state_bytes(record, ".candidates") < alone / 8 * 0.6  # bits, of about half the rows
         # this rank's weights (its shards, which the pruner's `parameters` hold) against the whole model
-        assert 0 < _state_bytes(record, "parameters") < 0.6 * _state_bytes(load(runs["alone"]).to_json(),
-                                                                       "parameters")
+        assert 0 < _state_bytes(record, "parameters") < 0.6 * _state_bytes(load(runs["alone"]), "parameters")
 
 
-def _state_bytes(record: dict, component: str) -> int:
+def _state_bytes(record: RunRecord, component: str) -> int:
     """Bytes of the census component whose name ends with `component`, at the decide phase's end."""
-    decide = next(s for s in record["stages"] if s["path"].endswith(".decide"))
-    return sum(c["bytes"] for name, c in decide["components"].items() if name.endswith(component))
+    decide = next(s for s in record.stages if s.path.endswith(".decide"))
+    return sum(c.bytes for name, c in decide.components.items() if name.endswith(component))
 
 
 def test_alone_it_runs_unsharded_with_the_baselines_decisions(one_thread):

@@ -133,7 +133,8 @@ def run_audit(folder):
     return audit.record
 
 
-def trace_of(folder, record) -> dict:
+def trace_of(folder, record: dict) -> dict:
+    """The profiler trace a run record (as JSON: `Audit.record`, `.to_json()`) names."""
     return json.loads((folder / record["files"]["torch_profiler"]).read_text())
 
 
@@ -174,9 +175,9 @@ def test_auditor_run_torch_profiler(tmp_path, monkeypatch, capsys):
             torch.randn(16, 16).sum()
     """))
     assert main(["run", "--torch-profiler", "--out", "out", "job.py"]) == 0
-    record = auditor.load(tmp_path / "out").to_json()
-    assert record["probes"]["torch_profiler"]["state"] == "on"
-    assert [r["name"] for r in ranges(trace_of(tmp_path / "out", record))] == ["work"]
+    record = auditor.load(tmp_path / "out")
+    assert record.probes["torch_profiler"].state == "on"
+    assert [r["name"] for r in ranges(trace_of(tmp_path / "out", record.to_json()))] == ["work"]
     assert "tensorboard --logdir out/profiler" in capsys.readouterr().err
 
 
