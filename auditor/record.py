@@ -378,7 +378,7 @@ def load(path: str | os.PathLike, from_events: bool = False) -> RunRecord:
     if (path.is_dir() or path.name == RUN_FILE) and not (folder / RUN_FILE).exists() \
             and (folder / EVENTS_FILE).exists():
         if from_events:
-            return with_derived(validate(assembled(folder), f"event log of {str(folder)!r}"), folder)
+            return with_derived(validate(assembled(folder), log_of(folder)), folder)
         raise RunRecordError(_no_run_json(folder))
     if path.is_dir():
         path = path / RUN_FILE
@@ -434,9 +434,15 @@ def _no_run_json(folder: Path) -> str:
             f"writes {RUN_FILE}")
 
 
+def log_of(folder: str | os.PathLike) -> str:
+    """How errors name a run folder's event log."""
+    return f"event log of {str(folder)!r}"
+
+
 def assembled(folder: str | os.PathLike) -> dict:
     """The record of a run folder assembled from its event log (the JSON run.json would hold),
-    validated; nothing written."""
+    its faults as one-line RunRecordErrors; nothing written. Not yet validated: `validate(record,
+    log_of(folder))` checks it and gives it typed, once."""
     folder = Path(folder)
     events = read_events(folder)
     try:
@@ -444,9 +450,8 @@ def assembled(folder: str | os.PathLike) -> dict:
     except RunRecordError as error:
         raise RunRecordError(f"{str(folder / EVENTS_FILE)!r}: {error}") from None
     except (KeyError, TypeError, AttributeError) as error:  # an event missing its fields
-        raise RunRecordError(f"event log of {str(folder)!r} is malformed "
+        raise RunRecordError(f"{log_of(folder)} is malformed "
                              f"({type(error).__name__}: {error})") from None
-    validate(record, f"event log of {str(folder)!r}")
     return record
 
 

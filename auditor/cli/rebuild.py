@@ -31,8 +31,8 @@ def register(subparsers) -> None:
 
 
 def main(args) -> int:
-    from auditor.record import EVENTS_FILE, RUN_FILE, RunRecordError, assembled, write_json_atomically
-    from auditor.record_schema import RunRecord
+    from auditor.record import (EVENTS_FILE, RUN_FILE, RunRecordError, assembled, log_of, validate,
+                                write_json_atomically)
     folder = Path(args.folder)
     if not folder.is_dir():
         what = "is not a folder" if folder.exists() else "does not exist"
@@ -47,7 +47,7 @@ def main(args) -> int:
         raise UsageError(f"cannot write {str(out)!r}: folder {args.folder!r} is not writable")
     try:
         written = assembled(folder)  # the JSON run.json holds
-        record = RunRecord.from_json(written, f"event log of {str(folder)!r}")
+        record = validate(written, log_of(folder))
     except RunRecordError as error:
         raise UsageError(str(error)) from None
     try:
