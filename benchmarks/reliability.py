@@ -1,7 +1,8 @@
 """Reliability under bad input and injected faults, measured: every bad-input row and every
 fault the test suite defines, run for real and counted rather than asserted.
 
-    .venv/bin/python benchmarks/reliability.py -o reports/reliability.md
+    .venv/bin/python benchmarks/reliability.py -o reports/reliability.md   # and reports/reliability.json
+    .venv/bin/python benchmarks/reliability.py --from reports/reliability.json -o reports/reliability.md
 
 1. Bad input: every row of every parametrized table in tests/test_bad_input.py (the tables and
    the command line each row makes are the test module's own: each test function runs with its
@@ -38,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,6 +50,7 @@ import test_bad_input as bad_input  # noqa: E402
 import test_faults as faults  # noqa: E402
 
 import auditor  # noqa: E402
+import benchmark_record  # noqa: E402  (beside this script)
 
 COMMAND = ".venv/bin/python benchmarks/reliability.py -o reports/reliability.md"
 
@@ -243,7 +245,7 @@ def measure(injected, scratch: Path, index: int) -> FaultRun:
                                              f"{injected.ran - len(injected.finished)}"
     return FaultRun(injected.alone, injected.status, len(injected.finished), len(injected.finished) - len(lost),
                     lost, after, auditor_traceback(injected), record_says, renders,
-                    injected.result.stderr[-1500:])
+                    clean(injected.result.stderr[-1500:], scratch))
 
 
 def inject_all() -> list[Fault]:
@@ -361,29 +363,74 @@ def failures_section(rows: list[Row], results: list[Fault]) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-o", "--output", help="write the markdown report here (default: terminal only)")
+    parser.add_argument("-o", "--output", help="write the markdown report here, and its record beside it "
+                                               "(REPORT.json; default: terminal only)")
+    parser.add_argument("--from", dest="record", metavar="RECORD",
+                        help="make the report again from a record this script wrote, measuring nothing")
     args = parser.parse_args()
     if args.output and not Path(args.output).resolve().parent.is_dir():
         parser.error(f"-o {args.output}: its folder does not exist")
+    record = benchmark_record.read(args.record) if args.record else measure_everything()
+    rows, results = rows_of(record), faults_of(record)
+    bad_table, bad_total = bad_input_table(rows)
+    totals, also = summary(results, bad_total)
+    print("\nTotals:")
+    for what, value, target, met in totals:
+        print(f"  {what:<46} {value:<28} target {target:<5} {'met' if met else 'MISSED'}")
+    for line in also:
+        print(f"  {line}")
+    failures = failures_section(rows, results)
+    if failures:
+        print("\nNot as expected:\n" + "\n".join(failures))
+    print(f"wall time {record['wall_s']:.0f} s")
+    if args.output:
+        Path(args.output).write_text(report(bad_table, results, totals, also, failures, record))
+        if not args.record:
+            benchmark_record.write(benchmark_record.beside(args.output), record)
+        print(f"wrote {args.output}")
+    return 0 if all(met for *_, met in totals) else 1
+
+
+def measure_everything() -> dict:
+    """Both parts run for real: the record the report is made from (machine paths cleaned out)."""
     began = time.perf_counter()
     load_before = os.getloadavg()
     print(f"{machine()}; {revision()}; load average {load_before[0]:.2f}", flush=True)
-
     print("1. Bad input (tests/test_bad_input.py), one real process per row:", flush=True)
     rows = bad_input_rows()
-    bad_table, bad_total = bad_input_table(rows)
     print("2. Faults (tests/test_faults.py FAULTS), alone and under `auditor run`:", flush=True)
     results = inject_all()
+    for row in rows:
+        if row.attempt:
+            row.attempt.stdout = clean(row.attempt.stdout, row.folder_name)
+            row.attempt.stderr = clean(row.attempt.stderr, row.folder_name)
+        row.folder_name = ""
+    return {"command": COMMAND, "machine": machine(), "revision": revision(),
+            "load_average": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+            "wall_s": time.perf_counter() - began,
+            "bad_input": [asdict(row) for row in rows], "faults": [asdict(fault) for fault in results]}
+
+
+def rows_of(record: dict) -> list[Row]:
+    rows = []
+    for row in record["bad_input"]:
+        attempt = bad_input.Attempt(**row["attempt"]) if row["attempt"] else None
+        rows.append(Row(**{**row, "attempt": attempt}))
+    return rows
+
+
+def faults_of(record: dict) -> list[Fault]:
+    return [Fault(**{**fault, "runs": [FaultRun(**run) for run in fault["runs"]]}) for fault in record["faults"]]
+
+
+def summary(results: list[Fault], bad_total: dict) -> tuple[list, list[str]]:
+    """The targets, measured, and the other counts printed under them."""
     measured = [f for f in results if not (f.skipped or f.error)]
     runs = [r for f in measured for r in f.runs]
     expected = sum(r.expected for r in runs)
     lost = sum(len(r.lost) for r in runs)
     preserved = sum(r.alone == r.status for r in runs)
-    auditor_tracebacks = sum(r.auditor_traceback for r in runs)
-    renders = sum(r.renders for r in runs)
     errors = [f for f in results if f.error]
-    wall = time.perf_counter() - began
-
     totals = [
         ("finished stages lost", f"{lost} of {expected}", "0", lost == 0 and not errors),
         ("tracebacks on bad input", f"{bad_total['tb']} in {bad_total['tried']} inputs", "0", bad_total["tb"] == 0),
@@ -397,28 +444,14 @@ def main() -> int:
             f"slowest {max(bad_total['times']):.2f} s (limit {bad_input.LIMIT_S} s), "
             f"{bad_total['skipped']} rows skipped",
             f"faults: {len(results)} defined, {len(measured)} injected ({len(runs)} audited runs), "
-            f"{len(skipped)} skipped, {len(errors)} not measured; auditor tracebacks {auditor_tracebacks}; "
-            f"`auditor report` rendered {renders}/{len(runs)} folders"]
-
-    print("\nTotals:")
-    for what, value, target, met in totals:
-        print(f"  {what:<46} {value:<28} target {target:<5} {'met' if met else 'MISSED'}")
-    for line in also:
-        print(f"  {line}")
-    failures = failures_section(rows, results)
-    if failures:
-        print("\nNot as expected:\n" + "\n".join(failures))
-    print(f"wall time {wall:.0f} s")
-
-    if args.output:
-        text = report(bad_table, results, totals, also, failures, wall, load_before)
-        Path(args.output).write_text(text)
-        print(f"wrote {args.output}")
-    return 0 if all(met for *_, met in totals) else 1
+            f"{len(skipped)} skipped, {len(errors)} not measured; auditor tracebacks "
+            f"{sum(r.auditor_traceback for r in runs)}; "
+            f"`auditor report` rendered {sum(r.renders for r in runs)}/{len(runs)} folders"]
+    return totals, also
 
 
-def report(bad_table: str, results: list[Fault], totals, also, failures, wall: float, load_before) -> str:
-    load_after = os.getloadavg()
+def report(bad_table: str, results: list[Fault], totals, also, failures, record: dict) -> str:
+    load_before, load_after = record["load_average"]
     tables_used = ", ".join(f"`{name}`" for name, _, _ in tables(bad_input))
     total_lines = [f"| {what} | {value} | {target} | {'met' if met else '**missed**'} |"
                    for what, value, target, met in totals]
@@ -435,8 +468,8 @@ def report(bad_table: str, results: list[Fault], totals, also, failures, wall: f
         COMMAND,
         "```",
         "",
-        f"Machine: {machine()}. {revision().capitalize()}. Load average {load_before[0]:.2f} before, "
-        f"{load_after[0]:.2f} after; the script took {wall:.0f} s.",
+        f"Machine: {record['machine']}. {record['revision'].capitalize()}. Load average {load_before:.2f} "
+        f"before, {load_after:.2f} after; the script took {record['wall_s']:.0f} s.",
         "",
         "## Totals",
         "",
