@@ -6,6 +6,7 @@ paths: each benchmark cleans its outputs before they go in.
     path = benchmark_record.beside(report)          # reports/x.md -> reports/x.json
     benchmark_record.write(path, {"command": ..., ...})
     record = benchmark_record.read(path)            # one-line error for a file that is not one
+    text = benchmark_record.fill("reports/x.md", {"table": ...})  # a hand-written report's measured blocks
 """
 from __future__ import annotations
 
@@ -32,3 +33,21 @@ def read(path: str | Path) -> dict:
     if not isinstance(record, dict):
         raise SystemExit(f"--from {path}: not a benchmark record (a JSON object is expected)")
     return record
+
+
+def fill(report: str | Path, blocks: dict[str, str]) -> str:
+    """A hand-written report with its measured parts made from the record: each block between
+    `<!-- begin NAME: made from its record -->` and `<!-- end NAME -->` is replaced by
+    `blocks[NAME]`, the prose around them kept. A report without such blocks is refused: the
+    record cannot say where its figures go. A report not yet written gets the blocks alone."""
+    if not Path(report).exists():  # a new report: the blocks alone, ready for prose around them
+        return "\n".join(f"<!-- begin {name}: made from its record -->\n{body.rstrip()}\n<!-- end {name} -->\n"
+                         for name, body in blocks.items())
+    text = Path(report).read_text()
+    for name, body in blocks.items():
+        begin, end = f"<!-- begin {name}: made from its record -->\n", f"<!-- end {name} -->"
+        if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+            raise SystemExit(f"{report}: no block '{name}' to fill (write {begin.strip()} ... {end} where it goes)")
+        head, rest = text.split(begin)
+        text = head + begin + body.rstrip("\n") + "\n" + end + rest.split(end, 1)[1]
+    return text

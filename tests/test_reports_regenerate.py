@@ -2,6 +2,7 @@
 alone, byte for byte, in a fresh copy of the tracked files (as a fresh clone would)."""
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,9 @@ RENDERED = {  # report -> (the benchmark script's arguments that render it again
                                          "reports/projection-validation-matrix.json"],
                                         "reports/projection-validation-matrix.json"),
     "reliability.md": (["benchmarks/reliability.py", "--from", "reports/reliability.json"], "reports/reliability.json"),
+}
+FILLED = {  # hand-written report -> (the script's arguments that fill its measured blocks, the records they read)
+    "multi-rank-cpu.md": (["benchmarks/multi_rank_cpu.py"], ["reports/multi-rank-cpu-runs"]),
 }
 
 
@@ -97,3 +101,18 @@ def test_every_committed_run_json_is_its_event_log_assembled():
     assert len(folders) >= 30
     for folder in folders:
         assert rebuild(ROOT / folder, write=False) == json.loads((ROOT / folder / "run.json").read_text()), folder
+
+
+@pytest.mark.parametrize("report", sorted(FILLED))
+def test_the_measured_blocks_of_a_hand_written_report_are_made_again_from_its_records(report, tmp_path, monkeypatch):
+    """The prose is copied as it is; every block the script fills must come out as committed."""
+    (script, *arguments), records = FILLED[report]
+    _fresh_copy([f"reports/{report}", *records], tmp_path, monkeypatch)
+    text = (tmp_path / "reports" / report).read_text()
+    assert "<!-- begin " in text, "a report the script fills marks its blocks"
+    emptied = re.sub(r"(<!-- begin [^>]*-->\n).*?(<!-- end )", r"\1\2", text, flags=re.S)
+    (tmp_path / "reports" / report).write_text(emptied)  # what the blocks hold comes from the records alone
+    done = subprocess.run([sys.executable, str(ROOT / script), *arguments, "-o", f"reports/{report}"],
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "reports" / report).read_text() == (ROOT / "reports" / report).read_text()
