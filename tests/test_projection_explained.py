@@ -11,11 +11,12 @@ from __future__ import annotations
 import architectures
 from auditor.analysis.drivers import shape_of
 from auditor.analysis.projection import project
+from auditor.analysis.projection_side_by_side import side_by_side
 from auditor.jobs.calibration import perturbations
 from auditor.jobs.gradprobe import Settings
 from auditor.record_schema import RunRecord
 from auditor.renderers.markdown import render
-from auditor.renderers.projection_markdown import projection_sections
+from auditor.renderers.projection_markdown import sections as projection_sections
 
 SMALL = dict(layers=2, hidden=64, vocab=256, heads=4, kv_heads=2, intermediate=128)
 TOKENS = 32
@@ -91,7 +92,7 @@ def test_a_hessian_no_driver_explains_is_not_printed_as_a_number():
     at_peak = text.split("### Components at the peak stage", 1)[1].split("\n## ", 1)[0]
     rows = [line.split(" | ") for line in at_peak.splitlines() if line.startswith("| `pruner.hessians`")]
     assert [row[4] for row in rows] == ["not explained by its drivers (miss 60.4 KiB): see traced"]
-    side = projection_sections(record).split("## Projection to mistral-7b (scaled)", 1)[1].split("\n## ", 1)[0]
+    side = projection_sections(side_by_side(record)).split("## Projection to mistral-7b (scaled)", 1)[1].split("\n## ", 1)[0]
     for name in ("| `pruner.hessians` |", "| prune |"):
         row = next(line for line in side.splitlines() if line.startswith(name))
         assert "not explained by its drivers (miss 60.4 KiB): see traced" in row and "GiB" not in row

@@ -163,10 +163,11 @@ def test_image_links_work_for_report_names_with_spaces(run_folder, tmp_path):
 
 @pytest.mark.parametrize("name", ["x" * 300, "W" * 200, " ".join(["MMMMMMMMMM"] * 30)])
 def test_the_timeline_title_and_labels_stay_inside_the_figure(run_folder, name):
+    from auditor.analysis.run_report import run_report
     from auditor.renderers.timeline_plot import draw
     record = auditor.load(run_folder)
     record.name = name
-    figure = draw(record)
+    figure = draw(run_report(record))
     figure.canvas.draw()
     renderer, box = figure.canvas.get_renderer(), figure.bbox
     axes = figure.axes[0]

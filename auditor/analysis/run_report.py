@@ -4,14 +4,12 @@
     report.summary.peak_rss, report.stages.lines, report.findings.found, ...
 
 One object per section, in the report's order: banner (how the run ended), summary, stages,
-components, projections, allocation sites, findings, theoretical minimum, environment. Each
-holds numbers, names, the record's own parts and analysis results (`StageRow`s, `Finding`s,
-`ProjectionView`s...), never markdown: auditor.renderers.markdown only formats it, so every
-analysis call the report needs is made here.
-
-The timeline and components PNGs are drawn from the record by their own renderers
-(auditor.renderers.timeline_plot, components_plot); where the report is written (its links,
-the flamegraph's) is the renderer's business too.
+components, projections, timeline, allocation sites, findings, theoretical minimum, environment.
+Each holds numbers, names, the record's own parts and analysis results (`StageRow`s, `Finding`s,
+`ProjectionView`s...), never markdown: auditor.renderers.markdown only formats it, and the
+timeline and components PNGs are drawn from it (auditor.renderers.timeline_plot,
+components_plot), so every analysis call the report needs is made here. Where the report is
+written (its links, the flamegraph's) is the renderers' business.
 """
 from __future__ import annotations
 
@@ -20,7 +18,7 @@ from typing import Literal
 
 from auditor import record_schema
 from auditor.allocation_sites import passes_through
-from auditor.analysis import source_paths, stage_groups, unstaged
+from auditor.analysis import source_paths, stage_groups, timeline, unstaged
 from auditor.analysis.component_history import ComponentHistory, history
 from auditor.analysis.components import (Attribution, ProjectedStage, ProjectionView, at_peak_categories,
                                          attribute, census_before, census_order, final_stage, is_traced,
@@ -142,6 +140,7 @@ class StageCensus:
 class Components:
     census_ends: int                      # stage ends with a census; 0: the record has none
     over_the_run: list[ComponentHistory]  # largest first
+    run_s: float | None                   # the audited time: the plot holds the last census to it
     unstaged_peak: UnstagedPeak | None
     live_highs: list[LiveHigh]
     peak_stage: Stage | None
@@ -150,6 +149,14 @@ class Components:
     @property
     def has_census(self) -> bool:
         return self.census_ends > 0
+
+
+@dataclass
+class Timeline:
+    """The run's memory over time, for its plot: the stages' readings with the unstaged
+    intervals' joined (auditor.analysis.timeline, unstaged.on_timeline)."""
+    line: timeline.Timeline
+    unstaged_peaks: list[timeline.Peak]   # intervals' peaks above both their ends, at their middle
 
 
 @dataclass
@@ -215,6 +222,7 @@ class RunReport:
     stages: Stages
     components: Components
     projections: list[SideBySide]
+    timeline: Timeline
     sites: Sites
     findings: Findings
     minimum: Minimum
@@ -233,7 +241,7 @@ def run_report(record: RunRecord) -> RunReport:
     return RunReport(
         banner=_banner(record), summary=_summary(record, place, views, found, time),
         stages=_stages(record, time), components=_components(record, place, views),
-        projections=side_by_side(record), sites=sites(record),
+        projections=side_by_side(record), timeline=_timeline(record), sites=sites(record),
         findings=_findings(record, found, outcomes), minimum=_minimum(record), environment=environment(record))
 
 
@@ -300,7 +308,7 @@ def _components(record: RunRecord, place: PeakPlace, views: list[ProjectionView]
     ends = census_order(record)
     holder = peak_stage(record)
     return Components(
-        census_ends=len(ends), over_the_run=history(record) if ends else [],
+        census_ends=len(ends), over_the_run=history(record) if ends else [], run_s=record.duration_s,
         unstaged_peak=_unstaged_peak(record, place) if place.kind == "unstaged" else None,
         live_highs=_live_highs(record, place), peak_stage=holder,
         censuses=_censuses(record, holder, views) if ends and holder is not None else [])
@@ -353,6 +361,11 @@ def _censuses(record: RunRecord, holder: Stage, views: list[ProjectionView]) -> 
     if last is not None and last is not holder:
         found.append(census("at the last stage", last))
     return found
+
+
+def _timeline(record: RunRecord) -> Timeline:
+    line = timeline.timeline(record)
+    return Timeline(line, unstaged.on_timeline(record, line))  # which also joins the intervals' readings
 
 
 def sites(record: RunRecord) -> Sites:

@@ -2,25 +2,26 @@
 
 The largest components (by the most each held at once) are stacked in time order, the rest
 summed into one band, so the top edge is the census total at each stage end. Steps hold a
-value from one stage end to the next: the census is taken only at stage ends. Drawn on a bare
-matplotlib Figure with an Agg canvas, as the timeline is (no pyplot, no backend switch).
+value from one stage end to the next: the census is taken only at stage ends. Drawn from the
+run report's model (its `components`, auditor.analysis.run_report) on a bare matplotlib Figure
+with an Agg canvas, as the timeline is (no pyplot, no backend switch).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from auditor import units
-from auditor.analysis.component_history import ComponentHistory, history
-from auditor.record_schema import RunRecord
+from auditor.analysis.component_history import ComponentHistory
+from auditor.analysis.run_report import RunReport
 
 TOP = 8
 COLOURS = ("#1f4e9c", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457", "#827717")
 REST_COLOUR = "#bdbdbd"
 
 
-def write_png(record: RunRecord, path: str | Path) -> Path | None:
-    """Draw the record's component timeline into `path`; None (nothing written) without a census."""
-    figure = draw(record)
+def write_png(report: RunReport, path: str | Path) -> Path | None:
+    """Draw the report's component timeline into `path`; None (nothing written) without a census."""
+    figure = draw(report)
     if figure is None:
         return None
     path = Path(path)
@@ -28,12 +29,12 @@ def write_png(record: RunRecord, path: str | Path) -> Path | None:
     return path
 
 
-def draw(record: RunRecord):
+def draw(report: RunReport):
     """The figure, or None when the record has no census at any stage end."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    items = history(record)
+    items = report.components.over_the_run
     if not items:
         return None
     times = [t for t, _ in items[0].series]
@@ -51,7 +52,7 @@ def draw(record: RunRecord):
     figure = Figure(figsize=(11, 4.8), dpi=110, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    end = max(record.duration_s or 0, times[-1] + 1e-3)  # the last census holds to the end
+    end = max(report.components.run_s or 0, times[-1] + 1e-3)  # the last census holds to the end
     times = times + [end]
     bands = [b + b[-1:] for b in bands]
     axes.stackplot(times, *bands, labels=labels, colors=colours, step="post", alpha=0.85, lw=0)
@@ -59,7 +60,7 @@ def draw(record: RunRecord):
     axes.set_ylim(0, peak / scale * 1.12 or 1)
     axes.set_xlabel("seconds since the audit began (a census at each stage end)")
     axes.set_ylabel(unit)
-    axes.set_title(f"{record.name}: components at each stage end "
+    axes.set_title(f"{report.summary.name}: components at each stage end "
                    f"(largest {len(top)}, folded over instances)", fontsize=10)
     axes.grid(axis="y", lw=0.4, alpha=0.6)
     axes.legend(loc="upper left", fontsize=7, framealpha=0.85)

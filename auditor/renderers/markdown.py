@@ -12,7 +12,8 @@ environment.
 What the report says is computed once, by auditor.analysis.run_report (`run_report(record)`,
 one object per section); this module only formats it, section by section. Everything comes
 from the run record; the only files read are the ones it names (the flamegraph is linked, not
-read), and the PNGs are drawn by their own renderers (timeline_plot, components_plot).
+read), and the PNGs are drawn from the same model by their own renderers (timeline_plot,
+components_plot).
 """
 from __future__ import annotations
 
@@ -44,8 +45,7 @@ def write_report(record: RunRecord, out: str | os.PathLike, run_folder: str | os
     over the run when the record has a census); returns `out`.
 
     `run_folder` is where the record's own files (flamegraph) live, for relative links."""
-    from auditor.renderers import components_plot
-    from auditor.renderers.timeline_plot import write_png
+    from auditor.renderers import components_plot, timeline_plot
     out = Path(out)
     plot = out.with_name(out.stem + "-timeline.png")
     parts = out.with_name(out.stem + "-components.png")
@@ -55,9 +55,9 @@ def write_report(record: RunRecord, out: str | os.PathLike, run_folder: str | os
                          run_folder=Path(run_folder) if run_folder is not None else None,  # renderer
                          components_plot=parts.name if has_census else None)  # refuses leaves no PNG
     try:
-        write_png(record, plot)
+        timeline_plot.write_png(report, plot)
         if has_census:
-            components_plot.write_png(record, parts)
+            components_plot.write_png(report, parts)
         out.write_text(text, encoding="utf-8")
     except BaseException:
         plot.unlink(missing_ok=True)
@@ -541,6 +541,12 @@ def sites_section(record: RunRecord, report_folder: Path | None, run_folder: Pat
     return _sites(model.sites(record), report_folder, run_folder, head)
 
 
+def format_sites(sites: model.Sites, report_folder: Path | None, run_folder: Path | None,
+                 head: str = "## Top allocation sites at the peak") -> str:
+    """The sites section of a model already computed (the training-step report has one per configuration)."""
+    return _sites(sites, report_folder, run_folder, head)
+
+
 def _sites(sites: model.Sites, report_folder: Path | None, run_folder: Path | None,
            head: str = "## Top allocation sites at the peak") -> str:
     memray, probe = sites.memray, sites.probe
@@ -710,6 +716,11 @@ def _minimum(minimum: model.Minimum) -> str:
 
 def environment_section(record: RunRecord, head: str = "## Environment") -> str:
     return _environment(model.environment(record), head)
+
+
+def format_environment(environment: model.Environment, head: str = "## Environment") -> str:
+    """The environment section of a model already computed (the training-step report shows its first configuration's)."""
+    return _environment(environment, head)
 
 
 def _environment(environment: model.Environment, head: str = "## Environment") -> str:

@@ -1,10 +1,10 @@
 """The report's projection sections: audited scale and each target side by side, per stage and
-per component (auditor.analysis.projection_side_by_side makes the rows)."""
+per component (auditor.analysis.projection_side_by_side makes the rows, for the run report's
+model: its `projections`)."""
 from __future__ import annotations
 
 from auditor import units
-from auditor.analysis.projection_side_by_side import SideBySide, side_by_side
-from auditor.record_schema import RunRecord
+from auditor.analysis.projection_side_by_side import SideBySide
 from auditor.renderers import markdown_text as md
 
 MOST_COMPONENTS = 20
@@ -15,10 +15,6 @@ _HOW = {
     "scaled": "each audited component grown by what drives it (parameters, activations...), "
               "fitted on traced calibration runs where the record has them",
 }
-
-
-def projection_sections(record: RunRecord) -> str:
-    return sections(side_by_side(record))
 
 
 def sections(sides: list[SideBySide]) -> str:

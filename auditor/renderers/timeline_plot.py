@@ -3,8 +3,9 @@
 RSS readings at stage boundaries and marks joined by a line, each stage's peak drawn inside
 the stage (see `auditor.analysis.timeline`), the peaks of unstaged intervals (time no stage
 covers) at their middle, memray's RSS snapshots and the live-tensor meter when the record has
-them, top-level stages shaded as labelled spans. Drawn on a bare
-matplotlib Figure with an Agg canvas: no pyplot, no global backend switch.
+them, top-level stages shaded as labelled spans. Drawn from the run report's model (its
+`timeline`, auditor.analysis.run_report) on a bare matplotlib Figure with an Agg canvas: no
+pyplot, no global backend switch.
 """
 from __future__ import annotations
 
@@ -12,9 +13,7 @@ import textwrap
 from pathlib import Path
 
 from auditor import units
-from auditor.analysis import unstaged
-from auditor.analysis.timeline import timeline
-from auditor.record_schema import RunRecord
+from auditor.analysis.run_report import RunReport
 
 SPAN_COLOURS = ("#dbe9f6", "#fbe5d0")
 FAILED_COLOUR = "#f4c7c3"
@@ -24,20 +23,19 @@ MIN_LABEL_WIDTH = 0.005  # ... when there are more, only those at least this sha
 TITLE_CHARS, TITLE_LINES = 110, 3  # a line of the 10 pt title, first guess for the 11 in figure
 
 
-def write_png(record: RunRecord, path: str | Path) -> Path:
-    """Draw the record's timeline into `path` (a .png); returns the path."""
+def write_png(report: RunReport, path: str | Path) -> Path:
+    """Draw the report's timeline into `path` (a .png); returns the path."""
     path = Path(path)
-    draw(record).savefig(path, format="png")
+    draw(report).savefig(path, format="png")
     return path
 
 
-def draw(record: RunRecord):
+def draw(report: RunReport):
     """The timeline as a matplotlib Figure (Agg canvas), every label inside the figure."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure  # a bare Figure: no pyplot state, no backend switch
 
-    line = timeline(record)
-    gaps = unstaged.on_timeline(record, line)
+    line, gaps = report.timeline.line, report.timeline.unstaged_peaks
     peak = max([v for _, v in line.rss] + [v for _, v in line.memray] + [v for _, v in line.live_tensors] + [1])
     unit, scale = ("GiB", units.GiB) if peak >= 10 * units.GiB else ("MiB", units.MiB)
 
@@ -86,7 +84,7 @@ def draw(record: RunRecord):
     axes.set_ylim(0, peak / scale * 1.12)
     axes.set_xlabel("seconds since the audit began (census time excluded)")
     axes.set_ylabel(unit)
-    _fit_title(figure, axes, f"{record.name}: memory over time")
+    _fit_title(figure, axes, f"{report.summary.name}: memory over time")
     axes.grid(axis="y", lw=0.4, alpha=0.6)
     axes.legend(loc="best", fontsize=7, framealpha=0.85)
     return figure
