@@ -1,6 +1,7 @@
 """The training-step report: the sweep table with its commentary and a components chart
 (train_step_chart), then one section per configuration (components, activation calculator, one step against many, leak/spike/stable,
-largest allocations). Everything comes from the run records (auditor.analysis.training).
+largest allocations). What it says is computed once from the run records by
+auditor.analysis.train_step_report (`train_step_report(records)`); this module only formats it.
 
     write_report(records, "reports/train-step-tinystories-33m.md", command="auditor train-step ...")
 """
@@ -11,22 +12,23 @@ from pathlib import Path
 from urllib.parse import quote
 
 from auditor import units
-from auditor.analysis import training
+from auditor.analysis import train_step_report as model
+from auditor.analysis.train_step_report import MEASURES, TrainStepReport, train_step_report
 from auditor.record_schema import RunRecord
 from auditor.renderers import markdown_text as md
-from auditor.renderers.markdown import environment_section, sites_section
-
-MEASURES = tuple(training.MEASURES.items())
+from auditor.renderers.markdown import format_environment, format_sites
 
 
 def write_report(records: list[tuple[RunRecord, Path]], out: str | os.PathLike, *, command: str) -> Path:
     """`records`: (run record, its run folder) per configuration, in sweep order."""
     from auditor.renderers.train_step_chart import write_png
     out = Path(out)
+    report = train_step_report([record for record, _ in records])
+    folders = [folder for _, folder in records]
     chart = None
-    if any(training.step_numbers(record) for record, _ in records):  # no step finished: no bars
-        chart = write_png([record for record, _ in records], out.with_name(out.stem + "-components.png")).name
-    out.write_text(render(records, command=command, report_folder=out.parent, chart=chart),
+    if any(c.study is not None for c in report.configurations):  # no step finished: no bars
+        chart = write_png(report, out.with_name(out.stem + "-components.png")).name
+    out.write_text(format_report(report, folders, command=command, report_folder=out.parent, chart=chart),
                    encoding="utf-8")
     return out
 
@@ -34,163 +36,149 @@ def write_report(records: list[tuple[RunRecord, Path]], out: str | os.PathLike, 
 def render(records: list[tuple[RunRecord, Path]], *, command: str, report_folder: Path | None = None,
            chart: str | None = None) -> str:
     """The report's markdown; `chart`: the components PNG's path relative to the report."""
-    only = [record for record, _ in records]
-    architectures = ", ".join(dict.fromkeys(_settings(r)["architecture"] for r in only))
-    parts = [f"# Training-step memory: {md.text(architectures)}", _intro(only, command),
-             _sweep(only), f"![components against the measured peaks]({quote(chart)})" if chart else ""]
-    for record, folder in records:
-        parts.append(_configuration(record, folder, report_folder))
-    parts.append(environment_section(only[0], head="## Environment (first configuration)"))
+    report = train_step_report([record for record, _ in records])
+    return format_report(report, [folder for _, folder in records], command=command,
+                         report_folder=report_folder, chart=chart)
+
+
+def format_report(report: TrainStepReport, folders: list[Path], *, command: str,
+                  report_folder: Path | None = None, chart: str | None = None) -> str:
+    """The markdown of a report already computed; `folders`: each configuration's run folder."""
+    parts = [f"# Training-step memory: {md.text(', '.join(report.architectures))}",
+             _intro(report.intro, command), _sweep(report.sweep),
+             f"![components against the measured peaks]({quote(chart)})" if chart else ""]
+    for configuration, folder in zip(report.configurations, folders):
+        parts.append(_configuration(configuration, folder, report_folder))
+    parts.append(format_environment(report.environment, head="## Environment (first configuration)"))
     return "\n\n".join(p for p in parts if p).rstrip() + "\n"
 
 
-def _settings(record: RunRecord) -> dict:
-    """The configuration the train-step job ran (its `workload` annotation)."""
-    return record.annotations["workload"]["settings"]
-
-
-def _intro(records: list[RunRecord], command: str) -> str:
+def _intro(intro: model.Intro, command: str) -> str:
     """`command`: what made the report, unless the records name the sweep they all came from
     (then the report made again from them reads the same)."""
-    s = _settings(records[0])
-    sweeps = {r.annotations["workload"].get("sweep_command") for r in records}
-    if len(sweeps) == 1 and None not in sweeps:
-        command = sweeps.pop()
+    command = intro.sweep_command or command
     return (f"Produced by {md.code(command)}: each configuration ran in a fresh process on "
-            f"{md.text(records[0].device)}, batch {s['batch_size']}, "
-            f"{s['accumulation']} micro-batch(es) per step, {s['steps']} steps, optimizer "
-            f"{md.code(s['optimizer'])}, synthetic tokens (seed {s['seed']}). Live tensors are counted "
+            f"{md.text(intro.device)}, batch {intro.batch_size}, "
+            f"{intro.accumulation} micro-batch(es) per step, {intro.steps} steps, optimizer "
+            f"{md.code(intro.optimizer)}, synthetic tokens (seed {intro.seed}). Live tensors are counted "
             f"storage by storage (exact); peak RSS is the per-stage kernel high-water mark; "
             f"`forward only` is one micro-batch without autograd (inference).")
 
 
-def _sweep(records: list[RunRecord]) -> str:
-    rows = training.sweep_rows(records)
-    measures = [(k, label) for k, label in MEASURES if any(r.get(f"step_{k}") for r in rows)]
+def _sweep(sweep: model.Sweep) -> str:
+    rows = sweep.rows
+    measures = [(k, label) for k, label in MEASURES.items() if any(r.step.get(k) for r in rows)]
     headers = ["architecture", "sequence", "precision"]
     for _, label in measures:
         headers += [f"forward only: peak {label}", f"full step: peak {label}"]
     headers += ["saved activations", "full step / forward only"]
     table = []
-    for r, record in zip(rows, records):
-        cells = [md.text(r["architecture"]), str(r["sequence_length"]), md.text(r["precision"])]
+    for r in rows:
+        cells = [md.text(r.architecture), str(r.sequence_length), md.text(r.precision)]
         for key, _ in measures:
-            cells += [units.size(r.get(f"forward_{key}")), units.size(r.get(f"step_{key}"))]
-        cells += [units.size(r["saved_activations"]),
-                  units.ratio(r.get("step_live_tensors"), r.get("forward_live_tensors"))]
-        if not r["complete"]:
-            cells[2] += f" ({md.text(_ending(record))})"
+            cells += [units.size(r.forward.get(key)), units.size(r.step.get(key))]
+        cells += [units.size(r.saved_activations),
+                  units.ratio(r.step.get("live_tensors"), r.forward.get("live_tensors"))]
+        if r.ending is not None:
+            cells[2] += f" ({md.text(r.ending)})"
         table.append(cells)
     right = set(range(3, len(headers)))
-    commentary = training.sweep_commentary(rows)
-    text = "\n".join(f"- {md.text(line)}" for line in commentary) or "- One configuration: nothing to compare."
+    text = "\n".join(f"- {md.text(line)}" for line in sweep.commentary) or "- One configuration: nothing to compare."
     return ("## Peak memory: forward only against the full step\n\n"
             + md.table(headers, table, right) + "\n\n" + text)
 
 
-def _configuration(record: RunRecord, folder: Path, report_folder: Path | None) -> str:
-    s = _settings(record)
-    result = training.study(record)
-    head = f"## {md.text(s['architecture'])}, sequence {s['sequence_length']}, {md.text(s['precision'])}"
-    unfinished = None if result["complete"] else _unfinished(record)
-    if not result.get("components"):
+def _configuration(configuration: model.Configuration, folder: Path, report_folder: Path | None) -> str:
+    c = configuration
+    head = f"## {md.text(c.architecture)}, sequence {c.sequence_length}, {md.text(c.precision)}"
+    unfinished = _unfinished(c.unfinished) if c.unfinished is not None else None
+    study = c.study
+    if study is None:
         return f"{head}\n\n{unfinished}\n\nNo training step finished."
-    parts = [head, unfinished, f"Run record: {md.code(folder / 'run.json')}.", _components(result),
-             _calculator(result["calculator"]), _steps(record, result), _stability(result),
-             _allocations(record, folder, report_folder)]
+    parts = [head, unfinished, f"Run record: {md.code(folder / 'run.json')}.", _components(study),
+             _calculator(study.calculator), _steps(study), _stability(study),
+             _allocations(c, folder, report_folder)]
     return "\n\n".join(p for p in parts if p)
 
 
-def _ending(record: RunRecord) -> str:
-    """How a configuration that did not finish ended: "killed by SIGKILL: out of memory?"."""
-    exit_ = record.exit
-    error = (exit_.error if exit_ is not None else None) or ""
-    if exit_ is not None and exit_.status == "interrupted" and not error.startswith("interrupted"):
-        return f"interrupted ({error})" if error else "interrupted"
-    return error or "the run did not finish"
-
-
-def _unfinished(record: RunRecord) -> str:
+def _unfinished(unfinished: model.Unfinished) -> str:
     """The line saying the run did not finish, how it ended and which stages finished."""
-    done = [s.path for s in record.stages if s.status == "ok" and s.parent is None]
-    cut = [s.path for s in record.stages if s.status != "ok"]
-    return (f"**This configuration did not finish: {md.text(_ending(record))}.** Finished stages: "
-            f"{', '.join(md.code(p) for p in done) or 'none'}"
+    cut = unfinished.cut
+    return (f"**This configuration did not finish: {md.text(unfinished.ending)}.** Finished stages: "
+            f"{', '.join(md.code(p) for p in unfinished.finished) or 'none'}"
             + (f"; cut short: {', '.join(md.code(p) for p in cut)}" if cut else "") + ".")
 
 
-def _components(result: dict) -> str:
+def _components(study: model.Study) -> str:
     rows = []
-    for row in result["components"]:
-        exact = "-" if row["exact"] is None else ("yes, to the byte" if row["exact"] else "**no**")
-        rows.append([md.text(row["name"]), units.size(row["measured"]), f"{row['measured']:,}",
-                     f"{row['expected']:,}" if row["expected"] is not None else "-", exact,
-                     md.text(row["how"])])
-    check = result["activation_check"]
+    for row in study.components:
+        exact = "-" if row.exact is None else ("yes, to the byte" if row.exact else "**no**")
+        rows.append([md.text(row.name), units.size(row.measured), f"{row.measured:,}",
+                     f"{row.expected:,}" if row.expected is not None else "-", exact,
+                     md.text(row.how)])
+    check = study.activation_check
     line = ""
     if check:
-        verdict = "within" if check["within_tolerance"] else "**outside**"
-        line = (f"\n\nSaved-tensor accounting: {units.size(check['saved'])} ({check['saved']:,} B); "
-                f"live tensors the first forward left behind: {units.size(check['live_growth'])} "
-                f"({check['live_growth']:,} B); difference {check['difference']:+,} B "
-                f"({check['relative']:+.3%}), {verdict} the {check['tolerance']:.0%} tolerance "
+        verdict = "within" if check.within_tolerance else "**outside**"
+        line = (f"\n\nSaved-tensor accounting: {units.size(check.saved)} ({check.saved:,} B); "
+                f"live tensors the first forward left behind: {units.size(check.live_growth)} "
+                f"({check.live_growth:,} B); difference {check.difference:+,} B "
+                f"({check.relative:+.3%}), {verdict} the {check.tolerance:.0%} tolerance "
                 f"(the input ids and the loss account for the rest).")
     return ("### Components of one step\n\n"
             + md.table(["component", "size", "bytes", "expected from the config", "equal", "how"],
                      rows, right={1, 2, 3}) + line)
 
 
-def _calculator(calc: dict | None) -> str:
-    if not calc:
+def _calculator(calc: model.Calculator | model.NoFormula | None) -> str:
+    if calc is None:
         return ""
-    if "unavailable" in calc:
+    if isinstance(calc, model.NoFormula):
         return ("### Activation size from the config\n\n"
-                f"No formula for this model: {md.text(calc['unavailable'])}.")
-    per_layer = calc["saved"]["per_layer"]
-    measured = calc["measured_layers"]
-    same = all(m == calc["computed_per_layer"] for m in measured)
+                f"No formula for this model: {md.text(calc.why)}.")
+    measured = calc.measured_layers
+    same = all(m == calc.computed_per_layer for m in measured)
     return ("### Activation size from the config\n\n"
-            f"One residual-stream tensor: {md.text(calc['residual_stream']['derivation'])}.\n\n"
-            f"Saved for backward by one decoder layer ({md.text(per_layer['family'])}):\n\n"
-            f"```\n{per_layer['derivation']}\n```\n\n"
+            f"One residual-stream tensor: {md.text(calc.residual_stream)}.\n\n"
+            f"Saved for backward by one decoder layer ({md.text(calc.layer_family)}):\n\n"
+            f"```\n{calc.layer_derivation}\n```\n\n"
             f"Measured by the saved-tensor hooks per layer: "
             f"{', '.join(f'{m:,}' for m in measured)} B "
-            f"({'equal to' if same else 'against'} the computed {calc['computed_per_layer']:,} B). "
-            f"Whole model: computed {units.size(calc['computed_total'])} ({calc['computed_total']:,} B), "
-            f"measured {units.size(calc['measured_total'])} ({calc['measured_total']:,} B)."
-            + (f" Autocast weight copies: computed {calc['computed_weight_copies']:,} B, measured "
-               f"{calc['measured_weight_copies']:,} B." if calc["computed_weight_copies"] else "")
+            f"({'equal to' if same else 'against'} the computed {calc.computed_per_layer:,} B). "
+            f"Whole model: computed {units.size(calc.computed_total)} ({calc.computed_total:,} B), "
+            f"measured {units.size(calc.measured_total)} ({calc.measured_total:,} B)."
+            + (f" Autocast weight copies: computed {calc.computed_weight_copies:,} B, measured "
+               f"{calc.measured_weight_copies:,} B." if calc.computed_weight_copies else "")
             + "\n\n"
-            f"```\n{calc['saved']['derivation']}\n```")
+            f"```\n{calc.whole_derivation}\n```")
 
 
-def _steps(record: RunRecord, result: dict) -> str:
-    series = result["series"]
-    keys = [(k, label) for k, label in MEASURES if series.get(k)]
+def _steps(study: model.Study) -> str:
+    series = study.series
+    keys = [(k, label) for k, label in MEASURES.items() if series.get(k)]
     rows = []
-    for index, number in enumerate(result["steps"]):
+    for index, number in enumerate(study.steps):
         cells = [str(number)] + [units.size(series[k][index]) for k, _ in keys]
-        cells.append(md.code(training.peak_stage_name(record, number)))
+        cells.append(md.code(study.peak_stages[index]))
         rows.append(cells)
     table = md.table(["step"] + [f"peak {label}" for _, label in keys] + ["stage of the live-tensor peak"],
                    rows, right=set(range(1, len(keys) + 1)))
     side = md.table(["measure", "one-step breakdown (components summed)", "step 1 peak",
-                   f"peak over {len(result['steps'])} steps"],
-                  [[r["measure"], units.size(r["summed"]), units.size(r["first_step"]),
-                    units.size(r["all_steps"])] for r in result["one_against_many"]], right={1, 2, 3})
-    lines = "\n".join(f"- {md.text(line)}" for line in result["explanations"])
+                   f"peak over {len(study.steps)} steps"],
+                  [[r.measure, units.size(r.summed), units.size(r.first_step),
+                    units.size(r.all_steps)] for r in study.one_against_many], right={1, 2, 3})
+    lines = "\n".join(f"- {md.text(line)}" for line in study.explanations)
     return f"### One step against many\n\n{side}\n\nStep by step:\n\n{table}\n\n{lines}"
 
 
-def _stability(result: dict) -> str:
-    lines = [f"- {training.MEASURES[key]}: **{verdict['verdict']}**. {md.text(verdict['evidence'])}"
-             for key, verdict in result["stability"].items()]
+def _stability(study: model.Study) -> str:
+    lines = [f"- {s.measure}: **{s.verdict}**. {md.text(s.evidence)}" for s in study.stability]
     return "### Leak, spike or stable\n\n" + "\n".join(lines)
 
 
-def _allocations(record: RunRecord, folder: Path, report_folder: Path | None) -> str:
-    parts = [sites_section(record, report_folder, folder, head="### Largest allocations at the peak")]
-    history = (record.files or {}).get("cuda_history")
+def _allocations(configuration: model.Configuration, folder: Path, report_folder: Path | None) -> str:
+    parts = [format_sites(configuration.sites, report_folder, folder, head="### Largest allocations at the peak")]
+    history = configuration.cuda_history
     if history:
         target = Path(folder) / history
         link = md.relative_link(target, report_folder) if report_folder is not None else str(target)
