@@ -24,10 +24,12 @@ import sys
 import time
 from pathlib import Path
 
+import benchmark_record
 from auditor.record_schema import RunRecord, Stage
 
 ROOT = Path(__file__).resolve().parents[1]
 SUMMARY = "summary.json"
+COMPARE = "compare.json"  # what `compare` measured beyond the records: wall times, load, commands
 
 
 def add_settings(parser) -> None:
@@ -112,15 +114,13 @@ def launch(command: list[str]) -> float:
 
 
 def compare_main(args) -> None:
-    from auditor import load
-    from auditor.analysis.ranks import merge_ranks
     base = Path(args.run_dir)
     settings = _settings_arguments(args)
-    rows, commands = [], []
-    runs = [("alone-baseline", 1, "baseline", "own rows"), ("alone-sharded", 1, "sharded", "own rows"),
-            *[(f"{n}-ranks" + ("" if r == "own rows" else "-" + r.replace(" ", "-")), n, "sharded", r)
-              for r in args.gradient_reductions for n in args.ranks]]
-    for name, ranks, variant, reduction in runs:
+    runs, commands = [], []
+    planned = [("alone-baseline", 1, "baseline", "own rows"), ("alone-sharded", 1, "sharded", "own rows"),
+               *[(f"{n}-ranks" + ("" if r == "own rows" else "-" + r.replace(" ", "-")), n, "sharded", r)
+                 for r in args.gradient_reductions for n in args.ranks]]
+    for name, ranks, variant, reduction in planned:
         folder = base / name
         script = ["benchmarks/sharded_gradprobe.py", "rank", "--run-dir", str(folder), "--variant", variant,
                   *settings] + (["--gradient-reduction", reduction] if reduction != "own rows" else [])
@@ -129,13 +129,53 @@ def compare_main(args) -> None:
                     str(ranks), *script])
         seconds = launch([sys.executable, *command[1:]])
         launch([sys.executable, "-m", "auditor", "report", str(folder)])
-        summary = json.loads((folder / SUMMARY).read_text())
-        records = ([load(folder)] if ranks == 1 else
-                   [load(folder / f"rank-{r['rank']}") for r in merge_ranks(folder)["ranks"]])
-        rows.append((name, ranks, summary, [_peaks(r) for r in records], seconds))
+        runs.append({"name": name, "ranks": ranks, "seconds": seconds})
         commands.append(shlex.join(command).replace(str(ROOT) + "/", ""))
-    Path(args.output).write_text(render(rows, commands, args))
-    print(Path(args.output).read_text())
+    load = os.getloadavg()
+    (base / COMPARE).write_text(json.dumps(
+        {"command": shlex.join(["benchmarks/sharded_gradprobe.py", *_without_output(sys.argv[1:])]),
+         "load_average_at_end": [round(x, 2) for x in load], "runs": runs, "commands": commands}, indent=1) + "\n")
+    _write_tables([base], args.output)
+
+
+def _without_output(argv: list[str]) -> list[str]:
+    """The command as measured: where its table was written (-o) is not part of it."""
+    kept, skip = [], False
+    for word in argv:
+        if skip or word in ("-o", "--output"):
+            skip = not skip
+            continue
+        kept.append(word)
+    return kept
+
+
+def table_main(args) -> None:
+    _write_tables([Path(d) for d in args.run_dir], args.output)
+
+
+def _write_tables(run_dirs: list[Path], output: str) -> None:
+    """Each run folder's table (from its compare.json and its runs' records): into the report's
+    block named after the folder, or alone in a new file."""
+    tables = {f"table {d.name}": table(d) for d in run_dirs}
+    text = (benchmark_record.fill(output, tables) if Path(output).is_file() and "<!-- begin " in Path(output).read_text()
+            else "\n".join(tables.values()))
+    Path(output).write_text(text)
+    print(text)
+
+
+def table(run_dir: Path) -> str:
+    """The markdown table of one `compare`, made from what it left in its run folder alone."""
+    from auditor import load
+    from auditor.analysis.ranks import merge_ranks
+    made = json.loads((run_dir / COMPARE).read_text())
+    rows = []
+    for run in made["runs"]:
+        folder = run_dir / run["name"]
+        summary = json.loads((folder / SUMMARY).read_text())
+        records = ([load(folder)] if run["ranks"] == 1 else
+                   [load(folder / f"rank-{r['rank']}") for r in merge_ranks(folder)["ranks"]])
+        rows.append((run["name"], run["ranks"], summary, [_peaks(r) for r in records], run["seconds"]))
+    return render(rows, made)
 
 
 def _settings_arguments(args) -> list[str]:
@@ -167,7 +207,7 @@ def _code(stage: str) -> str:
     return stage if stage.startswith("(") else f"`{stage}`"
 
 
-def render(rows: list, commands: list[str], args) -> str:
+def render(rows: list, made: dict) -> str:
     from auditor.units import size
     base_digest = rows[0][2]["mask_digest"]
     lines = ["| run | ranks | rank | peak RSS | in stage | peak live tensors | in stage | prune: peak live | "
@@ -177,12 +217,13 @@ def render(rows: list, commands: list[str], args) -> str:
         for rank, p in enumerate(peaks):
             lines.append(f"| {name} | {ranks} | {rank} | {size(p['rss'])} | {_code(p['rss_stage'])} | {size(p['live'])} | "
                          f"`{p['live_stage']}` | {size(p['prune_live'])} | {same} | {seconds:.1f} s |")
-    load = os.getloadavg()
-    return "\n".join(["<!-- made by: " + shlex.join(["benchmarks/sharded_gradprobe.py", *sys.argv[1:]]) + " -->",
+    load = made["load_average_at_end"]
+    return "\n".join(["<!-- made by: " + made["command"] + " -->",
                       f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", "",
                       *lines, "", "Mask digests: " + ", ".join(f"{n}: `{s['mask_digest'][:16]}`"
                                                               for n, _, s, _, _ in rows), "",
-                      "Commands:", "", "```", *commands, "```", ""])
+                      "The runs' commands (from the repository root; `compare` starts each in a fresh "
+                      "process, with `OMP_NUM_THREADS=1`):", "", "```", *made["commands"], "```", ""])
 
 
 def main() -> None:
@@ -201,8 +242,12 @@ def main() -> None:
     compare.add_argument("--run-dir", required=True)
     compare.add_argument("-o", "--output", required=True)
     add_settings(compare)
+    tables = sub.add_parser("table", help="the tables again from the run folders `compare` left, measuring nothing")
+    tables.add_argument("--run-dir", nargs="+", required=True)
+    tables.add_argument("-o", "--output", required=True,
+                        help="a report holding a block per run folder (benchmark_record.fill), or a new file")
     args = parser.parse_args()
-    (rank_main if args.part == "rank" else compare_main)(args)
+    {"rank": rank_main, "compare": compare_main, "table": table_main}[args.part](args)
 
 
 if __name__ == "__main__":
