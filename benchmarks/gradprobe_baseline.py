@@ -1,6 +1,9 @@
 """GradProbe baseline on TinyStories-33M (CPU): what it prunes, its peak RSS, and where the memory goes.
 
-    .venv/bin/python benchmarks/gradprobe_baseline.py [--runs 3] [--threads 2]
+    .venv/bin/python benchmarks/gradprobe_baseline.py [--runs 3] [--threads 2] \
+        -o reports/gradprobe-baseline-tinystories-33m.md     # fills its `output` block, writes its .json
+    .venv/bin/python benchmarks/gradprobe_baseline.py --from reports/gradprobe-baseline-tinystories-33m.json \
+        -o reports/gradprobe-baseline-tinystories-33m.md     # the same block again from the record
 
 1. The `gradprobe` CLI, --runs times, each in a fresh process (seq 128, batch 1, 2 batches,
    s = 0.1, r = 0.1, tau = 2.0, magnitude): the table of what it prints.
@@ -17,8 +20,12 @@ import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
+from pathlib import Path
+
+import benchmark_record
 
 MiB = 1 << 20
 SETTINGS = ["--arch", "tinystories-33m", "--seq-len", "128", "--batch-size", "1", "--batches", "2",
@@ -231,33 +238,56 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("-o", "--output", metavar="REPORT", help="fill the report's `output` block with what "
+                        "this prints, and write the record beside it (REPORT.json)")
+    parser.add_argument("--from", dest="record", metavar="RECORD",
+                        help="print (and with -o, fill) from a record this script wrote, measuring nothing")
     parser.add_argument("--part", choices=["timeline", "floor"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.part:  # inside a fresh process started by the driver below
         print(json.dumps(phase_timeline(args.threads) if args.part == "timeline" else floor(args.threads)))
         return 0
-    load = os.getloadavg()
-    print(f"gradprobe {' '.join(SETTINGS)} --threads {args.threads}   "
-          f"(load average at start {load[0]:.2f}, {os.cpu_count()} cores)\n")
-    runs = [run_cli(args.threads) for _ in range(args.runs)]
-    print("1. The CLI, each run in a fresh process. Output of run 1:\n")
-    print(runs[0]["output"])
-    print(cli_table(runs))
-    digests = {f["mask digest"] for f in runs}
-    print(f"\nmask digests identical across runs: {len(digests) == 1}")
-    sparsities = [float(f["final sparsity"].split("%")[0]) for f in runs]
-    print(f"final sparsity {min(sparsities):.3f}-{max(sparsities):.3f}%; in 10.0-10.1% at one decimal: "
-          f"{all(10.0 <= round(s, 1) <= 10.1 for s in sparsities)} (pruned <= candidates = exactly 10.000%)")
-    print("\n2. Per phase (MiB; RSS from /proc/self/status; 'peak inside' is VmHWM reset at the phase start;"
-          "\n   structure columns are tensor bytes alive at the phase end):\n")
-    timeline = _in_fresh_process("timeline", args.threads)
-    print(timeline_table(timeline))
-    print(f"\n   pruned {timeline['pruned']:,} of {timeline['candidates']:,} candidates")
-    print("\n   The same run, moment by moment (MiB):\n")
-    print(moments_table(timeline))
-    print("\n3. The floor: model + one forward and backward (batch 1 x 128), no pruning:\n")
-    print(floor_table(_in_fresh_process("floor", args.threads)))
+    record = benchmark_record.read(args.record) if args.record else measure(args)
+    text = output(record)
+    print(text)
+    if args.output:
+        Path(args.output).write_text(benchmark_record.fill(args.output, {"output": f"```\n{text}```"}))
+        if not args.record:
+            benchmark_record.write(benchmark_record.beside(args.output), record)
     return 0
+
+
+def measure(args) -> dict:
+    load = os.getloadavg()
+    print(f"measuring: {args.runs} CLI runs, then the per-phase and floor processes", flush=True)
+    return {"command": shlex.join([".venv/bin/python", "benchmarks/gradprobe_baseline.py", *sys.argv[1:]]),
+            "threads": args.threads, "load_at_start": load[0], "cores": os.cpu_count(),
+            "runs": [run_cli(args.threads) for _ in range(args.runs)],
+            "timeline": _in_fresh_process("timeline", args.threads),
+            "floor": _in_fresh_process("floor", args.threads)}
+
+
+def output(record: dict) -> str:
+    """What the benchmark prints, from its record alone."""
+    runs, timeline = record["runs"], record["timeline"]
+    digests = {f["mask digest"] for f in runs}
+    sparsities = [float(f["final sparsity"].split("%")[0]) for f in runs]
+    return "\n".join([
+        f"gradprobe {' '.join(SETTINGS)} --threads {record['threads']}   "
+        f"(load average at start {record['load_at_start']:.2f}, {record['cores']} cores)\n",
+        "1. The CLI, each run in a fresh process. Output of run 1:\n",
+        runs[0]["output"], cli_table(runs),
+        f"\nmask digests identical across runs: {len(digests) == 1}",
+        f"final sparsity {min(sparsities):.3f}-{max(sparsities):.3f}%; in 10.0-10.1% at one decimal: "
+        f"{all(10.0 <= round(s, 1) <= 10.1 for s in sparsities)} (pruned <= candidates = exactly 10.000%)",
+        "\n2. Per phase (MiB; RSS from /proc/self/status; 'peak inside' is VmHWM reset at the phase start;"
+        "\n   structure columns are tensor bytes alive at the phase end):\n",
+        timeline_table(timeline),
+        f"\n   pruned {timeline['pruned']:,} of {timeline['candidates']:,} candidates",
+        "\n   The same run, moment by moment (MiB):\n",
+        moments_table(timeline),
+        "\n3. The floor: model + one forward and backward (batch 1 x 128), no pruning:\n",
+        floor_table(record["floor"]), ""])
 
 
 if __name__ == "__main__":

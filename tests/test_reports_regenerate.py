@@ -36,6 +36,9 @@ RENDERED = {  # report -> (the benchmark script's arguments that render it again
 }
 FILLED = {  # hand-written report -> (the script's arguments that fill its measured blocks, the records they read)
     "multi-rank-cpu.md": (["benchmarks/multi_rank_cpu.py"], ["reports/multi-rank-cpu-runs"]),
+    "gradprobe-baseline-tinystories-33m.md": (["benchmarks/gradprobe_baseline.py", "--from",
+                                               "reports/gradprobe-baseline-tinystories-33m.json"],
+                                              ["reports/gradprobe-baseline-tinystories-33m.json"]),
     "sharded-gradprobe-cpu.md": (["benchmarks/sharded_gradprobe.py", "table", "--run-dir",
                                   *(f"reports/sharded-gradprobe-cpu-runs/{run}" for run in ("tinystories-33m", "mistral-8x512"))],
                                  [f"reports/sharded-gradprobe-cpu-runs/{run}" for run in ("tinystories-33m", "mistral-8x512")]),
