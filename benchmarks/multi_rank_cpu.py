@@ -14,7 +14,7 @@ from pathlib import Path
 
 import benchmark_record
 from auditor import units
-from auditor.analysis.ranks import merge_ranks
+from auditor.analysis.ranks import Spread, merge_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = {"2-ranks": "2 ranks, balanced",  # run folder -> how it was run (the report's commands)
@@ -26,15 +26,17 @@ def table(run_dir: Path) -> str:
              "| live max/min |", "|---|---:|---|---:|---|---:|---:|"]
     for folder, label in RUNS.items():
         merged = merge_ranks(run_dir / folder)
-        peak, live = merged["peak"], merged["live_peak"]
-        lines.append(f"| {label} | {units.size(peak['bytes'])} | {peak['rank']}, `{peak['stage']}` | "
-                     f"{units.size(live['bytes'])} | {live['rank']}, `{live['stage']}` | "
-                     f"{_spread(merged['imbalance']['rss'])} | {_spread(merged['imbalance']['live'])} |")
+        peak, live = merged.peak, merged.live_peak
+        assert peak is not None and live is not None, f"{folder}: the committed ranks have RSS and live tensors"
+        lines.append(f"| {label} | {units.size(peak.bytes)} | {peak.rank}, `{peak.stage}` | "
+                     f"{units.size(live.bytes)} | {live.rank}, `{live.stage}` | "
+                     f"{_spread(merged.imbalance.rss)} | {_spread(merged.imbalance.live)} |")
     return "\n".join(lines)
 
 
-def _spread(spread: dict) -> str:
-    return f"{spread['ratio']:.2f}x (spread {units.size(spread['spread'])})"
+def _spread(spread: Spread | None) -> str:
+    assert spread is not None and spread.ratio is not None
+    return f"{spread.ratio:.2f}x (spread {units.size(spread.spread)})"
 
 
 def main() -> None:

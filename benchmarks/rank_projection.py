@@ -27,6 +27,7 @@ import os
 import shlex
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from auditor.record_schema import RunRecord
@@ -57,7 +58,7 @@ def small_real(run_dir: Path, chosen: dict = SETTINGS, name: str = "small-2-rank
 
 
 def validate(args) -> None:
-    from auditor.analysis.rank_projection import compare_rank, project_ranks
+    from auditor.analysis.rank_projection import held_out_row, project_ranks
     from auditor.jobs.rank_projection import real_ranks, traced_ranks
     run_dir = Path(args.run_dir)
     start = time.perf_counter()
@@ -68,10 +69,7 @@ def validate(args) -> None:
         traced = traced_ranks(target, world, run_dir / f"traced-{world}-ranks", real_small, lower_bound=False)
         projected = project_ranks(real_small, {world: traced})[0]
         real = real_ranks(target, world, run_dir / f"held-out-{world}-ranks")
-        for r in projected["ranks"]:
-            rows.append({"world_size": world, "rank": r["rank"], "errors": compare_rank(r, real[r["rank"]]),
-                         "projected_live": r["whole"]["live_tensors"],
-                         "projected_rss": max(r["whole"]["rss"], r["sharded"]["rss"])})
+        rows += [asdict(held_out_row(world, r, real[r.rank])) for r in projected.ranks]
     _write(run_dir / "validation.json", {"rows": rows, "small": SMALL, "held_out": HELD_OUT,
                                          "scale": _scale(SMALL, HELD_OUT), "seconds": time.perf_counter() - start})
 
@@ -94,11 +92,9 @@ def project(args) -> None:
             seconds[str(world)] = time.perf_counter() - start
         worlds = project_ranks(real_small, traced)  # written after each world size: a long trace
         for projected in worlds:
-            projected["estimates_measured"] = projected["world_size"] in args.lower_bound_at
-            for r in projected["ranks"]:
-                r.pop("stages")  # kept in the traced records; the JSON holds the peaks
-        _write(run_dir / f"projection-{args.target}.json", {"target": args.target, "worlds": worlds,
-                                                            "trace_seconds": seconds})
+            projected.estimates_measured = projected.world_size in args.lower_bound_at
+        _write(run_dir / f"projection-{args.target}.json",  # the peaks; the stage rows stay in the traced records
+               {"target": args.target, "worlds": [w.to_json() for w in worlds], "trace_seconds": seconds})
 
 
 def _earlier_seconds(path: Path) -> dict:
@@ -154,6 +150,7 @@ the CUDA context and the caching allocator's slack come on top and are not proje
 
 
 def render(args) -> None:
+    from auditor.analysis.rank_projection import HeldOutRow, ProjectedWorld, held_out_findings, rank_projection
     from auditor.renderers import rank_projection_markdown as md
     run_dir = Path(args.run_dir)
     lines = ["# Per-rank projection of sharded GradProbe (FSDP2) at target world sizes", "",
@@ -162,24 +159,26 @@ def render(args) -> None:
     validation = run_dir / "validation.json"
     if validation.is_file():
         v = json.loads(validation.read_text())
+        rows = [HeldOutRow.from_json(row) for row in v["rows"]]
         lines += ["## Held-out check: projected ranks against real torchrun ranks (gloo, CPU)", "",
                   f"Audited for real: `{ARCH}` with {v['small']} on 2 ranks. Projected (traced, every rank) and "
                   f"then run for real with torchrun: {v['held_out']}, {v['scale']:.1f}x the parameters, at "
                   f"{' and '.join(sorted({str(r['world_size']) for r in v['rows']}))} ranks. Settings: {SETTINGS}. Targets as for single-process traced projection: "
                   "peak live tensors within 2% (run and every stage), RSS within 5%.", "",
-                  *md.validation_table(v["rows"]), "", *md.validation_findings(v["rows"]), "",
+                  *md.validation_table(rows), "", *md.validation_findings(held_out_findings(rows)), "",
                   f"`{v['command']}` ({v['seconds']:.0f} s, load average {v['load_average']})", ""]
     retention = run_dir / "rss-retention.json"
     if retention.is_file():
         lines += [*md.retention_section(json.loads(retention.read_text())), ""]
     for path in sorted(run_dir.glob("projection-*.json")):
         p = json.loads(path.read_text())
-        lines += [f"## {p['target']}: each rank at {', '.join(str(w['world_size']) for w in p['worlds'])} ranks",
+        projection = rank_projection([ProjectedWorld.from_json(w) for w in p["worlds"]], BUDGETS_GIB)
+        lines += [f"## {p['target']}: each rank at {', '.join(str(w.world_size) for w in projection.worlds)} ranks",
                   "", f"Settings: {TARGET_SETTINGS}, fp32, magnitude; paired with the real ranks of `{ARCH}` "
                   f"with {SMALL} on 2 ranks at the same settings (audited: `{run_dir.name}/"
                   "small-2-ranks-target-settings`).", "",
-                  *md.ranks_table(p["worlds"]), "", "### How many devices", "",
-                  *md.devices_table(p["worlds"], BUDGETS_GIB), "",
+                  *md.ranks_table(projection.worlds), "", "### How many devices", "",
+                  *md.devices_table(projection), "",
                   f"`{p['command']}` (tracing took " + ", ".join(f"{s:.0f} s at {w}" for w, s in
                                                                  p["trace_seconds"].items()) +
                   f" ranks; load average {p['load_average']})", ""]

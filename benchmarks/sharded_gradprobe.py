@@ -173,7 +173,7 @@ def table(run_dir: Path) -> str:
         folder = run_dir / run["name"]
         summary = json.loads((folder / SUMMARY).read_text())
         records = ([load(folder)] if run["ranks"] == 1 else
-                   [load(folder / f"rank-{r['rank']}") for r in merge_ranks(folder)["ranks"]])
+                   [load(folder / f"rank-{r.rank}") for r in merge_ranks(folder).ranks])
         rows.append((run["name"], run["ranks"], summary, [_peaks(r) for r in records], run["seconds"]))
     return render(rows, made)
 

@@ -60,20 +60,20 @@ def test_torchrun_writes_one_record_per_rank(torchrun_folder):
 def test_merged_report_equals_each_ranks_record_and_names_the_peak_rank(torchrun_folder, tmp_path):
     merged = merge_ranks(torchrun_folder)
     records = {rank: load(torchrun_folder / f"rank-{rank}") for rank in (0, 1)}
-    for row in merged["stages"]:
+    for row in merged.stages:
         for rank, record in records.items():
-            stage = next(s for s in record.stages if s.path == row["path"])
-            assert row["ranks"][rank]["rss_peak"] == stage.rss.peak
-            assert row["ranks"][rank]["live_peak"] == stage.live_tensors.peak
-    assert [r["rss_peak"] for r in merged["ranks"]] == [records[r].peak.rss for r in (0, 1)]
+            stage = next(s for s in record.stages if s.path == row.path)
+            assert row.ranks[rank].rss_peak == stage.rss.peak
+            assert row.ranks[rank].live_peak == stage.live_tensors.peak
+    assert [r.rss_peak for r in merged.ranks] == [records[r].peak.rss for r in (0, 1)]
     # rank 1's forward keeps HEAVY_MIB more: it peaks, there and over the run
-    forward = next(row for row in merged["stages"] if row["path"] == "forward")
-    assert forward["live"]["max_rank"] == 1 and forward["live"]["spread"] > 0.9 * HEAVY_MIB * 2**20
-    assert forward["rss"]["max_rank"] == 1
-    assert merged["peak"]["rank"] == 1 and merged["peak"]["stage"] == records[1].peak.stage
-    assert merged["imbalance"]["live"]["ratio"] > 1.5
+    forward = next(row for row in merged.stages if row.path == "forward")
+    assert forward.live.max_rank == 1 and forward.live.spread > 0.9 * HEAVY_MIB * 2**20
+    assert forward.rss.max_rank == 1
+    assert merged.peak.rank == 1 and merged.peak.stage == records[1].peak.stage
+    assert merged.imbalance.live.ratio > 1.5
     # the functional all_reduce's output is a storage c10d created: a communication buffer
-    comm = {(e["stage"], e["rank"]): e["bytes"] for e in merged["communication"]["stages"]}
+    comm = {(e.stage, e.rank): e.bytes for e in merged.communication.stages}
     assert comm[("all_reduce", 0)] == comm[("all_reduce", 1)] == 512 * 512 * 4  # its output, once
     out = tmp_path / "merged.md"
     assert main(["report", str(torchrun_folder), "-o", str(out)]) == 0
@@ -99,11 +99,11 @@ def test_a_killed_rank_renders_from_its_event_log_marked_unfinished(torchrun_fol
             (copy / "rank-0" / "run.json").write_text((torchrun_folder / "rank-0" / "run.json").read_text())
         (copy / f"rank-{rank}" / "events.jsonl").write_text("\n".join(events) + "\n")
     merged = merge_ranks(copy)
-    killed = merged["ranks"][1]
-    assert (killed["finished"], killed["status"], killed["open_stages"]) == (False, "unfinished", ["backward"])
-    assert merged["ranks"][0]["finished"]
-    assert [row["path"] for row in merged["stages"]][:4] == ["build", "all_reduce", "forward", "backward"]
-    assert merged["stages"][3]["ranks"][1]["status"] == "open"
+    killed = merged.ranks[1]
+    assert (killed.finished, killed.status, killed.open_stages) == (False, "unfinished", ["backward"])
+    assert merged.ranks[0].finished and merged.unfinished == [1]
+    assert [row.path for row in merged.stages][:4] == ["build", "all_reduce", "forward", "backward"]
+    assert merged.stages[3].ranks[1].status == "open"
     assert main(["report", str(copy)]) == 0
     text = (copy / "report.md").read_text()
     assert "**Unfinished: rank 1**" in text and "(open)" in text
@@ -135,8 +135,8 @@ def test_a_rank_killed_under_torchrun_is_reported_unfinished(tmp_path):
     assert done.returncode != 0  # torchrun reports the killed rank
     assert not (folder / "rank-1" / "run.json").exists()
     merged = merge_ranks(folder)
-    assert [(r["rank"], r["finished"]) for r in merged["ranks"]] == [(0, True), (1, False)]
-    assert merged["ranks"][1]["open_stages"] == ["work", "work/dies"]
+    assert [(r.rank, r.finished) for r in merged.ranks] == [(0, True), (1, False)]
+    assert merged.ranks[1].open_stages == ["work", "work/dies"]
     assert main(["report", str(folder)]) == 0
     assert "**Unfinished: rank 1**" in (folder / "report.md").read_text()
 
@@ -146,11 +146,11 @@ def test_spawned_workers_each_write_their_rank(tmp_path):
     folder = tmp_path / "spawned"
     _launch([sys.executable, str(ROOT / "examples" / "multi_rank_spawn.py"), str(folder), "--ranks", "2"])
     merged = merge_ranks(folder)
-    assert [(r["rank"], r["world_size"], r["source"], r["backend"]) for r in merged["ranks"]] == [
+    assert [(r.rank, r.world_size, r.source, r.backend) for r in merged.ranks] == [
         (0, 2, "torch.distributed", "gloo"), (1, 2, "torch.distributed", "gloo")]
     # rank 1's batch is twice rank 0's: its forward_backward holds more live tensors
-    row = next(row for row in merged["stages"] if row["path"] == "forward_backward")
-    assert row["live"]["max_rank"] == 1 and row["live"]["spread"] > 0
+    row = next(row for row in merged.stages if row.path == "forward_backward")
+    assert row.live.max_rank == 1 and row.live.spread > 0
 
 
 # -- folders: shared by ranks, never reused ------------------------------------------------
@@ -182,7 +182,7 @@ def test_a_rank_writes_its_own_folder_beside_the_other_ranks(tmp_path, as_rank):
     record = load(shared / "rank-0")
     assert record.rank.rank == 0 and record.rank.source == "environment"
     assert record.rank.read_at == "start"
-    assert is_multi_rank(shared) and merge_ranks(shared)["missing_ranks"] == []
+    assert is_multi_rank(shared) and merge_ranks(shared).missing_ranks == []
 
 
 def test_reused_folders_are_refused(tmp_path, as_rank, monkeypatch):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from auditor.analysis.rank_projection import compare_rank, fewest_devices, paired_rank, project_ranks
+from auditor.analysis.rank_projection import (HeldOutRow, ProjectedRank, ProjectedWorld, RankErrors, RankPeak,
+                                              RealPeaks, compare_rank, devices, fewest_devices, held_out_findings,
+                                              paired_rank, project_ranks)
 from auditor.jobs.gradprobe import Settings
 from auditor.jobs.rank_projection import _chunk_rows, rank_classes, real_ranks, traced_ranks
 
@@ -28,24 +30,28 @@ def checked(tmp_path_factory):
 
 def test_each_rank_is_projected_within_two_percent_of_its_real_run(checked):
     projected, real = checked
-    for rank in projected["ranks"]:
-        errors = compare_rank(rank, real[rank["rank"]])
-        assert abs(errors["live_tensors"]) <= 0.02, (rank["rank"], errors)
+    for rank in projected.ranks:
+        errors = compare_rank(rank, real[rank.rank])
+        assert abs(errors.live_tensors) <= 0.02, (rank.rank, errors)
         # the sharded part: the traced peak, or up to one FSDP unit's buffer more (real gloo); never
         # more than the real rank's (rank 1's padded shards are not padded twice: a fake storage's
         # pointer reads as its address while tracing)
-        assert errors["sharded_live_tensors"] >= -0.02 or errors["within_upper"], (rank["rank"], errors)
-        assert errors["sharded_live_tensors"] <= 0.02, (rank["rank"], errors)
-        assert abs(errors["rss"]) <= 0.05, (rank["rank"], errors)
+        assert errors.sharded_live_tensors >= -0.02 or errors.within_upper, (rank.rank, errors)
+        assert errors.sharded_live_tensors <= 0.02, (rank.rank, errors)
+        assert abs(errors.rss) <= 0.05, (rank.rank, errors)
 
 
 def test_ranks_are_traced_on_their_own_shards(checked):
     projected, _ = checked
-    rank0, rank1 = projected["ranks"]
-    assert (rank0["traced_as"], rank1["traced_as"]) == (0, 1)
+    rank0, rank1 = projected.ranks
+    assert (rank0.traced_as, rank1.traced_as) == (0, 1)
     # the sharded part holds about half the model's weights: far below the whole model built first
-    assert rank1["sharded"]["live_tensors"] < 0.7 * rank1["whole"]["live_tensors"]
-    assert rank1["retained_buffer"] > 0
+    assert rank1.sharded.live_tensors < 0.7 * rank1.whole.live_tensors
+    assert rank1.retained_buffer > 0
+    # the JSON the jobs write holds the peaks, not the stage rows, and reads back the same
+    data = projected.to_json()
+    assert "stages" not in data["ranks"][0] and "estimates_measured" not in data
+    assert ProjectedWorld.from_json(data).to_json() == data
 
 
 def test_rank_classes_and_pairing():
@@ -57,9 +63,16 @@ def test_rank_classes_and_pairing():
 
 def test_fewest_devices_reads_the_worst_rank():
     def world(n, peaks):
-        return {"world_size": n, "ranks": [{"sharded": {"live_tensors_upper": p}} for p in peaks]}
+        ranks = [ProjectedRank(r, r, 0, 5, RankPeak(p, "build", 0, p, p, "build", p),
+                               RankPeak(p - 5, "prune", 0, p, p, "prune", p + 5), None, {})
+                 for r, p in enumerate(peaks)]
+        return ProjectedWorld(n, ranks, ranks[-1])
     worlds = [world(2, [50, 90]), world(4, [30, 45]), world(8, [20, 25])]
     assert [fewest_devices(worlds, b) for b in (100, 80, 45, 25, 24)] == [2, 4, 4, 8, None]
+    assert [fewest_devices(worlds, b, "live_tensors") for b in (85, 40, 20, 19)] == [2, 4, 8, None]
+    counts = devices(worlds, [80 / 2**30, 24 / 2**30])  # GiB
+    assert [(c.fewest, c.worst.live_tensors_upper if c.worst else None, c.fewest_by_rss) for c in counts] == [
+        (4, 45, 4), (None, None, None)]
 
 
 _PADDED_SHARD = r"""
@@ -94,10 +107,13 @@ def test_the_held_out_findings_are_read_off_the_rows():
     from auditor.renderers.rank_projection_markdown import validation_findings
 
     def row(world, rank, live, stage, rss, within=True):
-        return {"world_size": world, "rank": rank, "errors": {
-            "live_tensors": live, "every_stage": stage, "rss": rss, "within_upper": within,
-            "real": {"live_tensors": 100 * 2**20, "rss": 600 * 2**20 + rank * 2**20}}}
-    text = "\n".join(validation_findings([row(2, 0, 0.0, 0.001, -0.03), row(2, 1, -0.004, 0.03, -0.2, within=False)]))
+        real = RealPeaks(live_tensors=100 * 2**20, rss=600 * 2**20 + rank * 2**20)
+        return HeldOutRow(world, rank, RankErrors(live_tensors=live, sharded_live_tensors=live, every_stage=stage,
+                                                  every_stage_worst="prune", within_upper=within, rss=rss,
+                                                  sharded_rss=rss, real=real), 0, 0)
+    found = held_out_findings([row(2, 0, 0.0, 0.001, -0.03), row(2, 1, -0.004, 0.03, -0.2, within=False)])
+    assert (found.live_met, found.every_stage_met, found.rss_met) == (True, False, False)
+    text = "\n".join(validation_findings(found))
     assert "worst -0.40% (rank 1 of 2)" in text and "Target ±2%: met (**missed** on every stage)" in text
     assert "not on rank 1 of 2." in text
     assert "-20.00% to -3.00% (worst rank 1 of 2). Target ±5%: **missed**" in text

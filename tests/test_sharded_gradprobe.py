@@ -81,7 +81,7 @@ def _tokens():
 def test_each_rank_records_its_own_phases_and_holds_fewer_live_tensors(runs, tmp_path):
     alone = load(runs["alone"])
     merged = merge_ranks(runs["2 ranks"])
-    assert [(r["rank"], r["world_size"], r["backend"], r["finished"]) for r in merged["ranks"]] == [
+    assert [(r.rank, r.world_size, r.backend, r.finished) for r in merged.ranks] == [
         (0, 2, "gloo", True), (1, 2, "gloo", True)]
     records = [load(runs["2 ranks"] / f"rank-{rank}") for rank in (0, 1)]
     for record in records:

@@ -2,6 +2,12 @@
 
     worlds = project_ranks(real_ranks, {2: traced_2, 4: traced_4})   # records by rank
     fewest_devices(worlds, 80 * GiB)          # the smallest world size whose worst rank fits
+    projection = rank_projection(worlds, [24, 40, 80])   # the report: worlds and device counts
+    held_out_findings([held_out_row(2, rank, real_record), ...])   # a held-out check, read off
+
+Each is a typed model (ProjectedWorld, RankProjection, RankErrors, HeldOutFindings...) that
+auditor.renderers.rank_projection_markdown only formats; `to_json`/`from_json` keep the JSON
+the jobs write (projection-*.json, validation.json, rank-projection.json) as it was.
 
 Each traced rank (auditor.jobs.rank_projection: rank r of N on torch's fake process group, on the
 target's fake tensors) is projected as a single traced run is (auditor.analysis.traced_projection):
@@ -18,10 +24,149 @@ the host); the device count is read from the sharded part.
 """
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 from auditor.record_schema import RunRecord, Stage
 
 SHARDED_FROM = ("prune",)  # the stages (and their children) once the model is sharded
+GiB = 1 << 30
 
+
+# -- the model -----------------------------------------------------------------------------
+
+@dataclass
+class RankPeak:
+    """A rank's traced peaks over some stages, and their upper bounds with one more FSDP unit's
+    flat buffer held (what a real gloo rank was seen to hold beyond the traced run at a peak)."""
+    live_tensors: int
+    live_stage: str
+    estimated: int             # of live_tensors, the bytes resting on data-dependent size estimates
+    live_tensors_upper: int
+    rss: int
+    rss_stage: str
+    rss_upper: int
+
+
+@dataclass
+class ProjectedRank:
+    rank: int
+    traced_as: int             # the rank traced for it (one of its shard class)
+    paired_real_rank: int      # the audited rank whose RSS beyond live tensors it adds
+    retained_buffer: int       # the largest FSDP unit's flat buffer
+    whole: RankPeak            # the whole program, the model built whole included
+    sharded: RankPeak          # the sharded part (SHARDED_FROM): what the device count reads
+    # traced_projection's per-stage rows; None when read from JSON (they stay in the traced records)
+    stages: list[dict] | None
+    data_dependent: dict       # traced_projection.data_dependent's sites
+
+    @classmethod
+    def from_json(cls, data: dict) -> ProjectedRank:
+        return cls(**{**data, "whole": RankPeak(**data["whole"]), "sharded": RankPeak(**data["sharded"]),
+                      "stages": None})
+
+
+@dataclass
+class ProjectedWorld:
+    world_size: int
+    ranks: list[ProjectedRank]
+    worst: ProjectedRank       # the highest sharded upper bound
+    # whether the estimated bytes were measured at this size (a second trace); None: not said, measured
+    estimates_measured: bool | None = None
+
+    def to_json(self) -> dict:
+        """As the jobs write it: the peaks, without the per-stage rows."""
+        data = asdict(self)
+        for rank in (*data["ranks"], data["worst"]):
+            del rank["stages"]
+        if self.estimates_measured is None:
+            del data["estimates_measured"]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> ProjectedWorld:
+        return cls(data["world_size"], [ProjectedRank.from_json(r) for r in data["ranks"]],
+                   ProjectedRank.from_json(data["worst"]), data.get("estimates_measured"))
+
+
+@dataclass
+class DeviceCount:
+    """How many ranks a device size needs: the fewest projected world sizes whose worst rank's
+    sharded part fits it, by three figures (None: none of the projected sizes fits)."""
+    budget_gib: float
+    fewest: int | None         # by the live tensors' upper bound (the answer)
+    worst: RankPeak | None     # that world size's worst rank's sharded part
+    fewest_by_traced: int | None  # by the traced live-tensor peak alone
+    fewest_by_rss: int | None  # by projected RSS + one unit's buffer (a CPU host per rank)
+
+
+@dataclass
+class RankProjection:
+    """The per-rank projection report: each rank at each world size, then the device counts."""
+    worlds: list[ProjectedWorld]   # by world size, ascending
+    devices: list[DeviceCount]     # one per device size asked
+
+
+@dataclass
+class RealPeaks:
+    live_tensors: int
+    rss: int
+
+
+@dataclass
+class RankErrors:
+    """A projected rank against the real run of that rank: signed errors, (projected - real) / real."""
+    live_tensors: float
+    sharded_live_tensors: float
+    every_stage: float         # the largest in size over the stages both have
+    every_stage_worst: str | None  # its stage
+    within_upper: bool         # the real peaks (whole and sharded) within the upper bounds
+    rss: float
+    sharded_rss: float
+    real: RealPeaks
+
+    @classmethod
+    def from_json(cls, data: dict) -> RankErrors:
+        return cls(**{**data, "real": RealPeaks(**data["real"])})
+
+
+@dataclass
+class HeldOutRow:
+    """A row of the held-out check: a projected rank beside the real run of the same rank."""
+    world_size: int
+    rank: int
+    errors: RankErrors
+    projected_live: int        # the whole run's traced peak live tensors
+    projected_rss: int         # its projected peak RSS
+
+    @classmethod
+    def from_json(cls, data: dict) -> HeldOutRow:
+        return cls(**{**data, "errors": RankErrors.from_json(data["errors"])})
+
+
+@dataclass
+class WorstRank:
+    error: float
+    rank: int
+    world_size: int
+
+
+@dataclass
+class HeldOutFindings:
+    """What a held-out check's rows show: the worst rank on each figure, against the targets."""
+    live_limit: float
+    rss_limit: float
+    live: WorstRank            # peak live tensors over the run
+    every_stage: WorstRank
+    rss: WorstRank
+    rss_range: tuple[float, float]     # the RSS errors, lowest and highest
+    beyond_live: tuple[int, int]       # the real ranks' RSS beyond their live tensors, least and most
+    outside_upper: list[HeldOutRow]    # rows whose real peaks exceed the upper bounds
+    live_met: bool
+    every_stage_met: bool
+    rss_met: bool
+
+
+# -- building it ---------------------------------------------------------------------------
 
 def paired_rank(rank: int, real: dict[int, RunRecord]) -> int:
     if rank in real:
@@ -30,75 +175,114 @@ def paired_rank(rank: int, real: dict[int, RunRecord]) -> int:
     return max(others) if others else 0
 
 
-def project_ranks(real: dict[int, RunRecord], traced: dict[int, dict[int, RunRecord]]) -> list[dict]:
+def project_ranks(real: dict[int, RunRecord], traced: dict[int, dict[int, RunRecord]]) -> list[ProjectedWorld]:
     """One entry per world size (ascending): each rank's projection and the worst rank's."""
     worlds = []
     for world_size in sorted(traced):
         ranks = [project_rank(rank, record, real) for rank, record in sorted(traced[world_size].items())]
-        worlds.append({"world_size": world_size, "ranks": ranks,
-                       "worst": max(ranks, key=lambda r: r["sharded"]["live_tensors_upper"])})
+        worlds.append(ProjectedWorld(world_size, ranks, max(ranks, key=lambda r: r.sharded.live_tensors_upper)))
     return worlds
 
 
-def project_rank(rank: int, traced_record: RunRecord, real: dict[int, RunRecord]) -> dict:
+def project_rank(rank: int, traced_record: RunRecord, real: dict[int, RunRecord]) -> ProjectedRank:
     from auditor.analysis.traced_projection import project_traced
     paired = paired_rank(rank, real)
     projection = project_traced(real[paired], traced_record)
     stages = projection["stages"]
     sharded = [s for s in stages if s["path"].split("/")[0] in SHARDED_FROM]
     retained = max((traced_record.annotations.get("gather_buffers") or {}).values(), default=0)
-    return {"rank": rank, "traced_as": traced_record.annotations.get("traced_as", rank), "paired_real_rank": paired,
-            "retained_buffer": retained, "whole": _peak(stages, retained), "sharded": _peak(sharded, retained),
-            "stages": stages, "data_dependent": projection["data_dependent"]}
+    return ProjectedRank(rank=rank, traced_as=traced_record.annotations.get("traced_as", rank),
+                         paired_real_rank=paired, retained_buffer=retained, whole=_peak(stages, retained),
+                         sharded=_peak(sharded, retained), stages=stages,
+                         data_dependent=projection["data_dependent"])
 
 
-def _peak(stages: list[dict], retained: int) -> dict:
-    """The traced peaks, and their upper bounds with one more FSDP unit's flat buffer held
-    (`retained`: what a real gloo rank was seen to hold beyond the traced run at a peak)."""
+def _peak(stages: list[dict], retained: int) -> RankPeak:
     live = max(stages, key=lambda s: s["tensor_peak"])
     rss = max(stages, key=lambda s: s["rss_peak"])
-    return {"live_tensors": live["tensor_peak"], "live_stage": live["path"], "estimated": live["estimated"],
-            "live_tensors_upper": live["tensor_peak"] + retained,
-            "rss": rss["rss_peak"], "rss_stage": rss["path"], "rss_upper": rss["rss_peak"] + retained}
+    return RankPeak(live_tensors=live["tensor_peak"], live_stage=live["path"], estimated=live["estimated"],
+                    live_tensors_upper=live["tensor_peak"] + retained,
+                    rss=rss["rss_peak"], rss_stage=rss["path"], rss_upper=rss["rss_peak"] + retained)
 
 
-def fewest_devices(worlds: list[dict], budget: int, figure: str = "live_tensors_upper") -> int | None:
+def fewest_devices(worlds: list[ProjectedWorld], budget: int, figure: str = "live_tensors_upper") -> int | None:
     """The smallest projected world size whose worst rank's sharded peak (`figure`: live_tensors,
     rss or their `_upper` bounds) fits `budget` bytes; None when none of them does."""
     for world in worlds:
-        if max(r["sharded"][figure] for r in world["ranks"]) <= budget:
-            return world["world_size"]
+        if max(getattr(r.sharded, figure) for r in world.ranks) <= budget:
+            return world.world_size
     return None
 
 
-def compare_rank(projected: dict, real_record: RunRecord) -> dict:
+def devices(worlds: list[ProjectedWorld], budgets_gib: list[float]) -> list[DeviceCount]:
+    """The fewest ranks for each device size (GiB)."""
+    counts = []
+    for gib in budgets_gib:
+        budget = round(gib * GiB)
+        chosen = fewest_devices(worlds, budget)
+        worst = next((w.worst.sharded for w in worlds if w.world_size == chosen), None)
+        counts.append(DeviceCount(gib, chosen, worst, fewest_devices(worlds, budget, "live_tensors"),
+                                  fewest_devices(worlds, budget, "rss_upper")))
+    return counts
+
+
+def rank_projection(worlds: list[ProjectedWorld], budgets_gib: list[float]) -> RankProjection:
+    return RankProjection(worlds, devices(worlds, budgets_gib))
+
+
+def compare_rank(projected: ProjectedRank, real_record: RunRecord) -> RankErrors:
     """A projected rank against the real run of the same rank at the target (held-out check):
     peak live tensors over the run and every stage's, peak RSS, as signed errors."""
+    assert projected.stages is not None, "a projection made here, not read from JSON"
     real_stages: dict[str, Stage] = {}
     for s in real_record.stages:
         if s.status != "open":
             real_stages.setdefault(s.path, s)
     seen: set[str] = set()
     worst: tuple[float, str | None] = (0.0, None)
-    for s in projected["stages"]:
-        real = real_stages.get(s["path"])
+    for row in projected.stages:
+        real = real_stages.get(row["path"])
         real_peak = _live_peak(real) if real is not None else None
-        if s["path"] in seen or not real_peak:
+        if row["path"] in seen or not real_peak:
             continue
-        seen.add(s["path"])
-        error = _error(s["tensor_peak"], real_peak)
+        seen.add(row["path"])
+        error = _error(row["tensor_peak"], real_peak)
         if abs(error) > abs(worst[0]):
-            worst = (error, s["path"])
+            worst = (error, row["path"])
     real_live = max(_live_peak(s) or 0 for s in real_stages.values())
     real_rss = max(_rss_peak(s) for s in real_stages.values())
-    return {"live_tensors": _error(projected["whole"]["live_tensors"], real_live),
-            "sharded_live_tensors": _error(projected["sharded"]["live_tensors"], _real_sharded(real_stages, "live")),
-            "every_stage": worst[0], "every_stage_worst": worst[1],
-            "within_upper": real_live <= projected["whole"]["live_tensors_upper"]
-            and _real_sharded(real_stages, "live") <= projected["sharded"]["live_tensors_upper"],
-            "rss": _error(max(projected["whole"]["rss"], projected["sharded"]["rss"]), real_rss),
-            "sharded_rss": _error(projected["sharded"]["rss"], _real_sharded(real_stages, "rss")),
-            "real": {"live_tensors": real_live, "rss": real_rss}}
+    whole, sharded = projected.whole, projected.sharded
+    return RankErrors(
+        live_tensors=_error(whole.live_tensors, real_live),
+        sharded_live_tensors=_error(sharded.live_tensors, _real_sharded(real_stages, "live")),
+        every_stage=worst[0], every_stage_worst=worst[1],
+        within_upper=real_live <= whole.live_tensors_upper
+        and _real_sharded(real_stages, "live") <= sharded.live_tensors_upper,
+        rss=_error(max(whole.rss, sharded.rss), real_rss),
+        sharded_rss=_error(sharded.rss, _real_sharded(real_stages, "rss")),
+        real=RealPeaks(real_live, real_rss))
+
+
+def held_out_row(world_size: int, projected: ProjectedRank, real_record: RunRecord) -> HeldOutRow:
+    return HeldOutRow(world_size, projected.rank, compare_rank(projected, real_record),
+                      projected.whole.live_tensors, max(projected.whole.rss, projected.sharded.rss))
+
+
+def held_out_findings(rows: list[HeldOutRow], live_limit: float = 0.02, rss_limit: float = 0.05) -> HeldOutFindings:
+    """What the held-out rows show, read off them: the worst rank on each figure, against the
+    single-process traced targets (`live_limit`, `rss_limit`: the largest error in size that meets them)."""
+    def worst(figure: str) -> WorstRank:
+        row = max(rows, key=lambda r: abs(getattr(r.errors, figure)))
+        return WorstRank(getattr(row.errors, figure), row.rank, row.world_size)
+
+    live, stage, rss = worst("live_tensors"), worst("every_stage"), worst("rss")
+    beyond = [r.errors.real.rss - r.errors.real.live_tensors for r in rows]
+    return HeldOutFindings(
+        live_limit=live_limit, rss_limit=rss_limit, live=live, every_stage=stage, rss=rss,
+        rss_range=(min(r.errors.rss for r in rows), max(r.errors.rss for r in rows)),
+        beyond_live=(min(beyond), max(beyond)), outside_upper=[r for r in rows if not r.errors.within_upper],
+        live_met=abs(live.error) <= live_limit, every_stage_met=abs(stage.error) <= live_limit,
+        rss_met=abs(rss.error) <= rss_limit)
 
 
 def _real_sharded(stages: dict[str, Stage], figure: str) -> int:

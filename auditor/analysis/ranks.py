@@ -1,9 +1,11 @@
 """One view of a multi-rank run: each rank's record (RUN/rank-N/, auditor.ranks) merged.
 
-    merged = merge_ranks("runs/ranks")
-    merged["stages"]      stage rows, each with every rank's RSS and live-tensor peak
-    merged["peak"]        the rank and stage of the highest RSS of any rank
-    merged["imbalance"]   across ranks: max/min and spread of the run's peaks
+    merged = merge_ranks("runs/ranks")   # a MergedRanks: what the merged report says
+    merged.stages         stage rows, each with every rank's RSS and live-tensor peak
+    merged.peak           the rank and stage of the highest RSS of any rank
+    merged.imbalance      across ranks: max/min and spread of the run's peaks
+
+auditor.renderers.ranks_markdown only formats it.
 
 A rank that was killed has no run.json: its record is assembled from its event log, as
 `auditor report` does for any unfinished run, and marked unfinished here.
@@ -19,6 +21,7 @@ RSS shows it.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from auditor.record import RunRecordError, load, rank_folder_name, rank_folders
@@ -49,78 +52,182 @@ def load_ranks(folder: str | os.PathLike) -> dict[int, RunRecord]:
     return records
 
 
-def merge_ranks(folder: str | os.PathLike) -> dict:
+# -- the model -----------------------------------------------------------------------------
+
+@dataclass
+class Spread:
+    """One figure over the ranks that have it: the highest and the lowest, and which ranks."""
+    max: int
+    max_rank: int
+    min: int
+    min_rank: int
+    ratio: float | None    # max / min; None when min is 0
+    spread: int            # max - min
+    ranks: int             # ranks with a value
+
+
+@dataclass
+class RankSummary:
+    """One rank's run: who it was (None: its record lacks its identity) and its peaks."""
+    rank: int
+    world_size: int | None
+    local_rank: int | None
+    host: str | None
+    backend: str | None
+    source: str | None             # where its identity was read (auditor.ranks)
+    status: str                    # its exit status, "unknown" when the record has none
+    finished: bool                 # False: killed, rendered from its event log
+    rss_peak: int | None
+    rss_peak_stage: str | None
+    live_peak: int | None
+    live_peak_stage: str | None
+    rss_at_start: int | None
+    duration_s: float | None
+    open_stages: list[str]
+
+
+@dataclass
+class StageReading:
+    """One rank's readings of a stage; a path entered several times keeps its highest."""
+    rss_peak: int | None
+    live_peak: int | None
+    status: str                    # "open" or "failed" if any call was, else "ok"
+    calls: int
+    communication: int | None      # collective_bytes at the live-tensor peak; None: meter off
+    wrappers: int | None           # the collectives' wrappers' bytes there, apart
+
+
+@dataclass
+class MergedStage:
+    """A stage path with every rank's readings side by side."""
+    path: str
+    ranks: dict[int, StageReading]   # by rank; a rank that never ran it is absent
+    rss: Spread | None
+    live: Spread | None
+
+
+@dataclass
+class GlobalPeak:
+    bytes: int
+    rank: int                      # a tie: the lowest rank
+    stage: str | None              # None: outside every stage
+
+
+@dataclass
+class Imbalance:
+    """The run's peaks across ranks."""
+    rss: Spread | None
+    live: Spread | None
+
+
+@dataclass
+class CollectiveBytes:
+    stage: str
+    rank: int
+    bytes: int
+
+
+@dataclass
+class Communication:
+    metered: bool                  # some rank had the live-tensor meter on
+    stages: list[CollectiveBytes]  # storages a collective created, alive at a stage's live peak
+    wrappers: list[CollectiveBytes]  # the AsyncCollectiveTensor wrappers' bytes, left out of `stages`
+    largest_wrapper: CollectiveBytes | None
+
+
+@dataclass
+class MergedRanks:
+    """The merged report of a multi-rank run, in the report's order."""
+    folder: str
+    name: str | None               # the first record's run name and command (rank 0's from a folder)
+    command: str | None
+    world_size: list[int]          # the world sizes the ranks' records give
+    ranks: list[RankSummary]       # by rank
+    unfinished: list[int]          # ranks killed before writing their record
+    missing_ranks: list[int]       # ranks of the world size with no record
+    identity_sources: list[str]    # where the ranks' identities were read
+    backends: list[str]            # process group backends
+    stages: list[MergedStage]      # in the order they first ran
+    peak: GlobalPeak | None        # the highest RSS of any rank
+    live_peak: GlobalPeak | None   # the most live tensors of any rank
+    imbalance: Imbalance
+    communication: Communication
+
+
+# -- building it ---------------------------------------------------------------------------
+
+def merge_ranks(folder: str | os.PathLike) -> MergedRanks:
     return merge(load_ranks(folder), folder)
 
 
-def merge(records: dict[int, RunRecord], folder: str | os.PathLike = "") -> dict:
+def merge(records: dict[int, RunRecord], folder: str | os.PathLike = "") -> MergedRanks:
     ranks = [_rank_summary(rank, record) for rank, record in sorted(records.items())]
     stages = _stage_rows(records)
-    world = {r["world_size"] for r in ranks if r["world_size"] is not None}
+    world = {r.world_size for r in ranks if r.world_size is not None}
     expected = max(world) if world else len(ranks)
-    return {
-        "folder": str(folder), "name": next(iter(records.values())).name if records else None,
-        "command": next(iter(records.values())).command if records else None,
-        "world_size": sorted(world), "ranks": ranks,
-        "missing_ranks": [n for n in range(expected) if n not in records],
-        "stages": stages, "peak": _global_peak(ranks, "rss_peak", "rss_peak_stage"),
-        "live_peak": _global_peak(ranks, "live_peak", "live_peak_stage"),
-        "imbalance": {"rss": spread({r["rank"]: r["rss_peak"] for r in ranks}),
-                      "live": spread({r["rank"]: r["live_peak"] for r in ranks})},
-        "communication": _communication(stages),
-    }
+    first = next(iter(records.values()), None)
+    return MergedRanks(
+        folder=str(folder), name=first.name if first else None, command=first.command if first else None,
+        world_size=sorted(world), ranks=ranks, unfinished=[r.rank for r in ranks if not r.finished],
+        missing_ranks=[n for n in range(expected) if n not in records],
+        identity_sources=sorted({r.source for r in ranks if r.source}),
+        backends=sorted({r.backend for r in ranks if r.backend}),
+        stages=stages, peak=_global_peak([(r.rss_peak, r.rank, r.rss_peak_stage) for r in ranks]),
+        live_peak=_global_peak([(r.live_peak, r.rank, r.live_peak_stage) for r in ranks]),
+        imbalance=Imbalance(spread({r.rank: r.rss_peak for r in ranks}),
+                            spread({r.rank: r.live_peak for r in ranks})),
+        communication=_communication(stages))
 
 
-def _rank_summary(rank: int, record: RunRecord) -> dict:
+def _rank_summary(rank: int, record: RunRecord) -> RankSummary:
     identity = record.rank  # None: a record without its rank's identity
     status = record.exit.status if record.exit is not None else None
     live = [(s.live_tensors.peak, s.path) for s in record.stages
             if s.live_tensors is not None and s.live_tensors.peak is not None]
     live_peak, live_stage = max(live, key=lambda pair: pair[0]) if live else (None, None)
-    return {"rank": rank, "world_size": identity.world_size if identity else None,
-            "local_rank": identity.local_rank if identity else None, "host": identity.host if identity else None,
-            "backend": identity.backend if identity else None, "source": identity.source if identity else None,
-            "status": status or "unknown", "finished": status != "unfinished",
-            "rss_peak": record.peak.rss, "rss_peak_stage": record.peak.stage,
-            "live_peak": live_peak, "live_peak_stage": live_stage,
-            "rss_at_start": record.process.rss_at_start,
-            "duration_s": record.duration_s,
-            "open_stages": [s.path for s in record.stages if s.status == "open"]}
+    return RankSummary(
+        rank=rank, world_size=identity.world_size if identity else None,
+        local_rank=identity.local_rank if identity else None, host=identity.host if identity else None,
+        backend=identity.backend if identity else None, source=identity.source if identity else None,
+        status=status or "unknown", finished=status != "unfinished",
+        rss_peak=record.peak.rss, rss_peak_stage=record.peak.stage,
+        live_peak=live_peak, live_peak_stage=live_stage,
+        rss_at_start=record.process.rss_at_start, duration_s=record.duration_s,
+        open_stages=[s.path for s in record.stages if s.status == "open"])
 
 
-def _stage_rows(records: dict[int, RunRecord]) -> list[dict]:
+def _stage_rows(records: dict[int, RunRecord]) -> list[MergedStage]:
     """Stage paths in the order they first ran (rank 0's, then others' own), every rank's
     readings side by side; a path a rank entered several times keeps its highest."""
-    rows: dict[str, dict] = {}
+    readings: dict[str, dict[int, StageReading]] = {}
     for rank, record in sorted(records.items()):
         for stage in record.stages:
-            row = rows.setdefault(stage.path, {"path": stage.path, "ranks": {}})
-            row["ranks"][rank] = _highest(row["ranks"].get(rank), _reading(stage))
-    for row in rows.values():
-        row["rss"] = spread({r: v["rss_peak"] for r, v in row["ranks"].items()})
-        row["live"] = spread({r: v["live_peak"] for r, v in row["ranks"].items()})
-    return list(rows.values())
+            row = readings.setdefault(stage.path, {})
+            row[rank] = _highest(row.get(rank), _reading(stage))
+    return [MergedStage(path, row, spread({r: v.rss_peak for r, v in row.items()}),
+                        spread({r: v.live_peak for r, v in row.items()}))
+            for path, row in readings.items()]
 
 
-def _reading(stage: Stage) -> dict:
+def _reading(stage: Stage) -> StageReading:
     live = stage.live_tensors
     at_peak = live.at_peak if live is not None else None
-    return {"rss_peak": stage.rss.peak, "live_peak": live.peak if live is not None else None,
-            "status": stage.status, "calls": 1,
-            "communication": collective_bytes(at_peak),
-            "wrappers": collective_bytes(at_peak, COLLECTIVE_WRAPPERS)}
+    return StageReading(rss_peak=stage.rss.peak, live_peak=live.peak if live is not None else None,
+                        status=stage.status, calls=1, communication=collective_bytes(at_peak),
+                        wrappers=collective_bytes(at_peak, COLLECTIVE_WRAPPERS))
 
 
-def _highest(kept: dict | None, new: dict) -> dict:
+def _highest(kept: StageReading | None, new: StageReading) -> StageReading:
     if kept is None:
         return new
-    merged = {key: _max(kept[key], new[key]) for key in ("rss_peak", "live_peak", "communication", "wrappers")}
-    status = "open" if "open" in (kept["status"], new["status"]) else \
-        "failed" if "failed" in (kept["status"], new["status"]) else "ok"
-    return {**merged, "status": status, "calls": kept["calls"] + 1}
+    statuses = (kept.status, new.status)
+    status = "open" if "open" in statuses else "failed" if "failed" in statuses else "ok"
+    return replace(kept, rss_peak=_max(kept.rss_peak, new.rss_peak), live_peak=_max(kept.live_peak, new.live_peak),
+                   communication=_max(kept.communication, new.communication),
+                   wrappers=_max(kept.wrappers, new.wrappers), status=status, calls=kept.calls + 1)
 
 
-def _max(a, b):
+def _max(a: int | None, b: int | None) -> int | None:
     values = [v for v in (a, b) if v is not None]
     return max(values) if values else None
 
@@ -136,32 +243,31 @@ def collective_bytes(at_peak: AtPeak | None, ops: tuple[str, ...] = COLLECTIVE_O
     return sum(row.bytes for row in wanted)
 
 
-def spread(values: dict[int, int | None]) -> dict | None:
+def spread(values: dict[int, int | None]) -> Spread | None:
     """max, min, max/min and max - min over the ranks that have a value, and which ranks."""
     known = {rank: value for rank, value in values.items() if value is not None}
     if not known:
         return None
     high = max(known, key=lambda rank: (known[rank], -rank))
     low = min(known, key=lambda rank: (known[rank], rank))
-    return {"max": known[high], "max_rank": high, "min": known[low], "min_rank": low,
-            "ratio": known[high] / known[low] if known[low] else None,
-            "spread": known[high] - known[low], "ranks": len(known)}
+    return Spread(max=known[high], max_rank=high, min=known[low], min_rank=low,
+                  ratio=known[high] / known[low] if known[low] else None,
+                  spread=known[high] - known[low], ranks=len(known))
 
 
-def _global_peak(ranks: list[dict], key: str, stage_key: str) -> dict | None:
-    known = [r for r in ranks if r[key] is not None]
+def _global_peak(peaks: list[tuple[int | None, int, str | None]]) -> GlobalPeak | None:
+    """The highest of (bytes, rank, stage) over the ranks that have one; a tie: the lowest rank."""
+    known = [(size, rank, stage) for size, rank, stage in peaks if size is not None]
     if not known:
         return None
-    top = max(known, key=lambda r: (r[key], -r["rank"]))  # a tie: the lowest rank
-    return {"bytes": top[key], "rank": top["rank"], "stage": top[stage_key]}
+    size, rank, stage = max(known, key=lambda peak: (peak[0], -peak[1]))
+    return GlobalPeak(size, rank, stage)
 
 
-def _communication(stages: list[dict]) -> dict:
-    seen = [(row["path"], rank, reading["communication"]) for row in stages
-            for rank, reading in sorted(row["ranks"].items()) if reading["communication"]]
-    metered = any(reading["communication"] is not None for row in stages for reading in row["ranks"].values())
-    wrapped = [(row["path"], rank, reading["wrappers"]) for row in stages
-               for rank, reading in sorted(row["ranks"].items()) if reading["wrappers"]]
-    return {"metered": metered, "stages": [{"stage": path, "rank": rank, "bytes": size}
-                                           for path, rank, size in seen],
-            "wrappers": [{"stage": path, "rank": rank, "bytes": size} for path, rank, size in wrapped]}
+def _communication(stages: list[MergedStage]) -> Communication:
+    seen = [CollectiveBytes(row.path, rank, reading.communication) for row in stages
+            for rank, reading in sorted(row.ranks.items()) if reading.communication]
+    metered = any(reading.communication is not None for row in stages for reading in row.ranks.values())
+    wrapped = [CollectiveBytes(row.path, rank, reading.wrappers) for row in stages
+               for rank, reading in sorted(row.ranks.items()) if reading.wrappers]
+    return Communication(metered, seen, wrapped, max(wrapped, key=lambda e: e.bytes) if wrapped else None)

@@ -56,6 +56,7 @@ def main(args) -> int:
     from auditor.cli.run_dir import check_new_run_dir
     check_new_run_dir(args.run_dir)
     small, target = _checked(args)
+    from auditor.analysis.rank_projection import rank_projection
     from auditor.audit import new_run_folder
     from auditor.jobs.rank_projection import project_world_sizes
     from auditor.renderers.rank_projection_markdown import render_projection
@@ -73,13 +74,14 @@ def main(args) -> int:
         print(f"auditor: {str(error).splitlines()[0]}; the runs that finished are in {str(folder)!r}",
               file=sys.stderr)
         return 1
-    (folder / "rank-projection.json").write_text(json.dumps({"worlds": worlds}, indent=1, default=str) + "\n")
+    (folder / "rank-projection.json").write_text(
+        json.dumps({"worlds": [w.to_json() for w in worlds]}, indent=1, default=str) + "\n")
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(render_projection(worlds, small, target, args.device_memory, args.command_line))
+    output.write_text(render_projection(rank_projection(worlds, args.device_memory), small, target, args.command_line))
     from auditor.units import size
-    worst = worlds[-1]["worst"]["sharded"]
-    print(f"auditor: {len(worlds)} world size(s) projected; at {worlds[-1]['world_size']} ranks the worst "
-          f"rank's sharded peak is {size(worst['live_tensors'])} of live tensors\n"
+    worst = worlds[-1].worst.sharded
+    print(f"auditor: {len(worlds)} world size(s) projected; at {worlds[-1].world_size} ranks the worst "
+          f"rank's sharded peak is {size(worst.live_tensors)} of live tensors\n"
           f"report: {output}\nruns: {folder}")
     return 0
 

@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 import auditor
+from auditor.analysis.rank_projection import ProjectedWorld
 from auditor.audit import Audit
 from auditor.jobs import gradprobe as job
 from auditor.jobs.gradprobe import Settings
@@ -273,10 +274,11 @@ def traced_ranks(settings: Settings, world_size: int, out: Path, real: dict[int,
 
 
 def project_world_sizes(small: Settings, target: Settings, world_sizes: list[int], out: Path, ranks: int = 2,
-                        every_rank: bool = False, progress=lambda text: None) -> list[dict]:
+                        every_rank: bool = False, progress=lambda text: None) -> list[ProjectedWorld]:
     """`auditor project-ranks`: `small` audited for real on `ranks` ranks (OUT/audited-R-ranks/), the
     target traced at each world size (OUT/traced-N-ranks/), each rank projected
-    (auditor.analysis.rank_projection.project_ranks; the per-stage rows stay in the traced records)."""
+    (auditor.analysis.rank_projection.project_ranks; `to_json` leaves out the per-stage rows, which
+    stay in the traced records)."""
     from auditor.analysis.rank_projection import project_ranks
     progress(f"auditing {small.architecture} on {ranks} real ranks (torchrun, gloo)")
     real = real_ranks(small, ranks, out / f"audited-{ranks}-ranks")
@@ -284,11 +286,7 @@ def project_world_sizes(small: Settings, target: Settings, world_sizes: list[int
     for world in sorted(set(world_sizes)):
         progress(f"tracing {target.architecture} at {world} ranks on fake tensors")
         traced[world] = traced_ranks(target, world, out / f"traced-{world}-ranks", real, every_rank=every_rank)
-    worlds = project_ranks(real, traced)
-    for world in worlds:
-        for rank in world["ranks"]:
-            rank.pop("stages")
-    return worlds
+    return project_ranks(real, traced)
 
 
 def real_ranks(settings: Settings, world_size: int, out: Path, timeout_s: int = 1800) -> dict[int, RunRecord]:

@@ -1,11 +1,12 @@
-"""Markdown of a per-rank projection (auditor.analysis.rank_projection): each rank's projected
-peaks at each world size, how many devices of N GiB it needs, and a held-out check's errors."""
+"""Markdown of a per-rank projection: each rank's projected peaks at each world size, how many
+devices of N GiB it needs, and a held-out check's errors. What it says is computed by
+auditor.analysis.rank_projection (RankProjection, HeldOutRow, HeldOutFindings); this module only
+formats it."""
 from __future__ import annotations
 
-from auditor.analysis.rank_projection import fewest_devices
+from auditor.analysis.rank_projection import HeldOutFindings, HeldOutRow, ProjectedWorld, RankProjection, WorstRank
 from auditor.units import size
 
-GiB = 1 << 30
 BASIS = ("Basis: *live tensors* are the traced run's (rank r of N on torch's fake process group, "
          "FakeTensorMode at the target's shapes): exact but for the bytes resting on data-dependent "
          "size estimates (column *of which estimated*: boolean indexing at candidates, sized by the "
@@ -20,43 +21,43 @@ BASIS = ("Basis: *live tensors* are the traced run's (rank r of N on torch's fak
          "same program on the same shapes).")
 
 
-def ranks_table(worlds: list[dict]) -> list[str]:
+def ranks_table(worlds: list[ProjectedWorld]) -> list[str]:
     lines = ["| ranks | rank | traced | whole run: peak live tensors | in stage | sharded part: peak live "
              "tensors | in stage | of which estimated | + one unit's buffer (upper bound) | sharded part: "
              "projected peak RSS | in stage |", "|---:|---:|---|---:|---|---:|---|---:|---:|---:|---|"]
     for world in worlds:
-        for r in world["ranks"]:
-            whole, part = r["whole"], r["sharded"]
-            traced = "itself" if r["traced_as"] == r["rank"] else f"as {r['traced_as']}"
-            lines.append(f"| {world['world_size']} | {r['rank']} | {traced} | {size(whole['live_tensors'])} | "
-                         f"`{whole['live_stage']}` | {size(part['live_tensors'])} | `{part['live_stage']}` | "
-                         f"{size(part['estimated']) if world.get('estimates_measured', True) else 'not measured'} | "
-                         f"{size(part['live_tensors_upper'])} | {size(part['rss'])} | "
-                         f"`{part['rss_stage']}` |")
+        measured = world.estimates_measured is not False
+        for r in world.ranks:
+            whole, part = r.whole, r.sharded
+            traced = "itself" if r.traced_as == r.rank else f"as {r.traced_as}"
+            lines.append(f"| {world.world_size} | {r.rank} | {traced} | {size(whole.live_tensors)} | "
+                         f"`{whole.live_stage}` | {size(part.live_tensors)} | `{part.live_stage}` | "
+                         f"{size(part.estimated) if measured else 'not measured'} | "
+                         f"{size(part.live_tensors_upper)} | {size(part.rss)} | "
+                         f"`{part.rss_stage}` |")
     return lines
 
 
-def devices_table(worlds: list[dict], budgets_gib: list[float]) -> list[str]:
-    sizes = ", ".join(str(w["world_size"]) for w in worlds)
+def devices_table(projection: RankProjection) -> list[str]:
+    worlds = projection.worlds
+    sizes = ", ".join(str(w.world_size) for w in worlds)
     lines = [f"| device memory | fewest ranks (of {sizes}): worst rank's sharded peak live tensors, upper bound, "
              "fits | that rank's upper bound | traced peak alone | fewest ranks by traced peak alone | "
              "fewest ranks by projected RSS + buffer (a CPU host per rank) |", "|---:|---:|---:|---:|---:|---:|"]
-    beyond = f"more than {worlds[-1]['world_size']}"
-    for gib in budgets_gib:
-        budget = round(gib * GiB)
-        chosen = fewest_devices(worlds, budget)
-        worst = next((w["worst"]["sharded"] for w in worlds if w["world_size"] == chosen), None)
-        lines.append(f"| {gib:g} GiB | {chosen or beyond} | {size(worst['live_tensors_upper']) if worst else '-'} | "
-                     f"{size(worst['live_tensors']) if worst else '-'} | "
-                     f"{fewest_devices(worlds, budget, 'live_tensors') or beyond} | "
-                     f"{fewest_devices(worlds, budget, 'rss_upper') or beyond} |")
+    beyond = f"more than {worlds[-1].world_size}"
+    for count in projection.devices:
+        worst = count.worst
+        lines.append(f"| {count.budget_gib:g} GiB | {count.fewest or beyond} | "
+                     f"{size(worst.live_tensors_upper) if worst else '-'} | "
+                     f"{size(worst.live_tensors) if worst else '-'} | "
+                     f"{count.fewest_by_traced or beyond} | {count.fewest_by_rss or beyond} |")
     return lines
 
 
-def render_projection(worlds: list[dict], small, target, budgets_gib: list[float],
-                      command: list[str] | None = None) -> str:
+def render_projection(projection: RankProjection, small, target, command: list[str] | None = None) -> str:
     """The `auditor project-ranks` report: each rank at each world size, then the device counts."""
     import shlex
+    worlds = projection.worlds
 
     def label(settings) -> str:
         extra = ", ".join(f"{k} {v}" for k, v in settings.overrides.items())
@@ -67,37 +68,34 @@ def render_projection(worlds: list[dict], small, target, budgets_gib: list[float
     out += [BASIS, "", "Two peaks per rank: the whole run's, at `build model` or `shard model` (the job builds "
             "the whole model on every rank before FSDP2 copies out its shards), and the sharded part's "
             "(`prune` and its phases), which a device run that builds its model on meta or on the host "
-            "has alone; device counts read the sharded part.", "", f"## Each rank at {', '.join(str(w['world_size']) for w in worlds)} ranks", "",
+            "has alone; device counts read the sharded part.", "", f"## Each rank at {', '.join(str(w.world_size) for w in worlds)} ranks", "",
             *ranks_table(worlds), "", "## How many devices", "",
             "The fewest ranks whose worst rank's sharded part fits each device size. GPU figures are "
             "live tensors: the CUDA context and the caching allocator's slack come on top.", "",
-            *devices_table(worlds, budgets_gib), ""]
+            *devices_table(projection), ""]
     return "\n".join(out)
 
 
-def validation_findings(rows: list[dict], live_limit: float = 0.02, rss_limit: float = 0.05) -> list[str]:
-    """What the held-out rows show, read off them: the worst rank on each figure, against the
-    single-process traced targets."""
-    def worst(key):
-        row = max(rows, key=lambda r: abs(r["errors"][key]))
-        return row["errors"][key], f"rank {row['rank']} of {row['world_size']}"
+def validation_findings(found: HeldOutFindings) -> list[str]:
+    """What the held-out rows show (auditor.analysis.rank_projection.held_out_findings), in words."""
+    def where(worst: WorstRank) -> str:
+        return f"rank {worst.rank} of {worst.world_size}"
 
-    def met(err, limit):
-        return "met" if abs(err) <= limit else "**missed**"
+    def met(ok: bool) -> str:
+        return "met" if ok else "**missed**"
 
-    live, stage, rss = worst("live_tensors"), worst("every_stage"), worst("rss")
-    beyond = [r["errors"]["real"]["rss"] - r["errors"]["real"]["live_tensors"] for r in rows]
-    outside = [f"rank {r['rank']} of {r['world_size']}" for r in rows if not r["errors"]["within_upper"]]
-    low, high = (min(r["errors"]["rss"] for r in rows), max(r["errors"]["rss"] for r in rows))
+    live, stage, rss = found.live, found.every_stage, found.rss
+    (low, high), (least, most) = found.rss_range, found.beyond_live
+    outside = [f"rank {r.rank} of {r.world_size}" for r in found.outside_upper]
     return ["What the held-out check above found (read off its rows):",
-            f"- Peak live tensors: worst {live[0]:+.2%} ({live[1]}); every stage: worst {stage[0]:+.2%} "
-            f"({stage[1]}). Target ±{live_limit:.0%}: {met(live[0], live_limit)} "
-            f"({met(stage[0], live_limit)} on every stage).",
+            f"- Peak live tensors: worst {live.error:+.2%} ({where(live)}); every stage: worst {stage.error:+.2%} "
+            f"({where(stage)}). Target ±{found.live_limit:.0%}: {met(found.live_met)} "
+            f"({met(found.every_stage_met)} on every stage).",
             "- Real sharded part within the traced upper bound (+ one unit's buffer): "
             + ("every rank." if not outside else "not on " + ", ".join(outside) + "."),
-            f"- Peak RSS: {low:+.2%} to {high:+.2%} (worst {rss[1]}). Target ±{rss_limit:.0%}: "
-            f"{met(rss[0], rss_limit)}. The real ranks' RSS beyond their live tensors was "
-            f"{size(min(beyond))} to {size(max(beyond))}; the projection adds the audited rank's, stage by "
+            f"- Peak RSS: {low:+.2%} to {high:+.2%} (worst {where(rss)}). Target ±{found.rss_limit:.0%}: "
+            f"{met(found.rss_met)}. The real ranks' RSS beyond their live tensors was "
+            f"{size(least)} to {size(most)}; the projection adds the audited rank's, stage by "
             "stage, and the allocator's retention growth; where the rest goes is measured below "
             "(*Where the missing RSS is*). Live tensors are the projected quantity here; RSS is a "
             "lower estimate."]
@@ -151,16 +149,15 @@ def retention_section(data: dict) -> list[str]:
             f"`{data['command']}`"]
 
 
-def validation_table(rows: list[dict]) -> list[str]:
-    """rows: {world_size, rank, projected_live, projected_rss, errors: compare_rank's}."""
+def validation_table(rows: list[HeldOutRow]) -> list[str]:
     lines = ["| ranks | rank | real peak live tensors | projected (traced) | error | every stage (worst) | "
              "sharded part: error | real within the upper bound | real peak RSS | projected | error |",
              "|---:|---:|---:|---:|---:|---|---:|---|---:|---:|---:|"]
     for row in rows:
-        e = row["errors"]
-        lines.append(f"| {row['world_size']} | {row['rank']} | {size(e['real']['live_tensors'])} | "
-                     f"{size(row['projected_live'])} | {e['live_tensors']:+.2%} | {e['every_stage']:+.2%} "
-                     f"(`{e['every_stage_worst']}`) | {e['sharded_live_tensors']:+.2%} | "
-                     f"{'yes' if e['within_upper'] else '**no**'} | {size(e['real']['rss'])} | "
-                     f"{size(row['projected_rss'])} | {e['rss']:+.2%} |")
+        e = row.errors
+        lines.append(f"| {row.world_size} | {row.rank} | {size(e.real.live_tensors)} | "
+                     f"{size(row.projected_live)} | {e.live_tensors:+.2%} | {e.every_stage:+.2%} "
+                     f"(`{e.every_stage_worst}`) | {e.sharded_live_tensors:+.2%} | "
+                     f"{'yes' if e.within_upper else '**no**'} | {size(e.real.rss)} | "
+                     f"{size(row.projected_rss)} | {e.rss:+.2%} |")
     return lines

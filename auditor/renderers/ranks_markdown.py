@@ -1,11 +1,13 @@
-"""The merged report of a multi-rank run (auditor.analysis.ranks): ranks, the global peak,
-every rank's stages side by side, imbalance across ranks, communication buffers."""
+"""The merged report of a multi-rank run: ranks, the global peak, every rank's stages side by
+side, imbalance across ranks, communication buffers. What it says is computed by
+auditor.analysis.ranks (`merge_ranks(folder)` -> MergedRanks); this module only formats it."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
 from auditor import units
+from auditor.analysis.ranks import MergedRanks, Spread
 from auditor.renderers import markdown_text as md
 
 COMMUNICATION_NOTE = (
@@ -17,83 +19,80 @@ COMMUNICATION_NOTE = (
     "(gloo's on CPU, NCCL's on GPU), which is no tensor: only RSS shows it.")
 
 
-def write_report(merged: dict, out: str | os.PathLike) -> Path:
+def write_report(merged: MergedRanks, out: str | os.PathLike) -> Path:
     out = Path(out)
     out.write_text(render(merged), encoding="utf-8")
     return out
 
 
-def render(merged: dict) -> str:
+def render(merged: MergedRanks) -> str:
     parts = [_title(merged), _summary(merged), _ranks(merged), _side_by_side(merged),
              _imbalance(merged), _communication(merged)]
     return "\n\n".join(part for part in parts if part) + "\n"
 
 
-def _title(merged: dict) -> str:
-    count = len(merged["ranks"])
-    lines = [f"# Multi-rank memory report: {md.text(merged['name'])} ({count} rank{'s' * (count != 1)})"]
-    if merged.get("command"):
-        lines.append(f"\nRank 0's command: {md.code(merged['command'])}")
-    unfinished = [r["rank"] for r in merged["ranks"] if not r["finished"]]
-    if unfinished:
-        lines.append(f"\n**Unfinished: rank {_list(unfinished)}** (killed, or its log could not be "
+def _title(merged: MergedRanks) -> str:
+    count = len(merged.ranks)
+    lines = [f"# Multi-rank memory report: {md.text(merged.name)} ({count} rank{'s' * (count != 1)})"]
+    if merged.command:
+        lines.append(f"\nRank 0's command: {md.code(merged.command)}")
+    if merged.unfinished:
+        lines.append(f"\n**Unfinished: rank {_list(merged.unfinished)}** (killed, or its log could not be "
                      "written): rendered from its event log; stages never finished are marked open.")
-    if merged["missing_ranks"]:
-        lines.append(f"\n**No record from rank {_list(merged['missing_ranks'])}** of world size "
-                     f"{_list(merged['world_size'])}.")
+    if merged.missing_ranks:
+        lines.append(f"\n**No record from rank {_list(merged.missing_ranks)}** of world size "
+                     f"{_list(merged.world_size)}.")
     return "\n".join(lines)
 
 
-def _summary(merged: dict) -> str:
+def _summary(merged: MergedRanks) -> str:
     lines = ["## Summary", ""]
-    peak, live = merged["peak"], merged["live_peak"]
+    peak, live = merged.peak, merged.live_peak
     if peak:
-        where = f"in stage {md.code(peak['stage'])}" if peak["stage"] else "outside every stage"
-        lines.append(f"- Global peak RSS: **{units.size(peak['bytes'])} on rank {peak['rank']}**, {where}.")
+        where = f"in stage {md.code(peak.stage)}" if peak.stage else "outside every stage"
+        lines.append(f"- Global peak RSS: **{units.size(peak.bytes)} on rank {peak.rank}**, {where}.")
     if live:
-        lines.append(f"- Highest live tensors: {units.size(live['bytes'])} on rank {live['rank']}, "
-                     f"in stage {md.code(live['stage'])}.")
-    for key, what in (("rss", "peak RSS"), ("live", "peak live tensors")):
-        imbalance = merged["imbalance"][key]
-        if imbalance and imbalance["ranks"] > 1:
-            which = (f"highest rank {imbalance['max_rank']}, lowest rank {imbalance['min_rank']}"
-                     if imbalance["spread"] else "the same on every rank")
+        lines.append(f"- Highest live tensors: {units.size(live.bytes)} on rank {live.rank}, "
+                     f"in stage {md.code(live.stage)}.")
+    for imbalance, what in ((merged.imbalance.rss, "peak RSS"), (merged.imbalance.live, "peak live tensors")):
+        if imbalance and imbalance.ranks > 1:
+            which = (f"highest rank {imbalance.max_rank}, lowest rank {imbalance.min_rank}"
+                     if imbalance.spread else "the same on every rank")
             lines.append(f"- Imbalance of {what} across ranks: max/min {_ratio(imbalance)}, spread "
-                         f"{units.size(imbalance['spread'])} ({which}).")
+                         f"{units.size(imbalance.spread)} ({which}).")
     return "\n".join(lines)
 
 
-def _ranks(merged: dict) -> str:
+def _ranks(merged: MergedRanks) -> str:
     headers = ["rank", "host", "local rank", "world size", "status", "peak RSS", "in stage",
                "peak live tensors", "in stage", "RSS at start", "time"]
-    rows = [[str(r["rank"]), md.text(r["host"] or "-"), _value(r["local_rank"]), _value(r["world_size"]),
-             r["status"] + (f" (open: {md.code(', '.join(r['open_stages']))})" if r["open_stages"] else ""),
-             units.size(r["rss_peak"]), md.code(r["rss_peak_stage"]) if r["rss_peak_stage"] else "-",
-             units.size(r["live_peak"]), md.code(r["live_peak_stage"]) if r["live_peak_stage"] else "-",
-             units.size(r["rss_at_start"]), units.seconds(r["duration_s"])]
-            for r in merged["ranks"]]
-    sources = sorted({r["source"] for r in merged["ranks"] if r["source"]})
-    backends = sorted({r["backend"] for r in merged["ranks"] if r["backend"]})
+    rows = [[str(r.rank), md.text(r.host or "-"), _value(r.local_rank), _value(r.world_size),
+             r.status + (f" (open: {md.code(', '.join(r.open_stages))})" if r.open_stages else ""),
+             units.size(r.rss_peak), md.code(r.rss_peak_stage) if r.rss_peak_stage else "-",
+             units.size(r.live_peak), md.code(r.live_peak_stage) if r.live_peak_stage else "-",
+             units.size(r.rss_at_start), units.seconds(r.duration_s)]
+            for r in merged.ranks]
+    sources, backends = merged.identity_sources, merged.backends
     note = (f"\n\nRank, world size and local rank read from {' and '.join(sources)} "
             "(auditor.ranks says when each is read)" if sources else "")
     note += (f"; process group backend {', '.join(backends)}." if backends else "." if note else "")
     return "## Ranks\n\n" + md.table(headers, rows, right=(0, 2, 3, 5, 7, 9, 10)) + note
 
 
-def _side_by_side(merged: dict) -> str:
-    ranks = [r["rank"] for r in merged["ranks"]]
+def _side_by_side(merged: MergedRanks) -> str:
+    ranks = [r.rank for r in merged.ranks]
     headers = ["stage"] + [f"rank {n} {what}" for n in ranks for what in ("RSS peak", "live peak")]
     rows = []
-    for row in merged["stages"]:
-        cells = [md.code(row["path"])]
+    for row in merged.stages:
+        cells = [md.code(row.path)]
         for n in ranks:
-            reading = row["ranks"].get(n)
+            reading = row.ranks.get(n)
             if reading is None:
                 cells += ["(not run)", "-"]
                 continue
-            mark = " (open)" if reading["status"] == "open" else " (failed)" if reading["status"] == "failed" else ""
-            cells += [_top(units.size(reading["rss_peak"]), row["rss"], n) + mark,
-                      _top(units.size(reading["live_peak"]), row["live"], n)]
+            mark = " (open)" if reading.status == "open" else " (failed)" if reading.status == "failed" else ""
+            cells += [_top(units.size(reading.rss_peak), row.rss, n) + mark,
+                      _top(units.size(reading.live_peak), row.live, n)]
         rows.append(cells)
     return ("## Stages side by side\n\nEach stage's peak on each rank (RSS: the process's "
             "high-water mark while the stage ran; live: tensor storage bytes). **Bold**: the "
@@ -101,61 +100,58 @@ def _side_by_side(merged: dict) -> str:
             + md.table(headers, rows, right=range(1, len(headers))))
 
 
-def _imbalance(merged: dict) -> str:
+def _imbalance(merged: MergedRanks) -> str:
     headers = ["stage", "RSS max/min", "RSS spread", "highest", "live max/min", "live spread", "highest"]
-    rows = [[md.code(row["path"]), *_spread_cells(row["rss"]), *_spread_cells(row["live"])]
-            for row in merged["stages"]]
-    rows.append(["**the run**", *_spread_cells(merged["imbalance"]["rss"]),
-                 *_spread_cells(merged["imbalance"]["live"])])
+    rows = [[md.code(row.path), *_spread_cells(row.rss), *_spread_cells(row.live)] for row in merged.stages]
+    rows.append(["**the run**", *_spread_cells(merged.imbalance.rss), *_spread_cells(merged.imbalance.live)])
     return ("## Imbalance across ranks\n\nPer stage, over the ranks that ran it: the highest "
             "peak over the lowest, and their difference.\n\n"
             + md.table(headers, rows, right=(1, 2, 4, 5)))
 
 
-def _communication(merged: dict) -> str:
-    comm = merged["communication"]
-    if not comm["metered"]:
+def _communication(merged: MergedRanks) -> str:
+    comm = merged.communication
+    if not comm.metered:
         return ("## Communication buffers\n\nNot measured: the live-tensor meter was off "
                 "(`--live-tensors`). " + COMMUNICATION_NOTE)
-    if not comm["stages"]:
+    if not comm.stages:
         body = "No storage created by a collective was alive at any stage's live-tensor peak."
-    else:
-        ranks = sorted({e["rank"] for e in comm["stages"]})
-        found = {(e["stage"], e["rank"]): e["bytes"] for e in comm["stages"]}
-        stages = list(dict.fromkeys(e["stage"] for e in comm["stages"]))
+    else:  # a stage per row, a rank per column
+        ranks = sorted({e.rank for e in comm.stages})
+        found = {(e.stage, e.rank): e.bytes for e in comm.stages}
+        stages = list(dict.fromkeys(e.stage for e in comm.stages))
         body = ("Bytes alive at each stage's live-tensor peak that a collective created:\n\n"
                 + md.table(["stage", *[f"rank {n}" for n in ranks]],
                            [[md.code(stage), *[units.size(found.get((stage, n), 0)) for n in ranks]]
                             for stage in stages], right=range(1, len(ranks) + 1)))
-    wrappers = comm.get("wrappers") or []
-    if wrappers:
-        largest = max(wrappers, key=lambda e: e["bytes"])
+    largest = comm.largest_wrapper
+    if largest is not None:
         body += ("\n\nThe stages' live-tensor peaks (side by side above) also count the `AsyncCollectiveTensor` wrappers "
                  "functional collectives return (their storage has a size but no memory of its own), "
-                 f"up to {units.size(largest['bytes'])} (stage {md.code(largest['stage'])}, rank "
-                 f"{largest['rank']}); they are left out of this table.")
+                 f"up to {units.size(largest.bytes)} (stage {md.code(largest.stage)}, rank "
+                 f"{largest.rank}); they are left out of this table.")
     return "## Communication buffers\n\n" + body + "\n\n" + COMMUNICATION_NOTE
 
 
-def _spread_cells(spread: dict | None) -> list[str]:
-    if not spread or spread["ranks"] < 2:
+def _spread_cells(spread: Spread | None) -> list[str]:
+    if not spread or spread.ranks < 2:
         return ["-", "-", "-"]
-    highest = f"rank {spread['max_rank']}" if spread["spread"] else "equal"
-    return [_ratio(spread), units.size(spread["spread"]), highest]
+    highest = f"rank {spread.max_rank}" if spread.spread else "equal"
+    return [_ratio(spread), units.size(spread.spread), highest]
 
 
-def _ratio(spread: dict) -> str:
-    return "-" if spread["ratio"] is None else f"{spread['ratio']:,.2f}x"
+def _ratio(spread: Spread) -> str:
+    return "-" if spread.ratio is None else f"{spread.ratio:,.2f}x"
 
 
-def _top(cell: str, spread: dict | None, rank: int) -> str:
-    highest = spread and spread["ranks"] > 1 and spread["max_rank"] == rank and spread["spread"] > 0
+def _top(cell: str, spread: Spread | None, rank: int) -> str:
+    highest = spread is not None and spread.ranks > 1 and spread.max_rank == rank and spread.spread > 0
     return f"**{cell}**" if highest else cell
 
 
-def _value(value) -> str:
+def _value(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
-def _list(values) -> str:
+def _list(values: list[int]) -> str:
     return ", ".join(str(v) for v in values)
