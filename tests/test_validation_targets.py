@@ -1,6 +1,7 @@
 """The every-stage target of a projection validation: judged on the stages whose sizes are exact;
 the stages resting on estimated value-dependent sizes are reported beside it, never dropped."""
 from auditor.analysis.projection_validation import check_targets
+from auditor.analysis.validation_report import targets
 from auditor.renderers.validation_markdown import _resting_on_estimates
 
 MIB = 2**20
@@ -28,8 +29,7 @@ def test_a_stage_resting_on_estimates_is_reported_beside_the_target_not_judged_b
     worst = target["resting_on_estimates"]
     assert worst["stages"] == 1 and worst["path"] == "prune/decide#2"
     assert abs(worst["error"] - (19.6 / 16 - 1)) < 1e-9 and abs(worst["estimated_share"] - 5 / 19.6) < 1e-9
-    result["targets"] = check_targets(result)
-    text = "\n".join(_resting_on_estimates(result))
+    text = "\n".join(_resting_on_estimates(targets(check_targets(result))))
     assert "judged on the 1 stage whose sizes are exact" in text and "+22.50%" in text and "`prune/decide#2`" in text
 
 

@@ -1,32 +1,39 @@
 """The comparison chart (PNG): per side, the median peak RSS split into the loaded inputs and
 the algorithm's overhead above them, with min-max whiskers; beside it, the wall time.
 
-Drawn on a bare matplotlib Figure (Agg canvas): no pyplot, no global backend switch.
+Drawn from auditor.analysis.comparison_report's model on a bare matplotlib Figure (Agg
+canvas): no pyplot, no global backend switch.
 """
 from __future__ import annotations
 
 from pathlib import Path
+
+from auditor.analysis.comparison_report import ComparisonReport, Spread, comparison_report
 
 MiB = 1 << 20
 LOADED_COLOUR, OVERHEAD_COLOUR, TIME_COLOUR = "#b8c4d6", "#3b6fb6", "#8c8c8c"
 
 
 def render(record: dict, summary: dict, path: str | Path) -> Path:
+    return render_report(comparison_report(record, summary), path)
+
+
+def render_report(report: ComparisonReport, path: str | Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    names = [side["name"] for side in record["sides"]]
-    stats = [summary["sides"][name] for name in names]
+    names = [side.name for side in report.sides]
+    peak_rss, walls_s = [_read(side.peak_rss) for side in report.sides], [_read(side.wall_s) for side in report.sides]
     figure = Figure(figsize=(4.0 + 1.6 * len(names), 4.6), dpi=110)
     FigureCanvasAgg(figure)
     memory, time = figure.subplots(1, 2, gridspec_kw={"width_ratios": [2, 1]})
     positions = range(len(names))
 
-    peaks = [s["peak_rss"]["median"] / MiB for s in stats]
-    loaded = [s["loaded_rss"]["median"] / MiB if s["loaded_rss"] else 0.0 for s in stats]
+    peaks = [s.median / MiB for s in peak_rss]
+    loaded = [side.loaded_rss.median / MiB if side.loaded_rss else 0.0 for side in report.sides]
     over = [peak - base for peak, base in zip(peaks, loaded)]
-    low = [peak - s["peak_rss"]["min"] / MiB for peak, s in zip(peaks, stats)]
-    high = [s["peak_rss"]["max"] / MiB - peak for peak, s in zip(peaks, stats)]
+    low = [peak - s.min / MiB for peak, s in zip(peaks, peak_rss)]
+    high = [s.max / MiB - peak for peak, s in zip(peaks, peak_rss)]
     memory.bar(positions, loaded, color=LOADED_COLOUR, label="loaded (inputs, model)")
     memory.bar(positions, over, bottom=loaded, color=OVERHEAD_COLOUR, label="peak over loaded",
                yerr=[low, high], capsize=5, ecolor="black")
@@ -40,21 +47,26 @@ def render(record: dict, summary: dict, path: str | Path) -> Path:
                   fontsize=8, frameon=False)
     memory.set_title("peak RSS per side", fontsize=10)
 
-    walls = [s["wall_s"]["median"] for s in stats]
+    walls = [s.median for s in walls_s]
     time.bar(positions, walls, color=TIME_COLOUR,
-             yerr=[[w - s["wall_s"]["min"] for w, s in zip(walls, stats)],
-                   [s["wall_s"]["max"] - w for w, s in zip(walls, stats)]], capsize=5, ecolor="black")
+             yerr=[[w - s.min for w, s in zip(walls, walls_s)],
+                   [s.max - w for w, s in zip(walls, walls_s)]], capsize=5, ecolor="black")
     _names_under(time, names)
     time.set_ylabel("wall time, s (median; whiskers min-max)")
     time.set_title("wall time", fontsize=10)
 
-    runs = summary["sides"][names[0]]["runs"]
-    figure.suptitle(f"{record['name']}: {runs} runs per side, fresh processes", fontsize=10)
+    figure.suptitle(f"{report.name}: {report.sides[0].runs} runs per side, fresh processes", fontsize=10)
     figure.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path)
     return path
+
+
+def _read(spread: Spread | None) -> Spread:
+    """Every side in a comparison has run: its peak RSS and wall time have readings."""
+    assert spread is not None
+    return spread
 
 
 def _names_under(axes, names: list[str]) -> None:
