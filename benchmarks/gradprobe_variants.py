@@ -1,6 +1,9 @@
 """GradProbe's low-memory variants on TinyStories-33M (CPU): peak memory, time and decisions against the baseline.
 
-    .venv/bin/python benchmarks/gradprobe_variants.py [--runs 2] [--threads 2] [--variants NAME[+DTYPE] ...]
+    .venv/bin/python benchmarks/gradprobe_variants.py [--runs 2] [--threads 2] [--variants NAME[+DTYPE] ...] \
+        -o reports/gradprobe-variants-tinystories-33m.md     # fills its `output` block, writes its .json
+    .venv/bin/python benchmarks/gradprobe_variants.py --from reports/gradprobe-variants-tinystories-33m.json \
+        -o reports/gradprobe-variants-tinystories-33m.md     # the same block again from the record
 
 1. Every variant through the `gradprobe` CLI, each run in a fresh process (seq 128, batch 1,
    2 batches, s = 0.1, r = 0.1, tau = 2.0, magnitude), `--runs` rounds, the order reversed every
@@ -20,9 +23,13 @@ import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
+
+import benchmark_record
 
 MiB = 1 << 20
 SETTINGS = ["--arch", "tinystories-33m", "--seq-len", "128", "--batch-size", "1", "--batches", "2",
@@ -205,39 +212,69 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=2, help="rounds over every variant (>= 2)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, metavar="NAME[+DTYPE]")
+    parser.add_argument("-o", "--output", metavar="REPORT", help="fill the report's `output` block with what "
+                        "this prints, and write the record beside it (REPORT.json)")
+    parser.add_argument("--from", dest="record", metavar="RECORD",
+                        help="print (and with -o, fill) from a record this script wrote, measuring nothing")
     parser.add_argument("--part", help=argparse.SUPPRESS)  # a fresh process of part 2: the variant
     args = parser.parse_args()
     if args.part:
         print(json.dumps(phase_peaks(args.part, args.threads)))
         return 0
+    record = benchmark_record.read(args.record) if args.record else measure(args)
+    text = output(record)
+    print(text)
+    if args.output:
+        Path(args.output).write_text(benchmark_record.fill(args.output, {"output": f"```\n{text}```"}))
+        if not args.record:
+            benchmark_record.write(benchmark_record.beside(args.output), record)
+    return 0
+
+
+def measure(args) -> dict:
     specs = ["baseline"] + [s for s in args.variants if s != "baseline"]
-    print(f"gradprobe {' '.join(SETTINGS)} --threads {args.threads} --variant ...   "
-          f"(load average at start {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores)\n")
+    load = os.getloadavg()[0]
     rounds = []
     with tempfile.TemporaryDirectory() as folder:
         for number in range(args.runs):
+            print(f"round {number + 1} of {args.runs}", flush=True)
             order = specs if number % 2 == 0 else specs[::-1]
-            rounds.append(run_round(order, args.threads, folder))
-    print(f"1. The CLI, each run in a fresh process, {args.runs} rounds (order reversed every other round).\n"
-          "   Output of the lean variant's first run:\n")
-    print(rounds[0].get("lean", rounds[0]["baseline"])["output"])
-    print(runs_table(rounds))
-    print("\n   Per variant (MiB; a range is min - max over the rounds; 'x baseline' is the ratio to the\n"
-          "   baseline of the same round; 'peak over model' = peak RSS - RSS after build):\n")
-    print(cli_table(rounds, specs))
-    print("\n2. Per phase, one more fresh process per variant: peak RSS inside each phase (MiB, VmHWM\n"
-          "   reset at the phase start), in the order the phases run for lean:\n")
+            rounds.append(_cleaned(run_round(order, args.threads, folder), folder))
     timelines = {}
     for spec in specs:
         command = [sys.executable, __file__, "--part", spec, "--threads", str(args.threads)]
         done = subprocess.run(command, capture_output=True, text=True, check=True)
         timelines[spec] = json.loads(done.stdout.splitlines()[-1])
-    print(phase_table(timelines))
-    print("\n   Tensor bytes of the pruner's structures when prune returns (MiB; 'exact copies' are the\n"
-          "   fp32 originals of candidates that a half-precision full S cannot restore):\n")
-    print(structures_table(timelines))
-    print(f"\n(load average at end {os.getloadavg()[0]:.2f})")
-    return 0
+    return {"command": shlex.join([".venv/bin/python", "benchmarks/gradprobe_variants.py", *sys.argv[1:]]),
+            "threads": args.threads, "specs": specs, "load_at_start": load, "load_at_end": os.getloadavg()[0],
+            "cores": os.cpu_count(), "rounds": rounds, "timelines": timelines}
+
+
+def _cleaned(runs: dict, folder: str) -> dict:
+    """The round's runs without this machine's temporary folder in them."""
+    return json.loads(json.dumps(runs).replace(folder, "$TMP"))
+
+
+def output(record: dict) -> str:
+    """What the benchmark prints, from its record alone."""
+    rounds, specs, timelines = record["rounds"], record["specs"], record["timelines"]
+    return "\n".join([
+        f"gradprobe {' '.join(SETTINGS)} --threads {record['threads']} --variant ...   "
+        f"(load average at start {record['load_at_start']:.2f}, {record['cores']} cores)\n",
+        f"1. The CLI, each run in a fresh process, {len(rounds)} rounds (order reversed every other round).\n"
+        "   Output of the lean variant's first run:\n",
+        rounds[0].get("lean", rounds[0]["baseline"])["output"],
+        runs_table(rounds),
+        "\n   Per variant (MiB; a range is min - max over the rounds; 'x baseline' is the ratio to the\n"
+        "   baseline of the same round; 'peak over model' = peak RSS - RSS after build):\n",
+        cli_table(rounds, specs),
+        "\n2. Per phase, one more fresh process per variant: peak RSS inside each phase (MiB, VmHWM\n"
+        "   reset at the phase start), in the order the phases run for lean:\n",
+        phase_table(timelines),
+        "\n   Tensor bytes of the pruner's structures when prune returns (MiB; 'exact copies' are the\n"
+        "   fp32 originals of candidates that a half-precision full S cannot restore):\n",
+        structures_table(timelines),
+        f"\n(load average at end {record['load_at_end']:.2f})", ""])
 
 
 if __name__ == "__main__":
