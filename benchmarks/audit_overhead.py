@@ -2,7 +2,9 @@
 fresh process: unaudited, audited with the default probes (RSS with exact per-stage peaks),
 with tracemalloc, and with memray. Every GradProbe phase method is staged from outside.
 
-    .venv/bin/python benchmarks/audit_overhead.py [--rounds 4] [--extra-rounds 2]
+    .venv/bin/python benchmarks/audit_overhead.py [--rounds 4] [--extra-rounds 2] \
+        -o reports/audit-overhead.md                 # fills its `output` block, writes its .json
+    .venv/bin/python benchmarks/audit_overhead.py --from reports/audit-overhead.json -o reports/audit-overhead.md
 
 Each round runs the modes in a rotated order (unaudited and default every round, tracemalloc
 and memray in the first --extra-rounds), so a slow spell on a shared machine falls on all
@@ -18,11 +20,15 @@ import argparse
 import json
 import os
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+import benchmark_record
 
 ARCH = "tinystories-33m"
 PHASES = ["prune", "save_state", "record_original_gradients", "record_gradients",
@@ -101,38 +107,39 @@ def run_child(mode: str, folder: str, index: int) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def summarize(runs: list[dict]) -> None:
+def summary(runs: list[dict]) -> list[str]:
     by_mode: dict[str, list[dict]] = {}
     for run in runs:
         by_mode.setdefault(run["mode"], []).append(run)
     base = by_mode["unaudited"]
     base_prune = [r["prune_s"] for r in base]
     base_cpu = [r["cpu_s"] for r in base]
-    print(f"\n{'mode':<12}{'n':>3}{'prune min':>11}{'median':>9}{'total median':>14}"
-          f"{'x median':>10}{'x min':>8}{'x total':>9}{'x cpu':>8}{'stages':>8}")
+    lines = [f"\n{'mode':<12}{'n':>3}{'prune min':>11}{'median':>9}{'total median':>14}"
+             f"{'x median':>10}{'x min':>8}{'x total':>9}{'x cpu':>8}{'stages':>8}"]
     for mode, mode_runs in by_mode.items():
         prune = [r["prune_s"] for r in mode_runs]
         total = [r["total_s"] for r in mode_runs]
-        print(f"{mode:<12}{len(mode_runs):>3}{min(prune):>10.2f}s{statistics.median(prune):>8.2f}s"
-              f"{statistics.median(total):>13.2f}s"
-              f"{statistics.median(prune) / statistics.median(base_prune):>10.3f}"
-              f"{min(prune) / min(base_prune):>8.3f}"
-              f"{statistics.median(total) / statistics.median(base_prune):>9.3f}"
-              f"{statistics.median(r['cpu_s'] for r in mode_runs) / statistics.median(base_cpu):>8.3f}"
-              f"{mode_runs[0]['stages'] or '-':>8}")
+        lines.append(f"{mode:<12}{len(mode_runs):>3}{min(prune):>10.2f}s{statistics.median(prune):>8.2f}s"
+                     f"{statistics.median(total):>13.2f}s"
+                     f"{statistics.median(prune) / statistics.median(base_prune):>10.3f}"
+                     f"{min(prune) / min(base_prune):>8.3f}"
+                     f"{statistics.median(total) / statistics.median(base_prune):>9.3f}"
+                     f"{statistics.median(r['cpu_s'] for r in mode_runs) / statistics.median(base_cpu):>8.3f}"
+                     f"{mode_runs[0]['stages'] or '-':>8}")
     pairs = [d["prune_s"] / u["prune_s"] for u, d in zip(base, by_mode["default"])]
-    print(f"\ndefault/unaudited, per round (back-to-back pairs): "
-          f"{', '.join(f'{p:.3f}' for p in pairs)}; median {statistics.median(pairs):.3f}")
-    print("time spent inside the auditor's stage boundaries (its own clock), share of that "
-          "run's prune wall:")
+    lines.append(f"\ndefault/unaudited, per round (back-to-back pairs): "
+                 f"{', '.join(f'{p:.3f}' for p in pairs)}; median {statistics.median(pairs):.3f}")
+    lines.append("time spent inside the auditor's stage boundaries (its own clock), share of that "
+                 "run's prune wall:")
     for mode, mode_runs in by_mode.items():
         if mode_runs[0]["boundaries_s"] is not None:
             spent = [r["boundaries_s"] for r in mode_runs]
             share = [r["boundaries_s"] / r["prune_s"] for r in mode_runs]
-            print(f"  {mode:<12} median {statistics.median(spent) * 1000:7.1f} ms, "
-                  f"median share {statistics.median(share) * 100:.2f}%, max share {max(share) * 100:.2f}%")
+            lines.append(f"  {mode:<12} median {statistics.median(spent) * 1000:7.1f} ms, "
+                         f"median share {statistics.median(share) * 100:.2f}%, max share {max(share) * 100:.2f}%")
     for mode, mode_runs in by_mode.items():
-        print(f"final sparsity, {mode}: {sorted({round(r['sparsity'], 6) for r in mode_runs})}")
+        lines.append(f"final sparsity, {mode}: {sorted({round(r['sparsity'], 6) for r in mode_runs})}")
+    return lines
 
 
 def main() -> None:
@@ -140,27 +147,50 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--extra-rounds", type=int, default=2)
     parser.add_argument("--extra-modes", nargs="*", default=["tracemalloc", "memray"])
+    parser.add_argument("-o", "--output", metavar="REPORT", help="fill the report's `output` block with what "
+                        "this prints, and write the record beside it (REPORT.json)")
+    parser.add_argument("--from", dest="record", metavar="RECORD",
+                        help="print (and with -o, fill) from a record this script wrote, measuring nothing")
     parser.add_argument("--child", choices=sorted(MODES), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.out)))
         return
-    print(f"no audit active: {noop_stage_ns():.0f} ns per `with auditor.stage(...)` "
-          "(object creation included)")
+    record = benchmark_record.read(args.record) if args.record else measure(args)
+    text = output(record)
+    print(text)
+    if args.output:
+        Path(args.output).write_text(benchmark_record.fill(args.output, {"output": f"```\n{text}```"}))
+        if not args.record:
+            benchmark_record.write(benchmark_record.beside(args.output), record)
+
+
+def measure(args) -> dict:
+    noop_ns = noop_stage_ns()
     order = schedule(args.rounds, args.extra_rounds, args.extra_modes)
-    print(f"GradProbe magnitude on {ARCH} (seq 128, batch 1, 2 batches, s=0.1); "
-          f"{len(order)} fresh processes; load average before: "
-          f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    load_before = os.getloadavg()
     runs = []
     with tempfile.TemporaryDirectory(prefix="audit-overhead-") as folder:
         for index, mode in enumerate(order):
-            run = run_child(mode, folder, index)
-            runs.append(run)
-            print(f"  {index + 1:>2}/{len(order)} {mode:<12} prune {run['prune_s']:7.2f} s  "
-                  f"total {run['total_s']:7.2f} s  cpu {run['cpu_s']:7.2f} s", flush=True)
-    summarize(runs)
-    print(f"load average after: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+            runs.append(run_child(mode, folder, index))
+            print(f"  {index + 1:>2}/{len(order)} {mode}", flush=True)
+    return {"command": shlex.join([".venv/bin/python", "benchmarks/audit_overhead.py", *sys.argv[1:]]),
+            "noop_stage_ns": noop_ns, "load_before": list(load_before), "load_after": list(os.getloadavg()),
+            "runs": runs}
+
+
+def output(record: dict) -> str:
+    """What the benchmark prints, from its record alone."""
+    runs = record["runs"]
+    return "\n".join([
+        f"no audit active: {record['noop_stage_ns']:.0f} ns per `with auditor.stage(...)` (object creation included)",
+        f"GradProbe magnitude on {ARCH} (seq 128, batch 1, 2 batches, s=0.1); {len(runs)} fresh processes; "
+        f"load average before: {', '.join(f'{x:.2f}' for x in record['load_before'])}",
+        *[f"  {index + 1:>2}/{len(runs)} {run['mode']:<12} prune {run['prune_s']:7.2f} s  "
+          f"total {run['total_s']:7.2f} s  cpu {run['cpu_s']:7.2f} s" for index, run in enumerate(runs)],
+        *summary(runs),
+        f"load average after: {', '.join(f'{x:.2f}' for x in record['load_after'])}", ""])
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ spell falls on all alike:
 - `meter`: the live-tensor meter without at_peak (its cost before issue 16);
 - `meter+at_peak`: the meter with at_peak, as `auditor run --live-tensors` runs it.
 
-    .venv/bin/python benchmarks/peak_composition_overhead.py [--rounds 5] [--out reports/peak-composition-overhead.md]
+    .venv/bin/python benchmarks/peak_composition_overhead.py [--rounds 5] [-o reports/peak-composition-overhead.md]
+    .venv/bin/python benchmarks/peak_composition_overhead.py --from reports/peak-composition-overhead.json
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
 import auditor  # noqa: E402
+import benchmark_record  # noqa: E402  (beside this script)
 from auditor.probes.live_tensors import LiveTensorProbe  # noqa: E402
 from pruning import hessian  # noqa: E402
 from pruning.tiny_llama import build_llama, calibration_samples  # noqa: E402
@@ -69,24 +71,40 @@ def main() -> None:
     parser.add_argument("--intermediate", type=int, default=344)
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--length", type=int, default=64)
-    parser.add_argument("--out", default=str(ROOT / "reports" / "peak-composition-overhead.md"))
+    parser.add_argument("-o", "--output", "--out", dest="output",
+                        default=str(ROOT / "reports" / "peak-composition-overhead.md"),
+                        help="the report; its record is written beside it (REPORT.json)")
+    parser.add_argument("--from", dest="record", metavar="RECORD",
+                        help="make the report again from a record this script wrote, measuring nothing")
     args = parser.parse_args()
+    record = benchmark_record.read(args.record) if args.record else measure(args)
+    text = report(record)
+    print(text)
+    Path(args.output).write_text(text)
+    if not args.record:
+        benchmark_record.write(benchmark_record.beside(args.output), record)
+    print(f"written: {args.output}")
+
+
+def measure(args) -> dict:
     torch.set_num_threads(1)
     load_before = os.getloadavg()
     scratch = Path(tempfile.mkdtemp(prefix="peak-composition-"))
     one_run("meter+at_peak", args, scratch / "warm-up")  # imports, first-call caches
-    runs = {mode: [] for mode in MODES}
+    runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
     for round_index in range(args.rounds):
         order = MODES[round_index % 3:] + MODES[:round_index % 3]
         for mode in order:
             runs[mode].append(one_run(mode, args, scratch / f"{round_index}-{mode.replace(' ', '_')}"))
     shutil.rmtree(scratch, ignore_errors=True)
     tracked = track_cost()
-    load_after = os.getloadavg()
-    text = report(args, runs, tracked, load_before, load_after)
-    print(text)
-    Path(args.out).write_text(text)
-    print(f"written: {args.out}")
+    return {"command": shlex.join([".venv/bin/python", "benchmarks/peak_composition_overhead.py",
+                                   *sys.argv[1:]]),
+            "workload": {k: getattr(args, k) for k in ("rounds", "layers", "hidden", "intermediate",
+                                                      "samples", "length")},
+            "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
+            "load_before": list(load_before), "load_after": list(os.getloadavg()),
+            "runs": runs, "storage_us": {"without_at_peak": tracked[False], "with_at_peak": tracked[True]}}
 
 
 def track_cost(rounds: int = 15, count: int = 2000) -> dict[bool, float]:
@@ -111,7 +129,11 @@ def median(runs: list[dict], key: str) -> float:
     return statistics.median(run[key] for run in runs)
 
 
-def report(args, runs: dict, tracked: dict, load_before, load_after) -> str:
+def report(record: dict) -> str:
+    """The markdown, from the record alone."""
+    runs, load_before, load_after = record["runs"], record["load_before"], record["load_after"]
+    args = argparse.Namespace(**record["workload"])
+    tracked = {False: record["storage_us"]["without_at_peak"], True: record["storage_us"]["with_at_peak"]}
     sample = runs["meter+at_peak"][0]
     cost, stages = sample["cost"], sample["stages"]
     boundaries = 2 * stages
@@ -121,7 +143,7 @@ def report(args, runs: dict, tracked: dict, load_before, load_after) -> str:
         "Question: what does recording what was alive at every stage's and every unstaged "
         "interval's live-tensor peak add to the live-tensor meter, on a per-layer pruner with "
         "hundreds of staged calls?", "",
-        "## Command", "", "```", "$ " + shlex.join([".venv/bin/python", *sys.argv]), "```", "",
+        "## Command", "", "```", "$ " + record["command"], "```", "",
         f"Workload: `examples/pruning/hessian.py` on a random Llama ({args.layers} layers, hidden "
         f"{args.hidden}, intermediate {args.intermediate}), {args.samples} samples of "
         f"{args.length} tokens, staged at `prune_with_hessians` and `HessianStat.add_batch`: "
@@ -130,7 +152,7 @@ def report(args, runs: dict, tracked: dict, load_before, load_after) -> str:
         "of the three modes. `prune` is the wall time of `prune_with_hessians` inside the audit "
         "(the program's time, boundaries included); `total` runs from entering the audit to "
         "run.json written.", "",
-        f"Machine: {platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}. "
+        f"Machine: {record['machine']}. "
         f"Load average (1, 5, 15 min) {fmt_load(load_before)} before, {fmt_load(load_after)} "
         f"after ({'a quiet machine' if max(load_before[0], load_after[0]) < 1.0 else 'other work shared the cores'}); "
         "single timings vary, so medians and the side-by-side rounds are what to read.", "",

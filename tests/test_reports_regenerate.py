@@ -33,16 +33,40 @@ RENDERED = {  # report -> (the benchmark script's arguments that render it again
                                          "reports/projection-validation-matrix.json"],
                                         "reports/projection-validation-matrix.json"),
     "reliability.md": (["benchmarks/reliability.py", "--from", "reports/reliability.json"], "reports/reliability.json"),
+    "peak-composition-overhead.md": (["benchmarks/peak_composition_overhead.py", "--from",
+                                      "reports/peak-composition-overhead.json"], "reports/peak-composition-overhead.json"),
 }
-FILLED = {  # hand-written report -> (the script's arguments that fill its measured blocks, the records they read)
-    "multi-rank-cpu.md": (["benchmarks/multi_rank_cpu.py"], ["reports/multi-rank-cpu-runs"]),
-    "gradprobe-baseline-tinystories-33m.md": (["benchmarks/gradprobe_baseline.py", "--from",
-                                               "reports/gradprobe-baseline-tinystories-33m.json"],
-                                              ["reports/gradprobe-baseline-tinystories-33m.json"]),
-    "sharded-gradprobe-cpu.md": (["benchmarks/sharded_gradprobe.py", "table", "--run-dir",
-                                  *(f"reports/sharded-gradprobe-cpu-runs/{run}" for run in ("tinystories-33m", "mistral-8x512"))],
-                                 [f"reports/sharded-gradprobe-cpu-runs/{run}" for run in ("tinystories-33m", "mistral-8x512")]),
+FILLED = {  # hand-written report -> (the scripts' arguments that fill its measured blocks, the records they read)
+    "multi-rank-cpu.md": ([["benchmarks/multi_rank_cpu.py"]], ["reports/multi-rank-cpu-runs"]),
+    "gradprobe-baseline-tinystories-33m.md": (
+        [["benchmarks/gradprobe_baseline.py", "--from", "reports/gradprobe-baseline-tinystories-33m.json"]],
+        ["reports/gradprobe-baseline-tinystories-33m.json"]),
+    "gradprobe-variants-tinystories-33m.md": (
+        [["benchmarks/gradprobe_variants.py", "--from", "reports/gradprobe-variants-tinystories-33m.json"]],
+        ["reports/gradprobe-variants-tinystories-33m.json"]),
+    "sharded-gradprobe-cpu.md": (
+        [["benchmarks/sharded_gradprobe.py", "table", "--run-dir",
+          *(f"reports/sharded-gradprobe-cpu-runs/{run}" for run in ("tinystories-33m", "mistral-8x512"))]],
+        [f"reports/sharded-gradprobe-cpu-runs/{run}" for run in ("tinystories-33m", "mistral-8x512")]),
+    "audit-overhead.md": (
+        [["benchmarks/audit_overhead.py", "--from", "reports/audit-overhead.json"],
+         ["benchmarks/stage_cost_ab.py", "--from", "reports/audit-overhead-stage-cost.json"]],
+        ["reports/audit-overhead.json", "reports/audit-overhead-stage-cost.json"]),
 }
+NOT_YET = {  # committed reports whose measured parts have no record in the repository yet, and why
+    "gradprobe-streaming.md": "its 7B runs' outputs are quoted from a 5-minute Mistral-7B prune; no record kept",
+    "variants-at-mistral-7b.md": "rendered from 7B traced runs (runs/variants-7b) too large to commit",
+    "projection-validation.md": "quotes five validate-projection reports whose run folders are not committed",
+    "projection-validation-variants.md": "quotes two validate-projection runs whose folders are not committed",
+}
+
+
+def test_every_committed_report_is_made_again_from_records_or_says_why_not():
+    made = {*REPORTS, *COMPARISONS, *RENDERED, *FILLED}
+    reports = {path.name for path in (ROOT / "reports").glob("*.md")}
+    assert not made & set(NOT_YET), "a report made again is not also listed as not yet"
+    assert reports - made - set(NOT_YET) == set(), "a new report needs its records and a line above"
+    assert set(NOT_YET) <= reports
 
 
 def _tracked_copy(folder: str, into: Path) -> None:
@@ -112,13 +136,14 @@ def test_every_committed_run_json_is_its_event_log_assembled():
 @pytest.mark.parametrize("report", sorted(FILLED))
 def test_the_measured_blocks_of_a_hand_written_report_are_made_again_from_its_records(report, tmp_path, monkeypatch):
     """The prose is copied as it is; every block the script fills must come out as committed."""
-    (script, *arguments), records = FILLED[report]
+    commands, records = FILLED[report]
     _fresh_copy([f"reports/{report}", *records], tmp_path, monkeypatch)
     text = (tmp_path / "reports" / report).read_text()
     assert "<!-- begin " in text, "a report the script fills marks its blocks"
     emptied = re.sub(r"(<!-- begin [^>]*-->\n).*?(<!-- end )", r"\1\2", text, flags=re.S)
     (tmp_path / "reports" / report).write_text(emptied)  # what the blocks hold comes from the records alone
-    done = subprocess.run([sys.executable, str(ROOT / script), *arguments, "-o", f"reports/{report}"],
-                          cwd=tmp_path, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
+    for script, *arguments in commands:
+        done = subprocess.run([sys.executable, str(ROOT / script), *arguments, "-o", f"reports/{report}"],
+                              cwd=tmp_path, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "reports" / report).read_text() == (ROOT / "reports" / report).read_text()
