@@ -27,7 +27,6 @@ from pathlib import Path
 from auditor.cli import UsageError, check_writable_report, examples
 from auditor.record import EVENTS_FILE, RUN_FILE
 
-MiB = 1 << 20
 GRADPROBE_USAGE_STATUS = 2  # the gradprobe CLI's status for a mistake in its arguments
 
 
@@ -71,6 +70,7 @@ def register(subparsers) -> None:
 
 def main(args) -> int:
     from auditor.comparison import Comparison, ComparisonRecordError, RunFailed, run_comparison
+    from auditor.renderers import terminal
     if args.from_record:
         if (args.baseline or args.baseline_cmd or args.variant or args.variant_cmd or args.common or args.tolerance
                 or args.keep_runs or args.require_result):
@@ -81,7 +81,7 @@ def main(args) -> int:
             raise UsageError(str(error)) from None
         source = Path(args.from_record)
         out = _output(args.out or str(source.with_suffix(".md")), source=source)
-        return _finish(comparison, out, console=_console(), source=source)
+        return _finish(comparison, out, console=terminal.console(), source=source)
     if args.common and "--" not in args.command_line:
         raise UsageError(f"unexpected argument {args.common[0]!r}; arguments for GradProbe go after --")
     if args.repeats < 1:
@@ -90,12 +90,12 @@ def main(args) -> int:
     out = _output(args.out or _default_out(baseline.name, [v.name for v in variants]), default=not args.out)
     if args.keep_runs:
         _keep_runs_folder(args.keep_runs)
-    console = _console()
+    console = terminal.console()
     total = (len(variants) + 1) * args.repeats
     try:
         comparison = run_comparison(baseline, variants, args.repeats, require_result=args.require_result,
                                     command=shlex.join(args.command_line), keep_runs=args.keep_runs,
-                                    on_run=lambda run: _progress(console, run, total))
+                                    on_run=lambda run: terminal.comparison_run(console, run, total))
     except RunFailed as failure:
         if failure.side.name in gradprobe_names and failure.exit_status == GRADPROBE_USAGE_STATUS:
             lines = failure.stderr_tail.strip().splitlines()
@@ -250,37 +250,21 @@ def _keep_runs_folder(text: str) -> None:
 
 # -- what the user sees --------------------------------------------------------------------------
 
-def _console():
-    from rich.console import Console
-    return Console(stderr=True, highlight=False)
-
-
-def _progress(console, run: dict, total: int) -> None:
-    loaded = "-" if run.get("loaded_rss") is None else f"{run['loaded_rss'] / MiB:,.1f} MiB"
-    result = run.get("result")
-    agreement = ("no result" if not result else
-                 "reference result" if run["order"] == 1 else
-                 f"{result['differing_elements']:,} elements differ" if result["differing_elements"] is not None
-                 else ("same digest" if result["same_as_reference"] else "digest differs"))
-    console.print(f"compare: [{run['order']}/{total}] {run['side']} run {run['repeat']}: peak "
-                  f"{run['peak_rss'] / MiB:,.1f} MiB, loaded {loaded}, {run['wall_s']:.2f} s, {agreement} "
-                  f"(load {run['load_average'][0]:.2f})", markup=False, soft_wrap=True)
-
-
 def _finish(comparison, out: Path, console, source: Path | None = None) -> int:
     """The results on the terminal, then the record (the one file that cannot be made again),
     then the chart and the report. A write that fails (a full disk) ends with one line."""
-    from auditor.renderers import comparison_chart, comparison_markdown
-    summary = comparison.summary
-    _table(console, comparison.record, summary)
+    from auditor.analysis.comparison_report import comparison_report
+    from auditor.renderers import comparison_chart, comparison_markdown, terminal
+    report = comparison_report(comparison.record, comparison.summary)
+    terminal.comparison(console, report)
     json_path, chart = out.with_suffix(".json"), out.with_suffix(".png")
     written = "the record" if source is not None and json_path.resolve() == source.resolve() else None
     try:
         if written is None:
             comparison.save(json_path)
             written = "the record"
-        comparison_chart.render(comparison.record, summary, chart)
-        out.write_text(comparison_markdown.render(comparison.record, summary, chart=chart.name))
+        comparison_chart.render_report(report, chart)
+        out.write_text(comparison_markdown.render_report(report, chart=chart.name))
     except OSError as error:
         kept = (f"{written} {json_path} is complete: `auditor compare --from {json_path}` renders it again"
                 if written else "no record was written")
@@ -288,30 +272,4 @@ def _finish(comparison, out: Path, console, source: Path | None = None) -> int:
                       markup=False, soft_wrap=True)
         return 1
     console.print(f"report {out}, chart {chart}, record {json_path}", markup=False, soft_wrap=True)
-    return 1 if summary["failed"] else 0
-
-
-def _table(console, record: dict, summary: dict) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-    table = Table(title=f"compare: {record['name']} (median of {record['repeats']}; min-max)",
-                  title_justify="left")
-    for column in ("side", "peak RSS MiB", "loaded MiB", "peak over loaded MiB", "wall s"):
-        table.add_column(column, justify="left" if column == "side" else "right", overflow="fold")
-    for side in record["sides"]:
-        s = summary["sides"][side["name"]]
-        table.add_row(escape(side["name"]), _cell(s["peak_rss"], MiB), _cell(s["loaded_rss"], MiB),
-                      _cell(s["overhead"], MiB), _cell(s["wall_s"], 1, 1))
-    console.print(table)
-    for v in summary["variants"]:
-        mark = "[red]FAIL[/]" if v["verdict"] == "fail" else "[green]ok[/]"
-        ratios = (f"peak x{v['peak_ratio']:.3f}" if v["peak_ratio"] is not None else "") + (
-            f", overhead x{v['overhead_ratio']:.3f}" if v["overhead_ratio"] is not None else "")
-        console.print(f"{mark} {escape(v['name'])}: {ratios}; {escape(v['why'])}", soft_wrap=True)
-
-
-def _cell(spread: dict | None, unit: float, digits: int = 0) -> str:
-    if spread is None:
-        return "-"
-    return (f"{spread['median'] / unit:,.{digits}f}\n"
-            f"{spread['min'] / unit:,.{digits}f}-{spread['max'] / unit:,.{digits}f}")
+    return 1 if report.failed else 0

@@ -1,5 +1,5 @@
 """A status line for long commands: names what runs now; finished steps are printed above it
-(rich, on stderr, so stdout keeps only the command's results)."""
+(auditor.renderers.terminal, on stderr, so stdout keeps only the command's results)."""
 from __future__ import annotations
 
 
@@ -7,14 +7,15 @@ class StatusLine:
     """`with StatusLine() as advance: advance("tracing")` prints and shows each step."""
 
     def __enter__(self):
-        from rich.console import Console
-        self._console = Console(stderr=True)
+        from auditor.renderers.terminal import console
+        self._console = console(highlight=True)
         self._status = self._console.status("starting")
         self._status.start()
         return self._advance
 
     def _advance(self, text: str) -> None:
-        self._console.print(f"[dim]auditor:[/] {text}", highlight=False)
+        from auditor.renderers.terminal import step
+        step(self._console, text)
         self._status.update(text)
 
     def __exit__(self, *exc) -> None:

@@ -24,8 +24,7 @@ from pathlib import Path
 
 from architectures.options import add_size_arguments, size_overrides
 from auditor.cli import UsageError, check_script, examples
-from auditor.record import EVENTS_FILE
-from auditor.record_schema import Call, RunRecord, RunRecordError, Stage
+from auditor.record_schema import RunRecord, RunRecordError
 
 
 def register(subparsers) -> None:
@@ -78,10 +77,12 @@ def register(subparsers) -> None:
 
 
 def main(args) -> int:
+    from auditor.analysis.terminal_summary import stage_end
     from auditor.audit import Audit
     from auditor.call_labels import resolve_hook
     from auditor.jobs.script_projection import Program
     from auditor.model_from import ModelFrom
+    from auditor.renderers import terminal
     if args.script is None:
         raise UsageError("run needs a script: auditor run [options] SCRIPT [ARGS...]")
     script = check_script(args.script)
@@ -89,7 +90,7 @@ def main(args) -> int:
         raise UsageError("--run-dir is empty; give a folder for the run record, or leave --run-dir out")
     name = args.name or script.stem
     target = _target_model(args)
-    console = _console()  # rich is imported here, before the audit, not inside a stage
+    console = terminal.console()  # rich is imported with it, before the audit, not inside a stage
     saved_path, saved_argv = list(sys.path), list(sys.argv)
     script_folder = str(script.resolve().parent)
     sys.path[0:1] = [script_folder]  # what `python SCRIPT` puts first
@@ -103,7 +104,7 @@ def main(args) -> int:
                           live_tensors=args.live_tensors or target is not None,
                           cuda_history=args.cuda_history, torch_profiler=args.torch_profiler,
                           stage_targets=args.stages, command=shlex.join(args.command_line),
-                          on_stage_end=lambda entry: _progress(console, entry),
+                          on_stage_end=lambda entry: terminal.stage_ended(console, stage_end(entry)),
                           stage_label=stage_label, record_sizes=target is not None)
         except ValueError as error:
             raise UsageError(str(error)) from None
@@ -159,8 +160,10 @@ def _target_model(args):
 
 def _project(console, audit, record: RunRecord | None, status: int, target, program, args) -> None:
     """The traced projection after the real run; a failure is a warning, never the exit status."""
+    from auditor.analysis.terminal_summary import projection_summary
     from auditor.jobs.script_projection import plan_for, project_program, traced_folder
     from auditor.record import write_derived
+    from auditor.renderers import terminal
     what = f"projection to {target.describe()}"
     if record is None or status != 0:
         console.print(f"auditor: {what} skipped: the script did not finish (exit status {status})",
@@ -175,18 +178,7 @@ def _project(console, audit, record: RunRecord | None, status: int, target, prog
     except (RuntimeError, OSError, ValueError) as error:
         console.print(f"auditor: warning: {what} failed: {error}", markup=False, soft_wrap=True)
         return
-    _projection_summary(console, audit, projection)
-
-
-def _projection_summary(console, audit, projection: dict) -> None:
-    peak = projection["peak"]
-    console.print(f"traced projection to {projection['target']}: peak live tensors "
-                  f"{mib(projection['live_tensor_peak'])}, peak RSS {mib(peak['rss'])} in stage "
-                  f"{peak['stage']}" + (f" ({projection['incomplete']}; later stages not projected)"
-                                         if projection.get("incomplete") else ""),
-                  markup=False, soft_wrap=True)
-    console.print(f"per stage and component: auditor report {audit.folder}", markup=False,
-                  soft_wrap=True)
+    terminal.projection_summary(console, projection_summary(projection, audit.folder))
 
 
 def _run_script(audit, script: Path) -> int:
@@ -261,13 +253,6 @@ def _print_script_traceback(error: BaseException, script: Path) -> None:
 
 # -- what the user sees ------------------------------------------------------------------
 
-def _console():
-    import rich.markup  # noqa: F401  (used while stages close)
-    import rich.table  # noqa: F401
-    from rich.console import Console
-    return Console(stderr=True, highlight=False)
-
-
 @contextlib.contextmanager
 def _one_line_warnings(console):
     from auditor.audit import AuditorWarning
@@ -285,97 +270,10 @@ def _one_line_warnings(console):
         warnings.showwarning = original
 
 
-def _which_call(highest: Stage, calls: list[Stage]) -> str:
-    """Where a folded row's highest peak was: `#113 model.layers.3.mlp.down_proj`."""
-    if len(calls) == 1:
-        return ""
-    call: Call | None = highest.call
-    if call is None:
-        return f"{next(i for i, e in enumerate(calls, 1) if e is highest)} of {len(calls)}"
-    return f"#{call.index}" + (f" {call.label}" if call.label else "")
-
-
-def mib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**20:,.1f} MiB"
-
-
-def signed_mib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**20:+,.1f} MiB"
-
-
-def _progress(console, entry: dict) -> None:
-    from rich.markup import escape
-    rss = entry["rss"]
-    mark = "[green]ok[/]" if entry["status"] == "ok" else "[red]FAILED[/]"
-    console.print(f"[dim]auditor:[/] {mark} {escape(entry['path'])}  rss {mib(rss['end'])} "
-                  f"({signed_mib(rss['end'] - rss['start'])}), peak {mib(rss['peak'])}, "
-                  f"{entry['end_s'] - entry['start_s']:.2f} s", soft_wrap=True)
-
-
-def _rss_change(stage: Stage) -> int:
-    """RSS end - start; 0 for a stage never finished (a live audit finishes all of its stages)."""
-    return 0 if stage.rss.end is None or stage.rss.start is None else stage.rss.end - stage.rss.start
-
-
-def _duration(stage: Stage) -> float:
-    return 0.0 if stage.end_s is None else stage.end_s - stage.start_s
-
-
 def _summary(console, audit, record: RunRecord | None) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    from auditor.analysis.stage_groups import fold_key, stage_rows
-    from auditor.analysis.unstaged import peak_place
+    from auditor.analysis.terminal_summary import run_summary
+    from auditor.renderers import terminal
     if record is None:
         return
-    stages = record.stages
-    table = Table(title=f"auditor: {record.name}", title_justify="left")
-    table.add_column("stage", overflow="fold")
-    for column in ("calls", "RSS end", "delta", "peak inside", "time"):
-        table.add_column(column, justify="right", no_wrap=True)
-    table.add_column("highest peak in", overflow="fold")
-    rows = stage_rows(record)  # repeated calls folded, as in the report
-    for row in rows:  # a stage is its name indented under its parent, as in a profiler
-        calls = row.stages
-        label = "  " * row.depth + fold_key(calls[0])
-        failed = sum(entry.status != "ok" for entry in calls)
-        if failed:
-            status = calls[-1].status if len(calls) == 1 else f"{failed} not ok"
-            label += f" [{status}]"
-        highest = max(calls, key=lambda entry: entry.rss.peak or 0)
-        table.add_row(escape(label), str(len(calls)), mib(calls[-1].rss.end),
-                      signed_mib(sum(_rss_change(e) for e in calls)), mib(highest.rss.peak),
-                      f"{sum(_duration(e) for e in calls):.2f} s",
-                      escape(_which_call(highest, calls)))
-    console.print(table)
-    if len(rows) < len(stages):
-        console.print(f"({len(stages)} stages in {len(rows)} rows: repeated calls folded, delta "
-                      "and time summed over the calls; each call is in the run record)")
-    where = peak_place(record).phrase.replace("`", "")  # in stage X, after the last stage (X), ...
-    console.print(f"peak RSS {mib(record.peak.rss)} {where}; "
-                  f"started at {mib(record.process.rss_at_start)}",
-                  markup=False, soft_wrap=True)
-    memray = record.memray
-    if memray is not None and memray.sites:  # only files that exist are named
-        top = memray.sites[0]
-        flamegraph = audit.folder / (memray.flamegraph or "-")
-        console.print(f"memray: top site at the high-water mark {top.location} "
-                      f"({mib(top.bytes)}); flamegraph "
-                      f"{flamegraph if flamegraph.is_file() else 'not written'}",
-                      markup=False, soft_wrap=True)
-    trace = (record.files or {}).get("torch_profiler")
-    if trace and (audit.folder / trace).is_file():
-        folder = (audit.folder / trace).parent
-        console.print(f"torch profiler trace: {audit.folder / trace}; view it with "
-                      f"tensorboard --logdir {folder}", markup=False, soft_wrap=True)
-    if audit.record_written:
-        console.print(f"run record: {audit.run_json}", markup=False, soft_wrap=True)
-        return
-    events = audit.folder / EVENTS_FILE
-    complete = record.event_log is not None and record.event_log.state == "complete"
-    kept = (f"{events} holds {'every event' if complete else 'the events written before it failed'}; "
-            f"`auditor report {audit.folder}` renders them and `auditor rebuild {audit.folder}` "
-            "writes run.json once there is space") if events.is_file() else "no event log either"
-    console.print(f"run record: not written (see the warning above); {kept}",
-                  markup=False, soft_wrap=True)
+    terminal.run_summary(console, run_summary(record, audit.folder,
+                                              audit.run_json if audit.record_written else None))

@@ -62,17 +62,19 @@ def main(args) -> int:
     program = _checked_program(args)
     small, target, target_overrides, output = _checked(args)
     from auditor.jobs.projection_validation import NotEnoughMemory, validate
+    from auditor.analysis.validation_report import validation_report
     from auditor.audit import new_run_folder
-    from auditor.renderers.validation_markdown import render
+    from auditor.renderers import terminal
+    from auditor.renderers.validation_markdown import render_report
 
     name = Path(args.script).stem if program else args.arch
     folder = Path(args.run_dir) if args.run_dir else new_run_folder(f"validate-{name}-to-{Path(target).name}")
     output = output or folder / "validation.md"
-    console = _console()
+    console = terminal.console(piped_width=200)
     available = _size(args.available, "--available") if args.available else None
 
     def progress(text: str) -> None:
-        console.print(f"[dim]auditor:[/] {text}", highlight=False)
+        terminal.step(console, text)
     try:
         if program is not None:
             from auditor.jobs.program_validation import validate_program
@@ -93,10 +95,11 @@ def main(args) -> int:
     except RuntimeError as error:  # a run that failed, saying how: "killed by SIGKILL: out of memory?"
         print(f"auditor: {error}; the runs that finished are in {str(folder)!r}", file=sys.stderr)
         return 1
+    report = validation_report(result)
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(render(result, args.command_line))
-    _print(result, output)
-    return 1 if any(t["met"] is False for t in result["targets"]) else 0
+    output.write_text(render_report(report, args.command_line))
+    terminal.validation(terminal.console(stdout=True, highlight=True, piped_width=200), report, output)
+    return 1 if report.missed else 0
 
 
 def _checked_program(args):
@@ -154,30 +157,3 @@ def _size(text: str, option: str) -> int:
         return parse_size(text)
     except ValueError as error:
         raise UsageError(f"{option}: {error}") from None
-
-
-def _console():
-    from rich.console import Console
-    return Console(stderr=True, width=None if sys.stderr.isatty() else 200)
-
-
-def _print(result: dict, output: Path) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    from auditor.renderers.validation_markdown import tables
-    console = Console(width=None if sys.stdout.isatty() else 200)
-    low, high = result["scale_up_range"]
-    note = "" if low <= result["scale_up"] <= high else f" (the targets are stated for {low:g}x to {high:g}x)"
-    console.print(f"[bold]{result['small']['label']} -> {result['target']['label']}[/]: "
-                  f"{result['scale_up']:.1f}x parameters{note}", highlight=False)
-    titles = {"targets": "Targets", "peaks": "Peaks", "stages": "Peak inside each stage",
-              "components": f"Components at the end of {result['components_stage']}"}
-    for name, (headers, rows) in tables(result).items():
-        table = Table(title=titles[name], title_justify="left")
-        for i, header in enumerate(headers):
-            table.add_column(header, justify="left" if i == 0 or header in ("category", "target", "method") else "right")
-        for row in rows:
-            table.add_row(*row)
-        console.print(table)
-    console.print(f"report: {output}\nruns: {result['folder']}", highlight=False)

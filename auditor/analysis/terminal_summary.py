@@ -1,0 +1,125 @@
+"""What `auditor run` says on the terminal, computed from the record: a line as each stage
+ends, the summary when the script is over (the stage table with repeated calls folded, the
+peak, where memray's flamegraph, the profiler's trace and the run record are), and the traced
+projection's headline.
+
+    summary = run_summary(record, folder, run_json=None)   # None: run.json not written
+    summary.rows[0].calls, summary.peak_rss, summary.flamegraph, ...
+
+auditor.renderers.terminal formats them. The table is the report's rows (stage_groups) without
+its unstaged rows and its row limit: a terminal shows the stages the script opened, all of them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from auditor.record import EVENTS_FILE
+from auditor.record_schema import Call, RunRecord, Site, Stage
+
+
+@dataclass
+class StageEnd:
+    """A stage as it closes, from the live audit's entry (the record is not written yet)."""
+    path: str
+    ok: bool
+    rss_end: int
+    rss_change: int                # end - start
+    rss_peak: int
+    seconds: float
+
+
+@dataclass
+class SummaryRow:
+    """A row of the stage table: one stage, or the repeated calls of one callable."""
+    name: str                      # the staged callable, else the stage name without `#n`
+    depth: int                     # under its parent's row
+    calls: int
+    not_ok: int                    # calls that did not end ok
+    last_status: str               # the last call's status
+    rss_end: int | None            # the last call's
+    rss_change: int                # summed over the calls (a call never finished counts 0)
+    rss_peak: int | None           # the highest of any call
+    seconds: float                 # summed over the calls
+    highest: int                   # which call had that peak, counting from 1
+    highest_call: Call | None      # and its staged call, when it was one
+
+
+@dataclass
+class RunSummary:
+    name: str
+    rows: list[SummaryRow]
+    stages: int                    # stages in the record (more than rows: calls folded)
+    peak_rss: int | None
+    peak_where: str                # "in stage `X`", "after the last stage (`X`)": code spans
+    rss_at_start: int | None
+    top_site: Site | None          # memray's largest site at its high-water mark
+    flamegraph: Path | None        # None: not written
+    profiler_trace: Path | None    # the torch profiler's trace, when written
+    folder: Path
+    run_json: Path | None          # None: not written
+    event_log: Path | None         # kept when run.json was not written
+    event_log_complete: bool
+
+
+@dataclass
+class ProjectionSummary:
+    """The traced projection's headline (`auditor.jobs.script_projection.project_program`)."""
+    target: str
+    live_tensor_peak: int | None
+    peak_rss: int | None
+    peak_stage: str | None
+    incomplete: str | None         # where the trace stopped
+    folder: Path                   # the run folder, which the full report is made from
+
+
+def stage_end(entry: dict) -> StageEnd:
+    rss = entry["rss"]
+    return StageEnd(entry["path"], entry["status"] == "ok", rss["end"], rss["end"] - rss["start"],
+                    rss["peak"], entry["end_s"] - entry["start_s"])
+
+
+def run_summary(record: RunRecord, folder: Path, run_json: Path | None) -> RunSummary:
+    """`folder`: the run folder, where the files the record names are; `run_json`: None when
+    run.json could not be written (the event log then says what the run did)."""
+    # imported once the script is over: before it, they would count in the audit's memory
+    from auditor.analysis.stage_groups import fold_key, stage_rows
+    from auditor.analysis.unstaged import peak_place
+    memray = record.memray
+    top = memray.sites[0] if memray is not None and memray.sites else None
+    flamegraph = folder / (memray.flamegraph or "-") if memray is not None else None
+    trace = (record.files or {}).get("torch_profiler")
+    events = folder / EVENTS_FILE
+    return RunSummary(
+        name=record.name, rows=[_row(row.stages, row.depth, fold_key(row.stages[0])) for row in stage_rows(record)],
+        stages=len(record.stages), peak_rss=record.peak.rss, peak_where=peak_place(record).phrase,
+        rss_at_start=record.process.rss_at_start, top_site=top,
+        flamegraph=flamegraph if flamegraph is not None and flamegraph.is_file() else None,
+        profiler_trace=folder / trace if trace and (folder / trace).is_file() else None,
+        folder=folder, run_json=run_json,
+        event_log=events if run_json is None and events.is_file() else None,
+        event_log_complete=record.event_log is not None and record.event_log.state == "complete")
+
+
+def _row(calls: list[Stage], depth: int, name: str) -> SummaryRow:
+    highest, top = max(enumerate(calls, 1), key=lambda pair: pair[1].rss.peak or 0)  # the first, on a tie
+    return SummaryRow(
+        name=name, depth=depth, calls=len(calls),
+        not_ok=sum(call.status != "ok" for call in calls), last_status=calls[-1].status,
+        rss_end=calls[-1].rss.end, rss_change=sum(_rss_change(call) for call in calls), rss_peak=top.rss.peak,
+        seconds=sum(_duration(call) for call in calls), highest=highest, highest_call=top.call)
+
+
+def _rss_change(stage: Stage) -> int:
+    """RSS end - start; 0 for a stage never finished (a live audit finishes all of its stages)."""
+    return 0 if stage.rss.end is None or stage.rss.start is None else stage.rss.end - stage.rss.start
+
+
+def _duration(stage: Stage) -> float:
+    return 0.0 if stage.end_s is None else stage.end_s - stage.start_s
+
+
+def projection_summary(projection: dict, folder: Path) -> ProjectionSummary:
+    peak = projection["peak"]
+    return ProjectionSummary(projection["target"], projection["live_tensor_peak"], peak["rss"], peak["stage"],
+                             projection.get("incomplete") or None, folder)

@@ -1,0 +1,181 @@
+"""What the commands print on the terminal (rich): the line as each stage ends and the summary
+of `auditor run`, compare's runs and table, validate-projection's tables, the steps of long
+commands. Each formats a model made by analysis (auditor.analysis.terminal_summary,
+comparison_report, validation_report); nothing here reads a record.
+
+Progress and summaries go to stderr, so stdout keeps only the command's results. rich is
+imported with this module: `auditor run` imports it before the audit, not inside a stage.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from auditor.analysis.comparison_report import ComparisonReport, Spread
+    from auditor.analysis.terminal_summary import ProjectionSummary, RunSummary, StageEnd, SummaryRow
+    from auditor.analysis.validation_report import ValidationReport
+
+MiB = 1 << 20
+
+
+def console(*, stdout: bool = False, highlight: bool = False, piped_width: int | None = None) -> Console:
+    """A console on stderr (stdout: the command's results). `piped_width`: its width when the
+    stream is not a terminal (None: rich's own, from COLUMNS)."""
+    stream = sys.stdout if stdout else sys.stderr
+    width = None if piped_width is None or stream.isatty() else piped_width
+    return Console(stderr=not stdout, highlight=highlight, width=width)
+
+
+def mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:,.1f} MiB"
+
+
+def signed_mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:+,.1f} MiB"
+
+
+def step(out: Console, text: str) -> None:
+    """A step of a long command, as it starts (`text` is rich markup)."""
+    out.print(f"[dim]auditor:[/] {text}", highlight=False)
+
+
+# -- auditor run ---------------------------------------------------------------------------
+
+def stage_ended(out: Console, stage: StageEnd) -> None:
+    mark = "[green]ok[/]" if stage.ok else "[red]FAILED[/]"
+    out.print(f"[dim]auditor:[/] {mark} {escape(stage.path)}  rss {mib(stage.rss_end)} "
+              f"({signed_mib(stage.rss_change)}), peak {mib(stage.rss_peak)}, "
+              f"{stage.seconds:.2f} s", soft_wrap=True)
+
+
+def run_summary(out: Console, summary: RunSummary) -> None:
+    """The stage table, then where the peak was and where the run's files are."""
+    out.print(_stage_table(summary))
+    if len(summary.rows) < summary.stages:
+        out.print(f"({summary.stages} stages in {len(summary.rows)} rows: repeated calls folded, delta "
+                  "and time summed over the calls; each call is in the run record)")
+    where = summary.peak_where.replace("`", "")  # in stage X, after the last stage (X), ...
+    _line(out, f"peak RSS {mib(summary.peak_rss)} {where}; started at {mib(summary.rss_at_start)}")
+    top = summary.top_site
+    if top is not None:  # only files that exist are named
+        _line(out, f"memray: top site at the high-water mark {top.location} ({mib(top.bytes)}); "
+                   f"flamegraph {summary.flamegraph or 'not written'}")
+    trace = summary.profiler_trace
+    if trace is not None:
+        _line(out, f"torch profiler trace: {trace}; view it with tensorboard --logdir {trace.parent}")
+    if summary.run_json is not None:
+        _line(out, f"run record: {summary.run_json}")
+        return
+    folder, events = summary.folder, summary.event_log
+    held = "every event" if summary.event_log_complete else "the events written before it failed"
+    kept = (f"{events} holds {held}; `auditor report {folder}` renders them and `auditor rebuild {folder}` "
+            "writes run.json once there is space") if events is not None else "no event log either"
+    _line(out, f"run record: not written (see the warning above); {kept}")
+
+
+def _stage_table(summary: RunSummary) -> Table:
+    table = Table(title=f"auditor: {summary.name}", title_justify="left")
+    table.add_column("stage", overflow="fold")
+    for column in ("calls", "RSS end", "delta", "peak inside", "time"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("highest peak in", overflow="fold")
+    for row in summary.rows:  # a stage is its name indented under its parent, as in a profiler
+        table.add_row(escape("  " * row.depth + row.name + _not_ok(row)), str(row.calls), mib(row.rss_end),
+                      signed_mib(row.rss_change), mib(row.rss_peak), f"{row.seconds:.2f} s",
+                      escape(_which_call(row)))
+    return table
+
+
+def _not_ok(row: SummaryRow) -> str:
+    if not row.not_ok:
+        return ""
+    return f" [{row.last_status if row.calls == 1 else f'{row.not_ok} not ok'}]"
+
+
+def _which_call(row: SummaryRow) -> str:
+    """Where a folded row's highest peak was: `#113 model.layers.3.mlp.down_proj`, `2 of 3`."""
+    if row.calls == 1:
+        return ""
+    call = row.highest_call
+    if call is None:
+        return f"{row.highest} of {row.calls}"
+    return f"#{call.index}" + (f" {call.label}" if call.label else "")
+
+
+def projection_summary(out: Console, summary: ProjectionSummary) -> None:
+    stopped = f" ({summary.incomplete}; later stages not projected)" if summary.incomplete else ""
+    _line(out, f"traced projection to {summary.target}: peak live tensors {mib(summary.live_tensor_peak)}, "
+               f"peak RSS {mib(summary.peak_rss)} in stage {summary.peak_stage}{stopped}")
+    _line(out, f"per stage and component: auditor report {summary.folder}")
+
+
+def _line(out: Console, text: str) -> None:
+    """Plain text, whatever brackets it holds, never wrapped."""
+    out.print(text, markup=False, soft_wrap=True)
+
+
+# -- auditor compare -----------------------------------------------------------------------
+
+def comparison_run(out: Console, run: dict, total: int) -> None:
+    """A run of the comparison as it ends (an entry of the comparison record's `runs`)."""
+    loaded = "-" if run.get("loaded_rss") is None else f"{run['loaded_rss'] / MiB:,.1f} MiB"
+    result = run.get("result")
+    agreement = ("no result" if not result else
+                 "reference result" if run["order"] == 1 else
+                 f"{result['differing_elements']:,} elements differ" if result["differing_elements"] is not None
+                 else ("same digest" if result["same_as_reference"] else "digest differs"))
+    _line(out, f"compare: [{run['order']}/{total}] {run['side']} run {run['repeat']}: peak "
+               f"{run['peak_rss'] / MiB:,.1f} MiB, loaded {loaded}, {run['wall_s']:.2f} s, {agreement} "
+               f"(load {run['load_average'][0]:.2f})")
+
+
+def comparison(out: Console, report: ComparisonReport) -> None:
+    """Each side's medians and ranges, then each variant's verdict."""
+    table = Table(title=f"compare: {report.name} (median of {report.setting.repeats}; min-max)",
+                  title_justify="left")
+    for column in ("side", "peak RSS MiB", "loaded MiB", "peak over loaded MiB", "wall s"):
+        table.add_column(column, justify="left" if column == "side" else "right", overflow="fold")
+    for side in report.sides:
+        table.add_row(escape(side.name), _spread(side.peak_rss, MiB), _spread(side.loaded_rss, MiB),
+                      _spread(side.overhead, MiB), _spread(side.wall_s, 1, 1))
+    out.print(table)
+    for v in report.variants:
+        mark = "[red]FAIL[/]" if v.failed else "[green]ok[/]"
+        ratios = (f"peak x{v.peak_ratio:.3f}" if v.peak_ratio is not None else "") + (
+            f", overhead x{v.overhead_ratio:.3f}" if v.overhead_ratio is not None else "")
+        out.print(f"{mark} {escape(v.name)}: {ratios}; {escape(v.why)}", soft_wrap=True)
+
+
+def _spread(spread: Spread | None, unit: float, digits: int = 0) -> str:
+    """The median over min-max, in `unit`."""
+    if spread is None:
+        return "-"
+    return (f"{spread.median / unit:,.{digits}f}\n"
+            f"{spread.min / unit:,.{digits}f}-{spread.max / unit:,.{digits}f}")
+
+
+# -- auditor validate-projection -----------------------------------------------------------
+
+def validation(out: Console, report: ValidationReport, output: Path) -> None:
+    """The scale-up, the tables of the markdown report, and where it and the runs are."""
+    from auditor.renderers.validation_markdown import report_tables  # not needed by `auditor run`
+    low, high = report.scale_up_range
+    note = "" if report.in_range else f" (the targets are stated for {low:g}x to {high:g}x)"
+    out.print(f"[bold]{report.small.label} -> {report.target.label}[/]: "
+              f"{report.scale_up:.1f}x parameters{note}", highlight=False)
+    titles = {"targets": "Targets", "peaks": "Peaks", "stages": "Peak inside each stage",
+              "components": f"Components at the end of {report.components_stage}"}
+    for name, (headers, rows) in report_tables(report).items():
+        table = Table(title=titles[name], title_justify="left")
+        for i, header in enumerate(headers):
+            table.add_column(header, justify="left" if i == 0 or header in ("category", "target", "method") else "right")
+        for row in rows:
+            table.add_row(*row)
+        out.print(table)
+    out.print(f"report: {output}\nruns: {report.folder}", highlight=False)
