@@ -20,6 +20,15 @@ def size(n: int | float | None) -> str:
     return f"{sign}{a / GiB:,.2f} GiB"
 
 
+def mib(n: int | float | None) -> str:
+    """Bytes in MiB always ("1,234.5 MiB"; "-" when unknown): for columns read against each other."""
+    return "-" if n is None else f"{n / MiB:,.1f} MiB"
+
+
+def signed_mib(n: int | float | None) -> str:
+    return "-" if n is None else f"{n / MiB:+,.1f} MiB"
+
+
 def signed_size(n: int | float | None) -> str:
     if n is None:
         return "-"

@@ -27,9 +27,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from auditor.record_schema import RunRecord, Stage
+from auditor.units import GiB
 
 SHARDED_FROM = ("prune",)  # the stages (and their children) once the model is sharded
-GiB = 1 << 30
 
 
 # -- the model -----------------------------------------------------------------------------

@@ -26,8 +26,8 @@ from auditor.analysis.projection_validation import check_targets, compare
 from auditor.jobs.gradprobe import Settings
 from auditor.jobs.validation_run import label as _label
 from auditor.jobs.validation_run import real_audit
+from auditor.units import GiB
 
-GiB = 1 << 30
 DEFAULT_MARGIN = GiB
 SCALE_UP_RANGE = (4.0, 20.0)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from auditor.analysis.comparison_report import ComparisonReport, Spread, comparison_report
+from auditor.units import MiB
 
-MiB = 1 << 20
 LOADED_COLOUR, OVERHEAD_COLOUR, TIME_COLOUR = "#b8c4d6", "#3b6fb6", "#8c8c8c"
 
 

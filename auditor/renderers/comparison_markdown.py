@@ -10,8 +10,8 @@ from urllib.parse import quote  # a name with spaces stays one link
 from auditor.analysis.comparison_report import (ComparisonReport, Environment, Reported, Scalar, Spread,
                                                 Variant, comparison_report)
 from auditor.renderers import markdown_text as md
+from auditor.units import GiB, MiB
 
-MiB, GiB = 1 << 20, 1 << 30
 DIGEST_CHARS = 12
 
 

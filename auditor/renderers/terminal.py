@@ -16,13 +16,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from auditor import units
+from auditor.units import MiB
+
 if TYPE_CHECKING:
     from auditor.analysis.comparison_report import ComparisonReport, Spread
     from auditor.analysis.terminal_summary import ProjectionSummary, RunSummary, StageEnd, SummaryRow
     from auditor.analysis.validation_report import ValidationReport
-
-MiB = 1 << 20
-
 
 def console(*, stdout: bool = False, highlight: bool = False, piped_width: int | None = None) -> Console:
     """A console on stderr (stdout: the command's results). `piped_width`: its width when the
@@ -32,12 +32,7 @@ def console(*, stdout: bool = False, highlight: bool = False, piped_width: int |
     return Console(stderr=not stdout, highlight=highlight, width=width)
 
 
-def mib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**20:,.1f} MiB"
-
-
-def signed_mib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**20:+,.1f} MiB"
+mib, signed_mib = units.mib, units.signed_mib
 
 
 def step(out: Console, text: str) -> None:
