@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import benchmark_record
 
@@ -147,23 +146,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--extra-rounds", type=int, default=2)
     parser.add_argument("--extra-modes", nargs="*", default=["tracemalloc", "memray"])
-    parser.add_argument("-o", "--output", metavar="REPORT", help="fill the report's `output` block with what "
-                        "this prints, and write the record beside it (REPORT.json)")
-    parser.add_argument("--from", dest="record", metavar="RECORD",
-                        help="print (and with -o, fill) from a record this script wrote, measuring nothing")
+    benchmark_record.add_options(parser)
     parser.add_argument("--child", choices=sorted(MODES), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.out)))
         return
-    record = benchmark_record.read(args.record) if args.record else measure(args)
-    text = output(record)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(benchmark_record.fill(args.output, {"output": f"```\n{text}```"}))
-        if not args.record:
-            benchmark_record.write(benchmark_record.beside(args.output), record)
+    benchmark_record.publish(args, lambda: measure(args), output)
 
 
 def measure(args) -> dict:

@@ -10,7 +10,9 @@ paths: each benchmark cleans its outputs before they go in.
 """
 from __future__ import annotations
 
+import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -51,3 +53,23 @@ def fill(report: str | Path, blocks: dict[str, str]) -> str:
         head, rest = text.split(begin)
         text = head + begin + body.rstrip("\n") + "\n" + end + rest.split(end, 1)[1]
     return text
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """-o REPORT and --from RECORD, as every benchmark that prints its output into a report has them."""
+    parser.add_argument("-o", "--output", metavar="REPORT", help="fill the report's `output` block with what "
+                        "this prints, and write the record beside it (REPORT.json)")
+    parser.add_argument("--from", dest="record", metavar="RECORD",
+                        help="print (and with -o, fill) from a record this script wrote, measuring nothing")
+
+
+def publish(args: argparse.Namespace, measure: Callable[[], dict], output: Callable[[dict], str]) -> None:
+    """Measure (or read --from), print the output, and with -o fill the report's `output` block
+    and keep the new record beside it."""
+    record = read(args.record) if args.record else measure()
+    text = output(record)
+    print(text)
+    if args.output:
+        Path(args.output).write_text(fill(args.output, {"output": f"```\n{text}```"}))
+        if not args.record:
+            write(beside(args.output), record)

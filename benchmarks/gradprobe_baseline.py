@@ -23,7 +23,6 @@ import re
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import benchmark_record
 
@@ -238,22 +237,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("-o", "--output", metavar="REPORT", help="fill the report's `output` block with what "
-                        "this prints, and write the record beside it (REPORT.json)")
-    parser.add_argument("--from", dest="record", metavar="RECORD",
-                        help="print (and with -o, fill) from a record this script wrote, measuring nothing")
+    benchmark_record.add_options(parser)
     parser.add_argument("--part", choices=["timeline", "floor"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.part:  # inside a fresh process started by the driver below
         print(json.dumps(phase_timeline(args.threads) if args.part == "timeline" else floor(args.threads)))
         return 0
-    record = benchmark_record.read(args.record) if args.record else measure(args)
-    text = output(record)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(benchmark_record.fill(args.output, {"output": f"```\n{text}```"}))
-        if not args.record:
-            benchmark_record.write(benchmark_record.beside(args.output), record)
+    benchmark_record.publish(args, lambda: measure(args), output)
     return 0
 
 

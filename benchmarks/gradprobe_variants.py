@@ -27,7 +27,6 @@ import shlex
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
 import benchmark_record
 
@@ -212,22 +211,13 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=2, help="rounds over every variant (>= 2)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, metavar="NAME[+DTYPE]")
-    parser.add_argument("-o", "--output", metavar="REPORT", help="fill the report's `output` block with what "
-                        "this prints, and write the record beside it (REPORT.json)")
-    parser.add_argument("--from", dest="record", metavar="RECORD",
-                        help="print (and with -o, fill) from a record this script wrote, measuring nothing")
+    benchmark_record.add_options(parser)
     parser.add_argument("--part", help=argparse.SUPPRESS)  # a fresh process of part 2: the variant
     args = parser.parse_args()
     if args.part:
         print(json.dumps(phase_peaks(args.part, args.threads)))
         return 0
-    record = benchmark_record.read(args.record) if args.record else measure(args)
-    text = output(record)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(benchmark_record.fill(args.output, {"output": f"```\n{text}```"}))
-        if not args.record:
-            benchmark_record.write(benchmark_record.beside(args.output), record)
+    benchmark_record.publish(args, lambda: measure(args), output)
     return 0
 
 
