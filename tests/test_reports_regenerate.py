@@ -48,8 +48,10 @@ FILLED = {  # hand-written report -> (the scripts' arguments that fill its measu
         [["benchmarks/sharded_gradprobe.py", "table", "--run-dir",
           *(f"reports/sharded-gradprobe-cpu-runs/{run}" for run in ("tinystories-33m", "mistral-8x512"))]],
         [f"reports/sharded-gradprobe-cpu-runs/{run}" for run in ("tinystories-33m", "mistral-8x512")]),
-    "projection-validation-variants.md": ([["benchmarks/projection_validation_variants.py", "fill"]],
+    "projection-validation-variants.md": ([["benchmarks/projection_validation_runs.py", "fill"]],
                                           ["reports/projection-validation-variants-runs"]),
+    "projection-validation.md": ([["benchmarks/projection_validation_runs.py", "fill"]],
+                                 ["reports/projection-validation-runs"]),
     "audit-overhead.md": (
         [["benchmarks/audit_overhead.py", "--from", "reports/audit-overhead.json"],
          ["benchmarks/stage_cost_ab.py", "--from", "reports/audit-overhead-stage-cost.json"]],
@@ -58,7 +60,6 @@ FILLED = {  # hand-written report -> (the scripts' arguments that fill its measu
 NOT_YET = {  # committed reports whose measured parts have no record in the repository yet, and why
     "gradprobe-streaming.md": "its 7B runs' outputs are quoted from a 5-minute Mistral-7B prune; no record kept",
     "variants-at-mistral-7b.md": "rendered from 7B traced runs (runs/variants-7b) too large to commit",
-    "projection-validation.md": "quotes five validate-projection reports whose run folders are not committed",
 }
 
 
