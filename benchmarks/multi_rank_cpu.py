@@ -44,9 +44,9 @@ def main() -> None:
     parser.add_argument("--run-dir", default="reports/multi-rank-cpu-runs")
     parser.add_argument("-o", "--output", required=True, help="the report whose `table` block is filled")
     args = parser.parse_args()
-    text = benchmark_record.fill(args.output, {"table": table(Path(args.run_dir))})
-    Path(args.output).write_text(text)
-    print(table(Path(args.run_dir)))
+    made = table(Path(args.run_dir))
+    Path(args.output).write_text(benchmark_record.fill(args.output, {"table": made}))
+    print(made)
 
 
 if __name__ == "__main__":

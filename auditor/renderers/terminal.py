@@ -16,8 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from auditor import units
-from auditor.units import MiB
+from auditor.units import MiB, mib, signed_mib
 
 if TYPE_CHECKING:
     from auditor.analysis.comparison_report import ComparisonReport, Spread
@@ -30,9 +29,6 @@ def console(*, stdout: bool = False, highlight: bool = False, piped_width: int |
     stream = sys.stdout if stdout else sys.stderr
     width = None if piped_width is None or stream.isatty() else piped_width
     return Console(stderr=not stdout, highlight=highlight, width=width)
-
-
-mib, signed_mib = units.mib, units.signed_mib
 
 
 def step(out: Console, text: str) -> None:
@@ -119,14 +115,13 @@ def _line(out: Console, text: str) -> None:
 
 def comparison_run(out: Console, run: dict, total: int) -> None:
     """A run of the comparison as it ends (an entry of the comparison record's `runs`)."""
-    loaded = "-" if run.get("loaded_rss") is None else f"{run['loaded_rss'] / MiB:,.1f} MiB"
     result = run.get("result")
     agreement = ("no result" if not result else
                  "reference result" if run["order"] == 1 else
                  f"{result['differing_elements']:,} elements differ" if result["differing_elements"] is not None
                  else ("same digest" if result["same_as_reference"] else "digest differs"))
     _line(out, f"compare: [{run['order']}/{total}] {run['side']} run {run['repeat']}: peak "
-               f"{run['peak_rss'] / MiB:,.1f} MiB, loaded {loaded}, {run['wall_s']:.2f} s, {agreement} "
+               f"{mib(run['peak_rss'])}, loaded {mib(run.get('loaded_rss'))}, {run['wall_s']:.2f} s, {agreement} "
                f"(load {run['load_average'][0]:.2f})")
 
 
