@@ -37,6 +37,14 @@ def weights(model) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _forget_pruned():
+    """The cached models die with this module: tests of other files in the same process count
+    every parameter alive (census, live tensors) and must not see these."""
+    yield
+    pruned.cache_clear()
+
+
 @cache
 def pruned(family: str, variant: str, strategy: str):
     """(result, weights after pruning, pruner) for one variant; cached: baselines are shared."""
