@@ -10,7 +10,17 @@ transformers/models/{gpt_neo,mistral,llama}/modeling_*.py (`GPTNeoModel.forward`
 """
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
+
+
+@functools.cache
+def _no_cache(make_mask) -> dict:
+    """No KV cache, in the keyword this transformers' mask function takes: `cache` from 5.24,
+    `past_key_values` before (5.24 still takes it, with a deprecation warning each call)."""
+    return {"cache" if "cache" in inspect.signature(make_mask).parameters else "past_key_values": None}
 
 
 def _positions(hidden: torch.Tensor) -> torch.Tensor:
@@ -34,7 +44,7 @@ class GPTNeo:
     def layer_inputs(self, hidden: torch.Tensor) -> dict:
         from transformers.masking_utils import create_causal_mask
         mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=None,
-                                  past_key_values=None, position_ids=_positions(hidden))
+                                  position_ids=_positions(hidden), **_no_cache(create_causal_mask))
         return {"attention_mask": mask}
 
     def run_layer(self, layer: torch.nn.Module, hidden: torch.Tensor, inputs: dict) -> torch.Tensor:
@@ -64,7 +74,7 @@ class LlamaLike:
         make_mask = create_sliding_window_causal_mask if sliding else create_causal_mask
         positions = _positions(hidden)
         mask = make_mask(config=self.config, inputs_embeds=hidden, attention_mask=None,
-                         past_key_values=None, position_ids=positions)
+                         position_ids=positions, **_no_cache(make_mask))
         return {"attention_mask": mask, "position_ids": positions,
                 "position_embeddings": self.rotary(hidden, position_ids=positions)}
 
