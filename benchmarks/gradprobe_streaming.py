@@ -27,18 +27,29 @@
 
 Peak RSS is the kernel's high-water mark of the pruning process (ru_maxrss). Wall times are noisy
 when other jobs share the machine's two cores; the load average is printed with each part.
+
+With `-o reports/gradprobe-streaming.md` a part's output fills the report's block of the same name
+and is kept in the record beside it (reports/gradprobe-streaming.json, one entry per part, the
+machine's temporary folder written as `$TMP`); `--from reports/gradprobe-streaming.json -o ...`
+fills every part's block again from that record, measuring nothing.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+import benchmark_record
 
 MiB = 1 << 20
 PYTHON = sys.executable
@@ -70,13 +81,14 @@ def load() -> str:
 
 # -- 1. TinyStories-33M: baseline against streaming ----------------------------------------------
 
-def tinystories(runs: int, threads: int) -> None:
+def tinystories(runs: int, threads: int) -> dict:
+    """Prints its output; returns each run's printed fields and wall time for the record."""
     folder = tempfile.mkdtemp(prefix="gradprobe-streaming-bench-")
     try:
         weights = os.path.join(folder, "weights")
         write = [PYTHON, "-m", "gradprobe.streaming", "write-weights", "--arch", "tinystories-33m",
                  "--seed", "0", "--out", weights]
-        print(f"$ python {' '.join(write[1:])}\n{run(write)[0]}")
+        print(f"$ python {' '.join(write[1:])}\n{run(write)[0]}".replace(folder, "$TMP"))
         rows, outputs = [], {}
         for number in range(1, runs + 1):
             baseline = [PYTHON, "-m", "gradprobe", "--arch", "tinystories-33m", *SETTINGS,
@@ -88,7 +100,7 @@ def tinystories(runs: int, threads: int) -> None:
                          "--out", os.path.join(folder, f"pruned-{number}"), *SETTINGS,
                          "--threads", str(threads), "--progress"]
             out, err, wall = run(streaming)
-            rows.append(("streaming", number, fields(out), wall))
+            rows.append(("streaming", number, fields(out.replace(folder, "$TMP")), wall))
             outputs.setdefault("streaming", (streaming, out, err))
         print(f"({load()} after the runs)\n")
         for name, (command, out, err) in outputs.items():
@@ -101,6 +113,7 @@ def tinystories(runs: int, threads: int) -> None:
         digests = {f["mask digest"] for _, _, f, _ in rows}
         print(f"\nmask digests identical across all {len(rows)} runs (baseline and streaming): "
               f"{len(digests) == 1}")
+        return {"runs": [{"variant": v, "run": n, "fields": f, "process_seconds": w} for v, n, f, w in rows]}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -144,7 +157,8 @@ def mistral_estimate(threads: int) -> None:
           f"\n  ({load()})\n")
 
 
-def mistral(weights: str, out: str, threads: int, cleanup: bool) -> None:
+def mistral(weights: str, out: str, threads: int, cleanup: bool) -> dict:
+    """Prints its output; returns the prune's --progress log and summary for the record."""
     mistral_estimate(threads)
     if not os.path.isdir(weights):
         write = [PYTHON, "-m", "gradprobe.streaming", "write-weights", "--arch", "mistral-7b", "--generate",
@@ -156,12 +170,14 @@ def mistral(weights: str, out: str, threads: int, cleanup: bool) -> None:
              "--threads", str(threads), "--progress", "--summary-json", summary]
     print(f"$ python {' '.join(prune[1:])}")
     stdout, stderr, wall = run(prune)
-    print(f"{stdout}\nstderr (--progress):\n{stderr}\nprocess wall {wall:.1f} s ({load()})")
+    print(f"{stdout}\nprocess wall {wall:.1f} s ({load()})")
     with open(summary) as file:
-        print(json.dumps(json.load(file), indent=1))
+        measured = json.load(file)
+    print(json.dumps(measured, indent=1))
     if cleanup:
         shutil.rmtree(out, ignore_errors=True)
         shutil.rmtree(weights, ignore_errors=True)
+    return {"progress": stderr, "summary": measured, "process_seconds": wall}
 
 
 # -- 3. what is resident at a 7B stage's peak, by allocation ----------------------------------------
@@ -323,30 +339,177 @@ def writes(rounds: int) -> None:
           f"({load()} at the end)")
 
 
+PARTS = ["tinystories", "mistral-7b", "estimate", "layer-breakdown", "exactness", "writes"]
+
+
+def measure(args) -> dict:
+    """Run one part, printing as it goes; the record of it: the command, what it printed (the
+    temporary folder as $TMP) and, for the 7B prune, its --progress log and summary."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(_Both(sys.stdout, printed)):
+        print(f"({load()} at start)\n")
+        extra = _run_part(args) or {}
+    command = ["python", "benchmarks/gradprobe_streaming.py", "--part", args.part]
+    command += [f"--{name}={value}" for name, value in (("runs", args.runs), ("threads", args.threads))
+                if value != DEFAULTS[name]]
+    record = {"command": shlex.join(command), "output": printed.getvalue(), **extra}
+    return json.loads(_without_machine_paths(json.dumps(record), args))
+
+
+def _run_part(args) -> dict | None:
+    if args.part == "tinystories":
+        return tinystories(args.runs, args.threads)
+    if args.part == "estimate":
+        return mistral_estimate(args.threads)
+    if args.part == "exactness":
+        return exactness(args.threads)
+    if args.part == "layer-breakdown":
+        return layer_breakdown(args.threads)
+    if args.part == "writes":
+        return writes(max(3, args.runs))
+    return mistral(args.weights, args.out, args.threads, args.cleanup)
+
+
+class _Both(io.TextIOBase):
+    """Writes to the terminal and to the record's copy at once."""
+
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self.streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self.streams:
+            stream.flush()
+
+
+def _without_machine_paths(text: str, args) -> str:
+    for folder, name in ((args.weights, "$TMP/mistral-7b-weights"), (args.out, "$TMP/mistral-7b-pruned"),
+                         (tempfile.gettempdir(), "$TMP")):
+        text = text.replace(folder.rstrip("/"), name)
+    return text
+
+
+def blocks(parts: dict) -> dict[str, str]:
+    """The report's blocks, one per part kept in the record (the 7B prune's progress log in a block
+    of its own)."""
+    made = {}
+    for part, kept in parts.items():
+        made[part] = f"```\n$ {kept['command']}\n\n{kept['output']}```"
+        if "progress" in kept:
+            made[f"{part}-progress"] = f"```\n{kept['progress']}```"
+    return made
+
+
+# The 7B run's targets (issue 15): peak RSS and pruning wall time.
+PEAK_TARGET, TIME_TARGET = 1280 * MiB, 360.0
+# The masks every earlier round's 7B prune made from the seed-0 bf16 weights (reports' history).
+EARLIER_7B_DIGEST = "c345f054f3b349f2c792f1b684541be7e4c034358e5695e9e4c5101af848879f"
+EARLIER_7B_PRUNED = 682_683_212
+
+
+def results(parts: dict) -> dict[str, str]:
+    """The report's headline tables, from the TinyStories and 7B parts of the record."""
+    if "tinystories" not in parts or "mistral-7b" not in parts:
+        return {}
+    runs, big = parts["tinystories"]["runs"], parts["mistral-7b"]["summary"]
+    mine = [r["fields"] for r in runs if r["variant"] == "streaming"]
+    theirs = [r["fields"] for r in runs if r["variant"] == "baseline"]
+    digests = {f["mask digest"] for f in mine + theirs}
+    masks = (f"**identical** to the baseline's (sha256 digest `{next(iter(digests))[:16]}...` in all {len(runs)} runs)"
+             if len(digests) == 1 else f"**DIFFERENT**: {len(digests)} digests in {len(runs)} runs")
+    peak, seconds = big["peak_rss"], big["prune_seconds"]
+    same_as_before = (f"equals the earlier rounds' (`{EARLIER_7B_DIGEST[:16]}...`) on the same seeded weights"
+                      if big["mask_digest"] == EARLIER_7B_DIGEST else
+                      f"**differs from** the earlier rounds' (`{EARLIER_7B_DIGEST[:16]}...`, {EARLIER_7B_PRUNED:,} "
+                      f"pruned, against {big['pruned']:,} here) on the same seeded weights")
+    process = parts["mistral-7b"]["process_seconds"]
+    table = [
+        "| | TinyStories-33M, fp32 | Mistral-7B architecture, bf16 on disk, fp32 compute |", "|---|---|---|",
+        f"| parameters | {mine[0]['parameters']} | {big['parameters']:,} |",
+        "| settings | seq 128, batch 1, 2 batches, s = 0.1, r = 0.1, tau = 2.0, magnitude | the same, `--threads 2` |",
+        f"| **peak RSS, streaming** | {_span(mine, 'peak RSS')} ({len(mine)} runs) | **{_mib(peak)} = {peak / 2**30:.2f} GiB** |",
+        f"| peak RSS, baseline | {_span(theirs, 'peak RSS')} ({len(theirs)} runs) | not runnable (spec's projection "
+        "for the baseline design: 161 GB fp32) |",
+        f"| prune wall time | streaming {_span(mine, 'wall time')}, baseline {_span(theirs, 'wall time')} | "
+        f"**{seconds:.1f} s ({seconds / 60:.1f} min)**; the whole process {process:.1f} s ({process / 60:.1f} min) |",
+        f"| masks | {masks} | digest `{big['mask_digest'][:16]}...` |",
+        f"| what was pruned | {mine[0]['pruned'].split()[0]} of {mine[0]['candidates'].split()[0]} candidates "
+        f"({mine[0]['final sparsity'].split()[0]}) | {big['pruned']:,} of {big['candidates']:,} candidates; "
+        f"{big['sparsity']:.3%} of prunable weights |"]
+    targets = [
+        "| target | measured | met |", "|---|---|---|",
+        f"| peak RSS at most 1.25 GiB ({_mib(PEAK_TARGET)}) | {_mib(peak)} = {peak / 2**30:.2f} GiB | "
+        f"{'**yes**' if peak <= PEAK_TARGET else '**no**'} |",
+        f"| wall time at most 6 minutes ({TIME_TARGET:.0f} s) | {seconds:.1f} s pruning ({seconds / 60:.1f} min); "
+        f"{process:.1f} s for the whole process, start to exit | {'**yes**' if seconds <= TIME_TARGET else '**no**'} |",
+        "| masks identical to the in-memory variants on small models | the tests below, bit for bit (the 7B "
+        f"baseline does not fit here); at 7B the digest {same_as_before} | yes |"]
+    return {"results": "\n".join(table), "targets": "\n".join(targets),
+            "mistral-7b-phases": phases(parts["mistral-7b"]["progress"])}
+
+
+def phases(progress: str) -> str:
+    """The 7B prune's phases from its --progress log: selecting, each pass's forward (to the head's
+    load) and backward (the reduced pass's with deciding and writing)."""
+    times = [(float(t), what) for t, what in re.findall(r"^\[\s*([\d.]+) s\] (phase  [\w ]+?|loaded head)\s+RSS",
+                                                          progress, re.M)]
+    selected = next(t for t, what in times if what.startswith("phase  candidates"))
+    recorded = next(t for t, what in times if what.startswith("phase  G0"))
+    heads = [t for t, what in times if what == "loaded head"]
+    end = float(re.findall(r"^\[\s*([\d.]+) s\]", progress, re.M)[-1])
+    return (f"Phases of this run (from the log): G0 pass {recorded:.1f} s (selecting {selected:.1f} s, forward "
+            f"with the threshold counted {heads[0] - selected:.1f} s, backward {recorded - heads[0]:.1f} s), "
+            f"reduced pass with deciding and writing {end - recorded:.1f} s (forward {heads[1] - recorded:.1f} s, "
+            f"backward and writing {end - heads[1]:.1f} s).")
+
+
+def _mib(n: float) -> str:
+    return f"{n / MiB:,.1f} MiB"
+
+
+def _span(runs: list[dict], field: str) -> str:
+    """A printed field's range over runs: '2,197.5-2,213.7 MiB' or '5.00-5.76 s'."""
+    values = [float(f[field].split()[0].replace(",", "")) for f in runs]
+    unit = "MiB" if field == "peak RSS" else "s"
+    low, high = min(values), max(values)
+    shown = (lambda v: f"{v:,.1f}") if unit == "MiB" else (lambda v: f"{v:.2f}")
+    return f"{shown(low)} {unit}" if low == high else f"{shown(low)}-{shown(high)} {unit}"
+
+
+DEFAULTS = {"runs": 2, "threads": 2}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["tinystories", "mistral-7b", "estimate", "layer-breakdown", "exactness",
-                                           "writes"],
-                        required=True)
-    parser.add_argument("--runs", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--weights", default="/tmp/mistral-7b-weights", help="7B weights folder (made if missing)")
-    parser.add_argument("--out", default="/tmp/mistral-7b-pruned", help="7B pruned output folder")
+    parser.add_argument("--part", choices=PARTS, help="what to measure (every part kept in the record, with --from)")
+    parser.add_argument("--runs", type=int, default=DEFAULTS["runs"])
+    parser.add_argument("--threads", type=int, default=DEFAULTS["threads"])
+    parser.add_argument("--weights", default=os.path.join(tempfile.gettempdir(), "mistral-7b-weights"),
+                        help="7B weights folder (made if missing)")
+    parser.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "mistral-7b-pruned"),
+                        help="7B pruned output folder")
     parser.add_argument("--cleanup", action="store_true", help="delete the 7B weights and output afterwards")
+    benchmark_record.add_options(parser)
     args = parser.parse_args()
-    print(f"({load()} at start)\n")
-    if args.part == "tinystories":
-        tinystories(args.runs, args.threads)
-    elif args.part == "estimate":
-        mistral_estimate(args.threads)
-    elif args.part == "exactness":
-        exactness(args.threads)
-    elif args.part == "layer-breakdown":
-        layer_breakdown(args.threads)
-    elif args.part == "writes":
-        writes(max(3, args.runs))
+    if not args.record and not args.part:
+        parser.error("give --part PART to measure, or --from RECORD to fill from a record")
+    kept = Path(args.record or benchmark_record.beside(args.output or "none.md"))
+    parts = benchmark_record.read(kept)["parts"] if args.record or (args.output and kept.is_file()) else {}
+    if args.record:
+        parts = {args.part: parts[args.part]} if args.part else parts
+        for made in {**blocks(parts), **results(parts)}.values():
+            print(made)
     else:
-        mistral(args.weights, args.out, args.threads, args.cleanup)
+        parts[args.part] = measure(args)
+    if args.output:
+        chosen = parts if args.record else {args.part: parts[args.part]}
+        Path(args.output).write_text(benchmark_record.fill(args.output, {**blocks(chosen), **results(parts)}))
+        if not args.record:
+            benchmark_record.write(kept, {"parts": parts})
     return 0
 
 
