@@ -497,21 +497,21 @@ def main() -> int:
     args = parser.parse_args()
     if not args.record and not args.part:
         parser.error("give --part PART to measure, or --from RECORD to fill from a record")
-    kept = Path(args.record or benchmark_record.beside(args.output or "none.md"))
-    parts = benchmark_record.read(kept)["parts"] if args.record or (args.output and kept.is_file()) else {}
-    if args.record:
-        parts = {args.part: parts[args.part]} if args.part else parts
-        for made in {**blocks(parts), **results(parts)}.values():
-            print(made)
-    else:
+    kept = Path(args.record) if args.record else benchmark_record.beside(args.output) if args.output else None
+    parts = benchmark_record.read(kept)["parts"] if args.record or (kept and kept.is_file()) else {}
+    if not args.record:
         parts[args.part] = measure(args)
+    elif args.part and args.part not in parts:
+        parser.error(f"--from {args.record} has no part {args.part!r} (it has {', '.join(parts)})")
+    shown = {args.part: parts[args.part]} if args.part else parts
+    made = {**blocks(shown), **results(parts)}
+    if args.record:
+        print("\n\n".join(made.values()))
     if args.output:
-        chosen = parts if args.record else {args.part: parts[args.part]}
-        Path(args.output).write_text(benchmark_record.fill(args.output, {**blocks(chosen), **results(parts)}))
+        Path(args.output).write_text(benchmark_record.fill(args.output, made))
         if not args.record:
             benchmark_record.write(kept, {"parts": parts})
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
