@@ -2,11 +2,14 @@
 from `auditor gradprobe --variant V --target mistral-7b`) beside measured where it was run.
 
     python benchmarks/variants_at_7b.py --run-dir runs/variants-7b -o reports/variants-at-mistral-7b.md
+    python benchmarks/variants_at_7b.py --from reports/variants-at-mistral-7b.json -o reports/variants-at-mistral-7b.md
 
-Each variant is audited on TinyStories-33M in a fresh process (`auditor gradprobe`, its report
+The run folders are too large to commit; what the table needs of them (each variant's command,
+audited peak and projections, sharded's per-rank worlds) is kept in the record beside the report
+(REPORT.json), and `--from` makes the report again from it alone. Each variant is audited on TinyStories-33M in a fresh process (`auditor gradprobe`, its report
 in the run folder) and projected. Measured at 7B: only streaming fits this machine (24 GiB; the
 in-memory variants hold the fp32 weights alone, 27 GiB); its figure is the committed 7B run of
-reports/gradprobe-streaming.md, read from the summary JSON that run printed there.
+reports/gradprobe-streaming.md, read from that report's record (reports/gradprobe-streaming.json).
 """
 from __future__ import annotations
 
@@ -17,10 +20,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import benchmark_record
+
 from auditor.record_schema import RunRecord
 
 ROOT = Path(__file__).resolve().parents[1]
-STREAMING_REPORT = ROOT / "reports" / "gradprobe-streaming.md"
+STREAMING_RECORD = Path("reports") / "gradprobe-streaming.json"  # read from where the script is run
 # Streaming prunes from a weights folder; the measured 7B run's was bf16, so its projection's is too.
 WEIGHTS = {"streaming": ["--weights-dtype", "bf16"]}
 # Sharded is projected rank by rank (auditor project-ranks) at these world sizes.
@@ -41,8 +46,19 @@ def project(variant: str, folder: Path, reuse: bool = False) -> dict:
         record.annotations["projections"] = _reprojected(record, run_dir)
     row["audited_peak"] = record.peak.rss
     for item in record.annotations.get("projections") or []:
-        row[item.get("method", "scaled")] = item
+        row[item.get("method", "scaled")] = _kept(item)
     return row
+
+
+def _kept(item: dict) -> dict:
+    """What the table reads of a projection, for the record: its peak, whether it was explained
+    or projected at all, whether it was fitted, and the prune stage (streaming's measured figure
+    is compared with it); the other stages and the fit's runs stay in the run folder."""
+    kept = {k: item[k] for k in ("method", "target", "peak", "explained", "miss", "not_projected") if k in item}
+    kept["stages"] = [s for s in item.get("stages") or [] if s.get("path") == "prune"]
+    if item.get("fit"):
+        kept["fit"] = {"runs": item["fit"].get("runs")}
+    return kept
 
 
 def _ran(command: list[str], row: dict) -> bool:
@@ -94,17 +110,15 @@ def _reprojected(record: RunRecord, run_dir: Path) -> list[dict]:
 
 
 def streaming_measured() -> dict | None:
-    """The committed 7B streaming run's peak RSS and the command that measured it."""
-    if not STREAMING_REPORT.is_file():
+    """The committed 7B streaming run's peak RSS and the prune command that measured it, from the
+    streaming report's record."""
+    if not STREAMING_RECORD.is_file():
         return None
-    text = STREAMING_REPORT.read_text()
-    command = re.search(r"^\$ (python -m gradprobe\.streaming prune --weights \S*mistral-7b\S* .*)$", text, re.M)
-    if not command:
+    kept = benchmark_record.read(STREAMING_RECORD)["parts"].get("mistral-7b")
+    if not kept:
         return None
-    peak = re.compile(r"^peak RSS\s+([\d,.]+) MiB$", re.M).search(text, command.end())  # its own output
-    if not peak:
-        return None
-    return {"rss": float(peak.group(1).replace(",", "")) * 2**20, "command": command.group(1)}
+    command = re.search(r"^\$ (python -m gradprobe\.streaming prune .*)$", kept["output"], re.M)
+    return {"rss": kept["summary"]["peak_rss"], "command": command.group(1) if command else kept["command"]}
 
 
 def _gib(n) -> str:
@@ -130,7 +144,7 @@ def _projected(item: dict | None) -> str:
     return text
 
 
-def render(rows: list[dict], measured: dict | None, argv: list[str], ranks: dict | None = None) -> str:
+def render(rows: list[dict], measured: dict | None, command: str, ranks: dict | None = None) -> str:
     lines = ["| variant | audited peak RSS (TinyStories-33M) | projected 7B, traced | projected 7B, scaled | measured at 7B |",
              "|---|---:|---|---|---|"]
     for row in rows:
@@ -155,8 +169,7 @@ def render(rows: list[dict], measured: dict | None, argv: list[str], ranks: dict
            "at the 7B shapes, plus the audited run's RSS beyond tensors; scaled: each component "
            "grown by its driver, fitted on traced calibration runs. Streaming prunes from a "
            "weights folder written in bf16, as its measured 7B run did.", "",
-           "```", shlex.join(["python", "benchmarks/variants_at_7b.py", *(a for a in argv if a != "--reuse")]),
-           "```", "", *lines, ""]
+           "```", command, "```", "", *lines, ""]
     refused = {item["not_projected"] for r in rows for m in ("traced", "scaled")
                if (item := r.get(m)) and item.get("not_projected")}
     out += [f"Not projected: {why}" for why in sorted(refused)] + ([""] if refused else [])
@@ -171,18 +184,33 @@ def render(rows: list[dict], measured: dict | None, argv: list[str], ranks: dict
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run-dir", required=True)
-    parser.add_argument("-o", "--output", required=True)
+    parser.add_argument("--run-dir", help="where the runs go (required unless --from)")
+    parser.add_argument("-o", "--output", required=True, help="the report; its record is written beside it")
+    parser.add_argument("--from", dest="record", metavar="RECORD", help="make the report from a record "
+                        "this script wrote, running nothing")
     parser.add_argument("--variant", action="append", help="only these variants")
     parser.add_argument("--reuse", action="store_true",
                         help="render from the runs already in --run-dir (run only the missing ones); "
                              "their projections are made again from their records")
     args = parser.parse_args()
-    from gradprobe.variants import VARIANTS
-    folder = Path(args.run_dir)
-    if folder.exists() and not args.reuse:
+    if args.record:
+        kept = benchmark_record.read(args.record)
+    elif not args.run_dir:
+        parser.error("give --run-dir DIR to run, or --from RECORD")
+    elif Path(args.run_dir).exists() and not args.reuse:
         print(f"--run-dir {args.run_dir!r} exists; give a new folder (or --reuse)", file=sys.stderr)
         return 2
+    else:
+        kept = measure(args)
+        benchmark_record.write(benchmark_record.beside(args.output), kept)
+    Path(args.output).write_text(render(kept["rows"], streaming_measured(), kept["command"], kept["ranks"]))
+    return 0 if all("failure" not in r for r in [*kept["rows"], kept["ranks"] or {}]) else 1
+
+
+def measure(args) -> dict:
+    """Audit and project every variant (and sharded per rank); the record keeps what the table needs."""
+    from gradprobe.variants import VARIANTS
+    folder = Path(args.run_dir)
     folder.mkdir(parents=True, exist_ok=True)  # each variant's report beside its run folder
     rows = []
     for variant in args.variant or list(VARIANTS):
@@ -192,8 +220,8 @@ def main() -> int:
     if any(r["variant"] == "sharded" for r in rows):
         print("sharded, per rank ...", file=sys.stderr, flush=True)
         ranks = project_ranks(folder, args.reuse)
-    Path(args.output).write_text(render(rows, streaming_measured(), sys.argv[1:], ranks))
-    return 0 if all("failure" not in r for r in [*rows, ranks or {}]) else 1
+    command = shlex.join(["python", "benchmarks/variants_at_7b.py", *(a for a in sys.argv[1:] if a != "--reuse")])
+    return {"command": command, "rows": rows, "ranks": ranks}
 
 
 if __name__ == "__main__":
