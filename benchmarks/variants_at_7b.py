@@ -6,8 +6,9 @@ from `auditor gradprobe --variant V --target mistral-7b`) beside measured where 
 
 The run folders are too large to commit; what the table needs of them (each variant's command,
 audited peak and projections, sharded's per-rank worlds) is kept in the record beside the report
-(REPORT.json), and `--from` makes the report again from it alone. Each variant is audited on TinyStories-33M in a fresh process (`auditor gradprobe`, its report
-in the run folder) and projected. Measured at 7B: only streaming fits this machine (24 GiB; the
+(REPORT.json), and `--from` makes the report again from it alone. Each variant is audited on
+TinyStories-33M in a fresh process (`auditor gradprobe`, its report in the run folder) and
+projected. Measured at 7B: only streaming fits this machine (24 GiB; the
 in-memory variants hold the fp32 weights alone, 27 GiB); its figure is the committed 7B run of
 reports/gradprobe-streaming.md, read from that report's record (reports/gradprobe-streaming.json).
 """
