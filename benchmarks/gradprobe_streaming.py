@@ -51,7 +51,7 @@ from pathlib import Path
 
 import benchmark_record
 
-MiB = 1 << 20
+from auditor.units import GiB, MiB, mib
 PYTHON = sys.executable
 SETTINGS = ["--seq-len", "128", "--batch-size", "1", "--batches", "2", "--sparsity", "0.1",
             "--reduction", "0.1", "--threshold", "2.0", "--strategy", "magnitude"]
@@ -431,7 +431,7 @@ def results(parts: dict) -> dict[str, str]:
         "| | TinyStories-33M, fp32 | Mistral-7B architecture, bf16 on disk, fp32 compute |", "|---|---|---|",
         f"| parameters | {mine[0]['parameters']} | {big['parameters']:,} |",
         "| settings | seq 128, batch 1, 2 batches, s = 0.1, r = 0.1, tau = 2.0, magnitude | the same, `--threads 2` |",
-        f"| **peak RSS, streaming** | {_span(mine, 'peak RSS')} ({len(mine)} runs) | **{_mib(peak)} = {peak / 2**30:.2f} GiB** |",
+        f"| **peak RSS, streaming** | {_span(mine, 'peak RSS')} ({len(mine)} runs) | **{mib(peak)} = {peak / GiB:.2f} GiB** |",
         f"| peak RSS, baseline | {_span(theirs, 'peak RSS')} ({len(theirs)} runs) | not runnable (spec's projection "
         "for the baseline design: 161 GB fp32) |",
         f"| prune wall time | streaming {_span(mine, 'wall time')}, baseline {_span(theirs, 'wall time')} | "
@@ -442,7 +442,7 @@ def results(parts: dict) -> dict[str, str]:
         f"{big['sparsity']:.3%} of prunable weights |"]
     targets = [
         "| target | measured | met |", "|---|---|---|",
-        f"| peak RSS at most 1.25 GiB ({_mib(PEAK_TARGET)}) | {_mib(peak)} = {peak / 2**30:.2f} GiB | "
+        f"| peak RSS at most 1.25 GiB ({mib(PEAK_TARGET)}) | {mib(peak)} = {peak / GiB:.2f} GiB | "
         f"{'**yes**' if peak <= PEAK_TARGET else '**no**'} |",
         f"| wall time at most 6 minutes ({TIME_TARGET:.0f} s) | {seconds:.1f} s pruning ({seconds / 60:.1f} min); "
         f"{process:.1f} s for the whole process, start to exit | {'**yes**' if seconds <= TIME_TARGET else '**no**'} |",
@@ -467,17 +467,12 @@ def phases(progress: str) -> str:
             f"backward and writing {end - heads[1]:.1f} s).")
 
 
-def _mib(n: float) -> str:
-    return f"{n / MiB:,.1f} MiB"
-
-
 def _span(runs: list[dict], field: str) -> str:
     """A printed field's range over runs: '2,197.5-2,213.7 MiB' or '5.00-5.76 s'."""
     values = [float(f[field].split()[0].replace(",", "")) for f in runs]
-    unit = "MiB" if field == "peak RSS" else "s"
+    unit, spec = ("MiB", ",.1f") if field == "peak RSS" else ("s", ".2f")
     low, high = min(values), max(values)
-    shown = (lambda v: f"{v:,.1f}") if unit == "MiB" else (lambda v: f"{v:.2f}")
-    return f"{shown(low)} {unit}" if low == high else f"{shown(low)}-{shown(high)} {unit}"
+    return f"{low:{spec}} {unit}" if low == high else f"{low:{spec}}-{high:{spec}} {unit}"
 
 
 DEFAULTS = {"runs": 2, "threads": 2}

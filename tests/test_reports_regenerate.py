@@ -26,15 +26,15 @@ COMPARISONS = {  # report -> its comparison record, rendered again by `auditor c
 }
 
 
-RENDERED = {  # report -> (the benchmark script's arguments that render it again, the record it reads)
+RENDERED = {  # report -> (the benchmark script's arguments that render it again, the records it reads)
     "rank-projection-cpu.md": (["benchmarks/rank_projection.py", "render", "--run-dir", "reports/rank-projection-cpu-runs"],
-                               "reports/rank-projection-cpu-runs"),
+                               ["reports/rank-projection-cpu-runs"]),
     "projection-validation-matrix.md": (["benchmarks/projection_validation_matrix.py", "--from",
                                          "reports/projection-validation-matrix.json"],
-                                        "reports/projection-validation-matrix.json"),
-    "reliability.md": (["benchmarks/reliability.py", "--from", "reports/reliability.json"], "reports/reliability.json"),
+                                        ["reports/projection-validation-matrix.json"]),
+    "reliability.md": (["benchmarks/reliability.py", "--from", "reports/reliability.json"], ["reports/reliability.json"]),
     "peak-composition-overhead.md": (["benchmarks/peak_composition_overhead.py", "--from",
-                                      "reports/peak-composition-overhead.json"], "reports/peak-composition-overhead.json"),
+                                      "reports/peak-composition-overhead.json"], ["reports/peak-composition-overhead.json"]),
     # the streaming column's 7B figure comes from the streaming report's record
     "variants-at-mistral-7b.md": (["benchmarks/variants_at_7b.py", "--from", "reports/variants-at-mistral-7b.json"],
                                   ["reports/variants-at-mistral-7b.json", "reports/gradprobe-streaming.json"]),
@@ -109,7 +109,7 @@ def test_a_committed_comparison_is_made_again_from_its_record(report, tmp_path, 
 @pytest.mark.parametrize("report", sorted(RENDERED))
 def test_a_committed_benchmark_report_is_rendered_again_from_its_record(report, tmp_path, monkeypatch):
     (script, *arguments), records = RENDERED[report]
-    _fresh_copy([records] if isinstance(records, str) else records, tmp_path, monkeypatch)
+    _fresh_copy(records, tmp_path, monkeypatch)
     done = subprocess.run([sys.executable, str(ROOT / script), *arguments, "-o", f"reports/{report}"],
                           cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
