@@ -23,7 +23,7 @@ audit: setup
 	$(VENV)/bin/auditor gradprobe --arch tinystories-33m --target mistral-7b \
 		--run-dir $(AUDIT_RUN) -o reports/gradprobe-tinystories-33m.md
 
-# The suite runs in two worker processes (pytest-xdist), a test file to a worker: about 12 minutes
+# The suite runs in two worker processes (pytest-xdist), a test file to a worker: about 11 minutes
 # on 2 cores instead of 21. `pytest tests/FILE.py` runs one file in this process.
 test: setup
 	$(VENV)/bin/ruff check --quiet auditor gradprobe architectures tests benchmarks examples
