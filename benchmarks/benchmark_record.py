@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 
 def beside(report: str | Path) -> Path:
@@ -27,14 +29,25 @@ def write(path: str | Path, record: dict) -> Path:
     return path
 
 
-def read(path: str | Path) -> dict:
+def read(path: str | Path, keys: tuple[str, ...] = ()) -> dict:
+    """The record at `path`; one line and exit status 2 for a file that is not one, or that lacks
+    one of `keys` (what the script reads of it)."""
     try:
         record = json.loads(Path(path).read_text())
     except (OSError, ValueError) as error:
-        raise SystemExit(f"--from {path}: not a benchmark record ({error})") from None
+        refuse(f"{path}: not a benchmark record ({error})")
     if not isinstance(record, dict):
-        raise SystemExit(f"--from {path}: not a benchmark record (a JSON object is expected)")
+        refuse(f"{path}: not a benchmark record (a JSON object is expected)")
+    missing = [key for key in keys if key not in record]
+    if missing:
+        refuse(f"{path}: not this benchmark's record (no {', '.join(missing)})")
     return record
+
+
+def refuse(message: str) -> NoReturn:
+    """Bad input to a benchmark: one line on stderr, exit status 2, nothing measured or written."""
+    print(message, file=sys.stderr)
+    raise SystemExit(2)
 
 
 def fill(report: str | Path, blocks: dict[str, str]) -> str:
@@ -49,7 +62,7 @@ def fill(report: str | Path, blocks: dict[str, str]) -> str:
     for name, body in blocks.items():
         begin, end = f"<!-- begin {name}: made from its record -->\n", f"<!-- end {name} -->"
         if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
-            raise SystemExit(f"{report}: no block '{name}' to fill (write {begin.strip()} ... {end} where it goes)")
+            refuse(f"{report}: no block '{name}' to fill (write {begin.strip()} ... {end} where it goes)")
         head, rest = text.split(begin)
         text = head + begin + body.rstrip("\n") + "\n" + end + rest.split(end, 1)[1]
     return text

@@ -493,7 +493,7 @@ def main() -> int:
     if not args.record and not args.part:
         parser.error("give --part PART to measure, or --from RECORD to fill from a record")
     kept = Path(args.record) if args.record else benchmark_record.beside(args.output) if args.output else None
-    parts = benchmark_record.read(kept)["parts"] if args.record or (kept and kept.is_file()) else {}
+    parts = benchmark_record.read(kept, ("parts",))["parts"] if args.record or (kept and kept.is_file()) else {}
     if not args.record:
         parts[args.part] = measure(args)
     elif args.part and args.part not in parts:

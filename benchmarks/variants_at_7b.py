@@ -115,7 +115,7 @@ def streaming_measured() -> dict | None:
     streaming report's record."""
     if not STREAMING_RECORD.is_file():
         return None
-    kept = benchmark_record.read(STREAMING_RECORD)["parts"].get("mistral-7b")
+    kept = benchmark_record.read(STREAMING_RECORD, ("parts",))["parts"].get("mistral-7b")
     if not kept:
         return None
     command = re.search(r"^\$ (python -m gradprobe\.streaming prune .*)$", kept["output"], re.M)
@@ -195,7 +195,7 @@ def main() -> int:
                              "their projections are made again from their records")
     args = parser.parse_args()
     if args.record:
-        kept = benchmark_record.read(args.record)
+        kept = benchmark_record.read(args.record, ("command", "rows", "ranks"))
     elif not args.run_dir:
         parser.error("give --run-dir DIR to run, or --from RECORD")
     elif Path(args.run_dir).exists() and not args.reuse:
