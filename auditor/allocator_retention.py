@@ -20,10 +20,38 @@ Also measured: GPT-Neo 1 -> 2 layers, hidden 128 -> 512, RSS beyond tensors grew
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 MMAP_THRESHOLD_START = 128 * 1024
 MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
 FACTOR = 1.5
 RANGE = (0.75, 2.5)
+# glibc stops moving the mmap threshold once any of these is set (mallopt or the environment)
+FIXES_THRESHOLD = ("mmap_threshold", "trim_threshold", "top_pad", "mmap_max")
+
+
+def malloc_settings(environ: Mapping[str, str]) -> dict[str, str]:
+    """What the environment sets of glibc's malloc (read once, when a process starts): each
+    `MALLOC_<NAME>_` (or `MALLOC_ARENA_MAX`-style) variable and each `glibc.malloc.<name>` of
+    GLIBC_TUNABLES, by its lower-case name."""
+    found = {key[len("MALLOC_"):].rstrip("_").lower(): value for key, value in environ.items()
+             if key.startswith("MALLOC_") and key.rstrip("_") != "MALLOC"}
+    for entry in environ.get("GLIBC_TUNABLES", "").split(":"):
+        name, _, value = entry.partition("=")
+        if name.startswith("glibc.malloc."):
+            found[name[len("glibc.malloc."):]] = value
+    return found
+
+
+def threshold_fixed(settings: Mapping[str, str]) -> bool:
+    """Whether glibc's mmap threshold stays where `settings` (malloc_settings) put it."""
+    return any(name in settings for name in FIXES_THRESHOLD)
+
+
+def starting_threshold(settings: Mapping[str, str]) -> int:
+    """The mmap threshold a process starts with."""
+    value = settings.get("mmap_threshold", "")
+    return int(value) if value.isdigit() else MMAP_THRESHOLD_START
 
 
 def growth(threads: int, audited_threshold: int, target_threshold: float) -> int:

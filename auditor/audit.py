@@ -47,7 +47,7 @@ import weakref
 from datetime import datetime, timezone
 from pathlib import Path
 
-from auditor import ranks
+from auditor import allocator_retention, ranks
 from auditor import record as run_record
 from auditor.probes import cuda as cuda_probe
 from auditor.probes.python_heap import PythonHeapProbe
@@ -1006,7 +1006,8 @@ def _environment() -> dict:
     torch = sys.modules.get("torch")
     threads = getattr(torch, "get_num_threads", None)
     return {"python": platform.python_version(), "torch": _version("torch"),
-            "transformers": _version("transformers"), "threads": threads() if threads else None}
+            "transformers": _version("transformers"), "threads": threads() if threads else None,
+            "malloc": allocator_retention.malloc_settings(os.environ)}
 
 
 def _version(package: str) -> str | None:

@@ -280,6 +280,9 @@ class Environment(RecordPart):
     torch: str | None = None
     transformers: str | None = None
     threads: Count | None = None
+    # glibc malloc's settings from the environment (auditor.allocator_retention.malloc_settings):
+    # {} is glibc's defaults; None: a record from before it was kept
+    malloc: dict[str, str] | None = None
 
 
 @dataclass(kw_only=True, eq=False)

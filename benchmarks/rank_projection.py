@@ -3,6 +3,8 @@
     # held-out check: audit the small size on 2 real ranks, trace the target size at 2 and 4 ranks
     # (every rank), run the target size for real on 2 and 4 ranks (torchrun, gloo), compare per rank
     .venv/bin/python benchmarks/rank_projection.py validate --run-dir runs/rank-projection
+    # the same with glibc's mmap threshold fixed in every rank (MALLOC_MMAP_THRESHOLD_=131072)
+    .venv/bin/python benchmarks/rank_projection.py validate --run-dir runs/rank-projection --malloc fixed
 
     # the target: Mistral-7B traced at 2, 4 and 8 ranks (one rank per shard class), paired with the
     # small size's real ranks
@@ -42,6 +44,7 @@ ARCH = "mistral-7b"
 SETTINGS = dict(sequence_length=32, batch_size=1, batches=2, sparsity=0.3, threshold=0.0)
 TARGET_SETTINGS = dict(sequence_length=128, batch_size=1, batches=2, sparsity=0.1, threshold=2.0)
 BUDGETS_GIB = [24, 40, 80]
+FIXED_THRESHOLD = 131072  # `validate --malloc fixed`: glibc's starting mmap threshold, kept
 
 
 def settings(architecture: str, overrides: dict, chosen: dict = SETTINGS):
@@ -62,16 +65,28 @@ def validate(args) -> None:
     from auditor.jobs.rank_projection import real_ranks, traced_ranks
     run_dir = Path(args.run_dir)
     start = time.perf_counter()
-    real_small = small_real(run_dir)
+    suffix = _malloc(args.malloc)
+    real_small = small_real(run_dir, name=f"small-2-ranks{suffix}")
     target = settings(ARCH, HELD_OUT)
     rows = []
     for world in args.world_size:
-        traced = traced_ranks(target, world, run_dir / f"traced-{world}-ranks", real_small, lower_bound=False)
+        traced = traced_ranks(target, world, run_dir / f"traced-{world}-ranks{suffix}", real_small, lower_bound=False)
         projected = project_ranks(real_small, {world: traced})[0]
-        real = real_ranks(target, world, run_dir / f"held-out-{world}-ranks")
+        real = real_ranks(target, world, run_dir / f"held-out-{world}-ranks{suffix}")
         rows += [asdict(held_out_row(world, r, real[r.rank])) for r in projected.ranks]
-    _write(run_dir / "validation.json", {"rows": rows, "small": SMALL, "held_out": HELD_OUT,
-                                         "scale": _scale(SMALL, HELD_OUT), "seconds": time.perf_counter() - start})
+    _write(run_dir / f"validation{suffix}.json", {"rows": rows, "small": SMALL, "held_out": HELD_OUT,
+                                                  "scale": _scale(SMALL, HELD_OUT), "seconds": time.perf_counter() - start})
+
+
+def _malloc(regime: str) -> str:
+    """Every rank this process starts (audited, traced, real) runs with glibc's default malloc, or
+    with its mmap threshold fixed at its starting 128 KiB; returns the run folders' suffix."""
+    for key in [k for k in os.environ if k.startswith("MALLOC_")]:
+        del os.environ[key]
+    if regime == "default":
+        return ""
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = str(FIXED_THRESHOLD)
+    return "-fixed-threshold"
 
 
 def project(args) -> None:
@@ -156,14 +171,20 @@ def render(args) -> None:
     lines = ["# Per-rank projection of sharded GradProbe (FSDP2) at target world sizes", "",
              "<!-- made by: " + shlex.join(["benchmarks/rank_projection.py", *sys.argv[1:]]) + " -->", "",
              md.BASIS, "", NOTES, ""]
-    validation = run_dir / "validation.json"
-    if validation.is_file():
+    for suffix, title, malloc in (("", "", "glibc's default malloc"),
+                                  ("-fixed-threshold", ", glibc's mmap threshold fixed",
+                                   f"glibc's mmap threshold fixed at {FIXED_THRESHOLD:,} bytes in every rank "
+                                   f"(`MALLOC_MMAP_THRESHOLD_={FIXED_THRESHOLD}`), the audited ones included")):
+        validation = run_dir / f"validation{suffix}.json"
+        if not validation.is_file():
+            continue
         v = json.loads(validation.read_text())
         rows = [HeldOutRow.from_json(row) for row in v["rows"]]
-        lines += ["## Held-out check: projected ranks against real torchrun ranks (gloo, CPU)", "",
+        lines += [f"## Held-out check{title}: projected ranks against real torchrun ranks (gloo, CPU)", "",
                   f"Audited for real: `{ARCH}` with {v['small']} on 2 ranks. Projected (traced, every rank) and "
                   f"then run for real with torchrun: {v['held_out']}, {v['scale']:.1f}x the parameters, at "
-                  f"{' and '.join(sorted({str(r['world_size']) for r in v['rows']}))} ranks. Settings: {SETTINGS}. Targets as for single-process traced projection: "
+                  f"{' and '.join(sorted({str(r['world_size']) for r in v['rows']}))} ranks, with {malloc}. "
+                  f"Settings: {SETTINGS}. Targets as for single-process traced projection: "
                   "peak live tensors within 2% (run and every stage), RSS within 5%.", "",
                   *md.validation_table(rows), "", *md.validation_findings(held_out_findings(rows)), "",
                   f"`{v['command']}` ({v['seconds']:.0f} s, load average {v['load_average']})", ""]
@@ -194,6 +215,11 @@ def main() -> None:
         step.add_argument("--run-dir", required=True)
         if name != "render":
             step.add_argument("--world-size", type=int, nargs="+", default=[2, 4])
+        if name == "validate":
+            step.add_argument("--malloc", choices=["default", "fixed"], default="default",
+                              help="glibc's default malloc in every rank, or its mmap threshold fixed at "
+                                   f"{FIXED_THRESHOLD} (MALLOC_MMAP_THRESHOLD_); fixed writes its own folders "
+                                   "and validation-fixed-threshold.json")
         if name == "project":
             step.add_argument("--target", default="mistral-7b")
             step.add_argument("--lower-bound-at", type=int, nargs="*", metavar="N",

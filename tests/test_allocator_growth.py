@@ -3,10 +3,12 @@ mmap threshold, and projections add a measured factor x threads x its growth to 
 tensors."""
 from __future__ import annotations
 
+import os
+
 import torch
 
 from auditor.analysis.traced_projection import project_traced
-from auditor.allocator_retention import FACTOR, MMAP_THRESHOLD_START, RANGE
+from auditor.allocator_retention import FACTOR, MMAP_THRESHOLD_START, RANGE, malloc_settings, threshold_fixed
 from auditor.probes.live_tensors import LiveTensorMeter
 from auditor.record_schema import RunRecord
 
@@ -33,6 +35,43 @@ def test_a_threshold_set_in_the_environment_stays_fixed(monkeypatch):
         block = torch.empty(8 * MiB, dtype=torch.uint8)
         del block
     assert meter.mmap_threshold == MiB
+
+
+def test_glibc_tunables_fix_the_threshold_as_the_variables_do(monkeypatch):
+    monkeypatch.setenv("GLIBC_TUNABLES", f"glibc.rtld.nns=2:glibc.malloc.mmap_threshold={MiB}")
+    assert malloc_settings(os.environ) == {"mmap_threshold": str(MiB)}
+    meter = LiveTensorMeter()
+    with meter:
+        block = torch.empty(8 * MiB, dtype=torch.uint8)
+        del block
+    assert meter.mmap_threshold == MiB
+
+
+def test_malloc_settings_name_what_fixes_the_threshold():
+    assert malloc_settings({"MALLOC_ARENA_MAX": "2", "MALLOCX": "1", "PATH": "/bin"}) == {"arena_max": "2"}
+    assert not threshold_fixed({"arena_max": "2"}) and not threshold_fixed({})
+    # glibc turns its dynamic threshold off when any of these four is set
+    for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_"):
+        assert threshold_fixed(malloc_settings({name: "0"})), name
+
+
+def test_the_run_record_keeps_the_malloc_settings(tmp_path):
+    import subprocess
+    import sys
+    program = ("import sys, auditor\n"
+               "with auditor.Audit(out=sys.argv[1], name='m'):\n"
+               "    with auditor.stage('s'):\n        pass\n")
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_ARENA_MAX": "2"}
+    done = subprocess.run([sys.executable, "-c", program, str(tmp_path / "run")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    from auditor.record import load
+    record = load(tmp_path / "run")
+    assert record.environment.malloc == {"mmap_threshold": "131072", "arena_max": "2"}
+    from auditor.renderers.markdown import malloc_setting
+    assert malloc_setting(record.environment.malloc) == ("arena_max=2, mmap_threshold=131072: "
+                                                        "the mmap threshold stays fixed")
+    assert malloc_setting({}).startswith("glibc defaults: the mmap threshold follows the largest block freed")
 
 
 def _record(threshold: int, rss: int, tensors: int, threads: int = 2) -> dict:

@@ -20,11 +20,17 @@ def _settings(overrides: dict) -> Settings:
 
 
 @pytest.fixture(scope="module")
-def checked(tmp_path_factory):
+def runs(tmp_path_factory):
+    """The small size's real ranks, the target's traced ranks and its real ranks."""
     base = tmp_path_factory.mktemp("ranks")
     small = real_ranks(_settings(SMALL), 2, base / "small")
     traced = traced_ranks(_settings(TARGET), 2, base / "traced", small, lower_bound=False)
-    real = real_ranks(_settings(TARGET), 2, base / "target")
+    return small, traced, real_ranks(_settings(TARGET), 2, base / "target")
+
+
+@pytest.fixture(scope="module")
+def checked(runs):
+    small, traced, real = runs
     return project_ranks(small, {2: traced})[0], real
 
 
@@ -118,3 +124,45 @@ def test_the_held_out_findings_are_read_off_the_rows():
     assert "not on rank 1 of 2." in text
     assert "-20.00% to -3.00% (worst rank 1 of 2). Target ±5%: **missed**" in text
     assert "500.0 MiB to 501.0 MiB" in text
+
+
+
+def test_projected_rss_is_a_lower_estimate_unless_the_ranks_ran_with_a_fixed_threshold(runs, tmp_path, monkeypatch):
+    import os
+
+    from auditor.allocator_retention import malloc_settings, threshold_fixed
+    from auditor.analysis.rank_projection import held_out_row, rank_projection
+    from auditor.renderers.rank_projection_markdown import devices_table, ranks_table
+    small, traced, real = runs
+    fixed_here = threshold_fixed(malloc_settings(os.environ))  # the suite's environment: glibc's defaults
+    projected = project_ranks(small, {2: traced})
+    assert [r.threshold_fixed for r in projected[0].ranks] == [fixed_here, fixed_here]
+    assert ("(lower estimate)" in "\n".join(ranks_table(projected))) is not fixed_here
+
+    # audited with glibc's mmap threshold fixed: the records say so and the RSS is not marked
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    fixed = real_ranks(_settings(SMALL), 2, tmp_path / "small-fixed")
+    assert all(r.environment.malloc == malloc_settings(os.environ) for r in fixed.values())
+    projected = project_ranks(fixed, {2: traced})
+    assert [r.threshold_fixed for r in projected[0].ranks] == [True, True]
+    table = "\n".join(ranks_table(projected) + devices_table(rank_projection(projected, [1])))
+    assert "lower estimate" not in table
+    # a held-out row holds only where the real rank it is checked against ran fixed too
+    assert held_out_row(2, projected[0].ranks[0], real[0]).threshold_fixed is fixed_here
+    assert held_out_row(2, projected[0].ranks[0], fixed[0]).threshold_fixed is True
+
+
+def test_the_held_out_findings_say_which_malloc_the_ranks_ran_with():
+    from auditor.renderers.rank_projection_markdown import validation_findings
+
+    def row(fixed):
+        real = RealPeaks(live_tensors=100 * 2**20, rss=500 * 2**20)
+        errors = RankErrors(live_tensors=0.0, sharded_live_tensors=0.0, every_stage=0.0, every_stage_worst="prune",
+                            within_upper=True, rss=-0.03, sharded_rss=-0.03, real=real)
+        return HeldOutRow(2, 0, errors, 0, 0, fixed)
+    for rows, fixed in (([row(True), row(True)], True), ([row(True), row(None)], False), ([row(False)], False)):
+        found = held_out_findings(rows)
+        assert found.threshold_fixed is fixed and found.rss_met
+        text = "\n".join(validation_findings(found))
+        assert ("RSS is a lower estimate" in text) is not fixed
+        assert ("glibc's mmap threshold fixed in every run" in text) is fixed

@@ -16,6 +16,10 @@ estimates (`estimated`); its RSS adds what the paired real rank's process held b
 tensors (interpreter, libraries, gloo, allocator slack) stage by stage, plus the allocator's
 retention growth. The paired real rank is the same rank where the audited run had it, else its
 highest rank other than 0 (rank 0 may do more; the others run one program on their own rows).
+That RSS holds where glibc's mmap threshold stays fixed while the ranks run (the paired record's
+malloc settings say so: `threshold_fixed`); under glibc's default the main thread's heap keeps
+the space of freed gathered layers and gradients, more than the retention model gives, and the
+projected RSS is a lower estimate (reports/rank-projection-cpu.md measures both regimes).
 
 Two peaks per rank: the whole program's, and the sharded part's (the prune, after FSDP2 sharded
 the model): the audited program builds the whole model on every rank and holds it while
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from auditor import allocator_retention
 from auditor.record_schema import RunRecord, Stage
 from auditor.units import GiB
 
@@ -58,6 +63,14 @@ class ProjectedRank:
     # traced_projection's per-stage rows; None when read from JSON (they stay in the traced records)
     stages: list[dict] | None
     data_dependent: dict       # traced_projection.data_dependent's sites
+    # whether glibc's mmap threshold was fixed while the paired rank ran (its record's malloc
+    # settings): projected RSS holds then; under the dynamic default it is a lower estimate.
+    # None: the record does not say (kept since), so it is not known to hold.
+    threshold_fixed: bool | None = None
+
+    @property
+    def rss_is_lower_estimate(self) -> bool:
+        return not self.threshold_fixed
 
     @classmethod
     def from_json(cls, data: dict) -> ProjectedRank:
@@ -137,6 +150,7 @@ class HeldOutRow:
     errors: RankErrors
     projected_live: int        # the whole run's traced peak live tensors
     projected_rss: int         # its projected peak RSS
+    threshold_fixed: bool | None = None  # ProjectedRank's: glibc's mmap threshold fixed while the ranks ran
 
     @classmethod
     def from_json(cls, data: dict) -> HeldOutRow:
@@ -164,6 +178,7 @@ class HeldOutFindings:
     live_met: bool
     every_stage_met: bool
     rss_met: bool
+    threshold_fixed: bool      # glibc's mmap threshold fixed in every run compared
 
 
 # -- building it ---------------------------------------------------------------------------
@@ -194,7 +209,13 @@ def project_rank(rank: int, traced_record: RunRecord, real: dict[int, RunRecord]
     return ProjectedRank(rank=rank, traced_as=traced_record.annotations.get("traced_as", rank),
                          paired_real_rank=paired, retained_buffer=retained, whole=_peak(stages, retained),
                          sharded=_peak(sharded, retained), stages=stages,
-                         data_dependent=projection["data_dependent"])
+                         data_dependent=projection["data_dependent"], threshold_fixed=threshold_fixed(real[paired]))
+
+
+def threshold_fixed(record: RunRecord) -> bool | None:
+    """Whether glibc's mmap threshold stayed fixed in the run of `record` (None: not recorded)."""
+    malloc = record.environment.malloc
+    return None if malloc is None else allocator_retention.threshold_fixed(malloc)
 
 
 def _peak(stages: list[dict], retained: int) -> RankPeak:
@@ -265,7 +286,8 @@ def compare_rank(projected: ProjectedRank, real_record: RunRecord) -> RankErrors
 
 def held_out_row(world_size: int, projected: ProjectedRank, real_record: RunRecord) -> HeldOutRow:
     return HeldOutRow(world_size, projected.rank, compare_rank(projected, real_record),
-                      projected.whole.live_tensors, max(projected.whole.rss, projected.sharded.rss))
+                      projected.whole.live_tensors, max(projected.whole.rss, projected.sharded.rss),
+                      projected.threshold_fixed and threshold_fixed(real_record))
 
 
 def held_out_findings(rows: list[HeldOutRow], live_limit: float = 0.02, rss_limit: float = 0.05) -> HeldOutFindings:
@@ -282,7 +304,7 @@ def held_out_findings(rows: list[HeldOutRow], live_limit: float = 0.02, rss_limi
         rss_range=(min(r.errors.rss for r in rows), max(r.errors.rss for r in rows)),
         beyond_live=(min(beyond), max(beyond)), outside_upper=[r for r in rows if not r.errors.within_upper],
         live_met=abs(live.error) <= live_limit, every_stage_met=abs(stage.error) <= live_limit,
-        rss_met=abs(rss.error) <= rss_limit)
+        rss_met=abs(rss.error) <= rss_limit, threshold_fixed=all(r.threshold_fixed for r in rows))
 
 
 def _real_sharded(stages: dict[str, Stage], figure: str) -> int:

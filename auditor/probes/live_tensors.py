@@ -39,7 +39,8 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from auditor.allocation_sites import MIN_BYTES as SITE_MIN_BYTES
-from auditor.allocator_retention import MMAP_THRESHOLD_MAX, MMAP_THRESHOLD_START
+from auditor import allocator_retention
+from auditor.allocator_retention import MMAP_THRESHOLD_MAX
 from auditor.allocation_sites import caller_site
 from auditor.census import ALLOCATED_AT, is_fake, storage_key
 from auditor.ownership import ACTIVATIONS, MASKS, OTHER
@@ -84,9 +85,9 @@ class LiveTensorMeter(TorchDispatchMode):
         self.seconds = 0.0
         self._lock = threading.RLock()  # a finalizer can run inside our own section (GC)
         # glibc's dynamic mmap threshold, followed from the storages freed (auditor.allocator_retention)
-        self._dynamic_threshold = not any(f"MALLOC_{n}_" in os.environ
-                                          for n in ("MMAP_THRESHOLD", "TRIM_THRESHOLD"))
-        self.mmap_threshold = int(os.environ.get("MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD_START))
+        malloc = allocator_retention.malloc_settings(os.environ)
+        self._dynamic_threshold = not allocator_retention.threshold_fixed(malloc)
+        self.mmap_threshold = allocator_retention.starting_threshold(malloc)
 
     def seed_existing(self) -> None:
         """Count the tensors already alive (model weights built before the audit began)."""

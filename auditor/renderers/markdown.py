@@ -729,6 +729,8 @@ def _environment(environment: model.Environment, head: str = "## Environment") -
             ["transformers", md.text(env.transformers or "-")],
             ["threads", md.text(_or(env.threads, "-"))],
             ["device", md.text(environment.device)]]
+    if env.malloc is not None:  # None: a record from before it was kept
+        rows.insert(4, ["malloc", md.text(malloc_setting(env.malloc))])
     if machine is not None:
         rows.append(["machine", md.text(f"{_or(machine.platform, '?')}, {machine.cpus} CPUs, "  # None: unknown to os
                                       f"{units.size(machine.memory_total)} memory")])
@@ -755,6 +757,16 @@ def _environment(environment: model.Environment, head: str = "## Environment") -
     warnings = environment.warnings
     parts.append("Warnings:\n\n" + "\n".join(f"- {md.text(w)}" for w in warnings) if warnings else "Warnings: none.")
     return "\n\n".join(parts)
+
+
+def malloc_setting(settings: dict[str, str]) -> str:
+    """glibc malloc's settings of the run, and what they mean for its mmap threshold."""
+    from auditor.allocator_retention import threshold_fixed
+    if not settings:
+        return "glibc defaults: the mmap threshold follows the largest block freed (up to 32 MiB)"
+    given = ", ".join(f"{name}={value}" for name, value in sorted(settings.items()))
+    return given + (": the mmap threshold stays fixed" if threshold_fixed(settings)
+                    else ": the mmap threshold follows the largest block freed")
 
 
 def _or(value: object, absent: str) -> object:

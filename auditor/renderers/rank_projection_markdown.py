@@ -12,13 +12,15 @@ BASIS = ("Basis: *live tensors* are the traced run's (rank r of N on torch's fak
          "size estimates (column *of which estimated*: boolean indexing at candidates, sized by the "
          "audited real rank's ratios). *RSS* adds what the paired real rank's process held beyond its "
          "live tensors in the same stage (interpreter, libraries, gloo, allocator slack) and the "
-         "allocator's retention growth: a lower estimate. What it misses is mostly heap the main thread's "
-         "malloc arena keeps free once glibc's mmap threshold has risen to the size of the blocks freed "
-         "(gathered layers, gradients), not gloo's buffers (benchmarks/rank_rss_retention.py measures "
-         "both; reports/rank-projection-cpu.md shows how far below real gloo ranks the projection fell). "
-         "A rank marked *as r* was not traced itself: its "
-         "shards have the shapes of rank r's, which was (ranks other than 0 with equal shards run the "
-         "same program on the same shapes).")
+         "allocator's retention growth. That holds where glibc's mmap threshold stays fixed while the "
+         "ranks run, the audited ones included (`MALLOC_MMAP_THRESHOLD_=131072` in their environment: "
+         "freed blocks of 128 KiB and more go back to the system). Under glibc's default the threshold "
+         "rises to the largest block freed, the main thread's heap keeps the space that freed gathered "
+         "layers and gradients leave, and real ranks hold more than the retention model gives: the "
+         "figure is then a lower estimate, marked so (reports/rank-projection-cpu.md measures both "
+         "against real gloo ranks, and where the rest goes). A rank marked *as r* was not traced "
+         "itself: its shards have the shapes of rank r's, which was (ranks other than 0 with equal "
+         "shards run the same program on the same shapes).")
 
 
 def ranks_table(worlds: list[ProjectedWorld]) -> list[str]:
@@ -33,8 +35,8 @@ def ranks_table(worlds: list[ProjectedWorld]) -> list[str]:
             lines.append(f"| {world.world_size} | {r.rank} | {traced} | {size(whole.live_tensors)} | "
                          f"`{whole.live_stage}` | {size(part.live_tensors)} | `{part.live_stage}` | "
                          f"{size(part.estimated) if measured else 'not measured'} | "
-                         f"{size(part.live_tensors_upper)} | {size(part.rss)} | "
-                         f"`{part.rss_stage}` |")
+                         f"{size(part.live_tensors_upper)} | {size(part.rss)}"
+                         f"{' (lower estimate)' if r.rss_is_lower_estimate else ''} | `{part.rss_stage}` |")
     return lines
 
 
@@ -45,12 +47,13 @@ def devices_table(projection: RankProjection) -> list[str]:
              "fits | that rank's upper bound | traced peak alone | fewest ranks by traced peak alone | "
              "fewest ranks by projected RSS + buffer (a CPU host per rank) |", "|---:|---:|---:|---:|---:|---:|"]
     beyond = f"more than {worlds[-1].world_size}"
+    lower = " (by a lower estimate)" if any(r.rss_is_lower_estimate for w in worlds for r in w.ranks) else ""
     for count in projection.devices:
         worst = count.worst
         lines.append(f"| {count.budget_gib:g} GiB | {count.fewest or beyond} | "
                      f"{size(worst.live_tensors_upper) if worst else '-'} | "
                      f"{size(worst.live_tensors) if worst else '-'} | "
-                     f"{count.fewest_by_traced or beyond} | {count.fewest_by_rss or beyond} |")
+                     f"{count.fewest_by_traced or beyond} | {count.fewest_by_rss or beyond}{lower} |")
     return lines
 
 
@@ -96,9 +99,11 @@ def validation_findings(found: HeldOutFindings) -> list[str]:
             f"- Peak RSS: {low:+.2%} to {high:+.2%} (worst {where(rss)}). Target ±{found.rss_limit:.0%}: "
             f"{met(found.rss_met)}. The real ranks' RSS beyond their live tensors was "
             f"{size(least)} to {size(most)}; the projection adds the audited rank's, stage by "
-            "stage, and the allocator's retention growth; where the rest goes is measured below "
-            "(*Where the missing RSS is*). Live tensors are the projected quantity here; RSS is a "
-            "lower estimate."]
+            "stage, and the allocator's retention growth" + (
+                ", with glibc's mmap threshold fixed in every run (audited, traced and real ranks)."
+                if found.threshold_fixed else
+                " under glibc's default malloc; where the rest goes is measured below (*Where the "
+                "missing RSS is*). Live tensors are the projected quantity here; RSS is a lower estimate.")]
 
 
 def retention_section(data: dict) -> list[str]:
