@@ -109,3 +109,39 @@ def test_calls_the_real_run_did_not_make_take_their_stage_s_most():
     (stage,) = project(real, traced)["stages"]
     assert stage["beyond_from"] == "the most of its stage's calls"
     assert stage["beyond_measured"] == (392 - 30) * MiB and stage["allocator_growth"] == 0
+
+
+_FREES_A_BLOCK = """
+import sys, torch, auditor
+with auditor.Audit(out=sys.argv[1], name="frees", live_tensors=True):
+    with auditor.stage("load"):
+        block = torch.ones(6 * 2**20, dtype=torch.uint8)
+        del block  # glibc's default: its mmap threshold rises to this block's size
+    with auditor.stage("work"):
+        kept = [torch.ones(2**20, dtype=torch.uint8) for _ in range(4)]
+"""
+
+
+def _finding(tmp_path, name: str, env: dict):
+    import subprocess
+    import sys
+
+    from auditor.analysis.findings import findings
+    from auditor.record import load
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}, **env}
+    done = subprocess.run([sys.executable, "-c", _FREES_A_BLOCK, str(tmp_path / name)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return next(f for f in findings(load(tmp_path / name)) if f.rule == "rss-above-live-tensors")
+
+
+def test_the_rss_finding_names_a_risen_mmap_threshold_and_how_to_keep_it(tmp_path):
+    risen = _finding(tmp_path, "default", {})
+    assert risen.evidence["mmap_threshold"] == 6 * MiB
+    assert "its mmap threshold rose to 6.0 MiB by `load`" in risen.statement
+    assert "MALLOC_MMAP_THRESHOLD_=131072" in risen.remedy
+    # with the threshold fixed there is nothing about it to say: the rule's own remedy
+    fixed = _finding(tmp_path, "fixed", {"MALLOC_MMAP_THRESHOLD_": "131072"})
+    assert "mmap_threshold" not in fixed.evidence and "glibc" not in fixed.statement
+    from auditor.analysis.findings import REMEDIES
+    assert fixed.remedy == REMEDIES["rss-above-live-tensors"]

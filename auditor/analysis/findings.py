@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from auditor import units
+from auditor.allocator_retention import MMAP_THRESHOLD_START, threshold_fixed
 from auditor.analysis import source_paths, unstaged
 from auditor.analysis.components import (BEYOND_CENSUS, UNCALIBRATED, attribute, census_order, finished, growers,
                                          is_traced, largest_weights, live_tensor_high, live_tensor_peak, peak_stage,
@@ -366,14 +367,43 @@ def _tensor_gap(record: RunRecord) -> list[Finding]:
     gap = run_peak - live
     if gap <= TENSOR_GAP_SHARE * run_peak:
         return []
+    evidence = {"stage": stage, "rss_peak": run_peak, "live_tensor_peak": live, "gap": gap,
+                "share_of_peak": round(gap / run_peak, 4)}
+    statement = (f"Peak RSS {units.size(run_peak)} ({unstaged.peak_place(record).phrase}) "
+                 f"is {units.size(gap)} ({gap / run_peak:.0%}) above the live-tensor peak "
+                 f"{units.size(live)} ({where}): RSS also holds the interpreter, "
+                 f"libraries and freed memory the allocator keeps")
+    risen = _risen_threshold(record)
+    if risen is None:
+        return [Finding("rss-above-live-tensors", "low", statement + ", so size machines by RSS and "
+                        "count savings in live tensors.", evidence)]
+    threshold, in_stage = risen
     return [Finding("rss-above-live-tensors", "low",
-                    f"Peak RSS {units.size(run_peak)} ({unstaged.peak_place(record).phrase}) "
-                    f"is {units.size(gap)} ({gap / run_peak:.0%}) above the live-tensor peak "
-                    f"{units.size(live)} ({where}): RSS also holds the interpreter, "
-                    f"libraries and freed memory the allocator keeps, so size machines by RSS and "
-                    f"count savings in live tensors.",
-                    {"stage": stage, "rss_peak": run_peak, "live_tensor_peak": live, "gap": gap,
-                     "share_of_peak": round(gap / run_peak, 4)})]
+                    f"{statement}. glibc's malloc ran with its defaults, and its mmap threshold rose to "
+                    f"{units.size(threshold)} by `{in_stage}` (it follows the largest block freed): "
+                    f"blocks below it come from the heap, which keeps the space they leave.",
+                    {**evidence, "mmap_threshold": threshold},
+                    remedy=("Keep glibc's mmap threshold where it starts: run with "
+                            "`MALLOC_MMAP_THRESHOLD_=131072` (blocks of 128 KiB and more are then "
+                            "mapped and returned when freed; reports/rank-projection-cpu.md measures "
+                            "sharded GradProbe ranks with and without it), or call `malloc_trim(0)` "
+                            "after a phase that frees large blocks. Size machines by RSS as run."))]
+
+
+def _risen_threshold(record: RunRecord) -> tuple[int, str] | None:
+    """The highest mmap threshold the live-tensor meter followed and the first stage that had it,
+    where the record says glibc's malloc ran with a threshold free to move and it rose."""
+    malloc = record.environment.malloc
+    if malloc is None or threshold_fixed(malloc):  # None: a record from before it was kept
+        return None
+    seen = [(s.live_tensors.allocator_threshold, s.path) for s in record.stages
+            if s.live_tensors is not None and s.live_tensors.allocator_threshold]
+    if not seen:
+        return None
+    highest = max(t for t, _ in seen)
+    if highest <= MMAP_THRESHOLD_START:
+        return None
+    return highest, next(path for t, path in seen if t == highest)
 
 
 # -- (g) stages that failed, runs that did not finish --------------------------------------

@@ -7,6 +7,8 @@ It audits the small size for real on --ranks ranks (torchrun, gloo, CPU), traces
 ranks on torch's fake process group at each world size (auditor.jobs.rank_projection), pairs each
 traced rank with a real one (auditor.analysis.rank_projection) and writes the report
 (auditor.renderers.rank_projection_markdown) and `rank-projection.json` into the run folder.
+The real ranks run with this environment's glibc malloc settings: projected RSS holds for ranks
+run with the mmap threshold fixed (MALLOC_MMAP_THRESHOLD_), and is a lower estimate otherwise.
 
 Exit status: 0 done; 1 a real or traced run failed; 2 bad input; 130 Ctrl-C.
 """
@@ -31,7 +33,9 @@ def register(subparsers) -> None:
                               epilog=examples("auditor project-ranks --arch mistral-7b --layers 2 --hidden 128 "
                                               "--heads 4 --intermediate 344 --target mistral-7b --world-size 2 4 8",
                                               "auditor project-ranks --layers 1 --target tinystories-33m "
-                                              "--world-size 2 4 --device-memory 1"))
+                                              "--world-size 2 4 --device-memory 1",
+                                              "MALLOC_MMAP_THRESHOLD_=131072 auditor project-ranks --layers 1 "
+                                              "--target tinystories-33m   # RSS that holds for ranks run so"))
     p.add_argument("--arch", default="tinystories-33m", help="architecture audited for real at the small size")
     add_size_arguments(p)
     p.add_argument("--target", default="mistral-7b", metavar="ARCH", help="architecture to project to")
