@@ -1007,7 +1007,12 @@ def _environment() -> dict:
     threads = getattr(torch, "get_num_threads", None)
     return {"python": platform.python_version(), "torch": _version("torch"),
             "transformers": _version("transformers"), "threads": threads() if threads else None,
-            "malloc": allocator_retention.malloc_settings(os.environ)}
+            "malloc": allocator_retention.malloc_settings(os.environ) if _on_glibc() else None}
+
+
+def _on_glibc() -> bool:
+    """Whether this process's C library is glibc (its malloc is the one the settings are for)."""
+    return platform.libc_ver()[0] == "glibc"
 
 
 def _version(package: str) -> str | None:

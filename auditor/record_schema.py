@@ -281,7 +281,7 @@ class Environment(RecordPart):
     transformers: str | None = None
     threads: Count | None = None
     # glibc malloc's settings from the environment (auditor.allocator_retention.malloc_settings):
-    # {} is glibc's defaults; None: a record from before it was kept
+    # {} is glibc's defaults; None: not glibc, or a record from before it was kept
     malloc: dict[str, str] | None = None
 
 
