@@ -57,3 +57,19 @@ def test_the_sweep_row_holds_the_forward_only_and_full_step_peaks(records):
     assert row.step["live_tensors"] == max(s.live_tensors.peak for s in steps)
     assert row.ending is None
     assert row.saved_activations == records[0].annotations["measured"]["saved_tensors"]["activations"]
+
+
+def test_a_configuration_without_a_finished_step_is_left_out_of_the_comparisons(records):
+    # the fp32 runs were cut off before their first step ended: no sentence compares against them,
+    # and the mixed-precision ones are still compared with each other across contexts
+    import copy
+
+    from auditor.analysis import training
+    cut = [copy.deepcopy(r) for r in records]
+    for record in cut:
+        if record.annotations["workload"]["settings"]["precision"] == "fp32":
+            record.stages = [s for s in record.stages if not s.name.startswith("step ")]
+    rows = training.sweep_rows(cut)
+    assert any(r["precision"] == "fp32" and "step_live_tensors" not in r for r in rows)
+    lines = training.sweep_commentary(rows)
+    assert lines and not any("fp32" in line for line in lines)

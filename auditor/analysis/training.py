@@ -320,7 +320,7 @@ def sweep_commentary(rows: list[dict], measure: str = "live_tensors") -> list[st
     by_key = {(r["architecture"], r["sequence_length"], r["precision"]): r for r in rows}
     for (arch, seq, precision), row in by_key.items():
         base = by_key.get((arch, seq, "fp32"))
-        if precision == "fp32" or base is None or row.get(f"step_{measure}") is None:
+        if precision == "fp32" or base is None or not (_finished(row, measure) and _finished(base, measure)):
             continue
         lines.append(_precision_sentence(arch, seq, precision, base, row, measure))
     for arch in dict.fromkeys(r["architecture"] for r in rows):
@@ -367,10 +367,16 @@ def _rss_change(base: dict, row: dict) -> str:
     return f"; peak RSS {size(before)} → {size(after)}, {(after - before) / before:+.1%}"
 
 
+def _finished(row: dict, measure: str) -> bool:
+    """Whether the row's configuration finished a full step (a failed or cut-off one has no figure)."""
+    return bool(row.get(f"step_{measure}"))
+
+
 def _context_sentences(rows: list[dict], measure: str) -> list[str]:
     lines = []
     for precision in dict.fromkeys(r["precision"] for r in rows):
-        same = sorted((r for r in rows if r["precision"] == precision and r["saved_activations"]),
+        same = sorted((r for r in rows if r["precision"] == precision and r["saved_activations"]
+                       and _finished(r, measure) and r.get(f"forward_{measure}")),
                       key=lambda r: r["sequence_length"])
         if len(same) < 2:
             continue
