@@ -39,6 +39,7 @@ RETAINED_RATIO = 0.10         # (d) tensors beyond the weights at the last stage
                               #     (vs the peak RSS when the record knows no weights); also (h)
 UNTRACKED_SHARE = 0.25        # (e) RSS beyond the census at the peak stage's end, vs the peak
 TENSOR_GAP_SHARE = 0.25       # (f) peak RSS minus live-tensor peak, vs the peak
+RETENTION_SHARE = 0.10        # (f) its growth after glibc's mmap threshold rose, vs the peak: named
 
 SEVERITIES = ("high", "medium", "low")
 PER_PARAMETER = frozenset({"weights", "gradients", "gradient records"})  # rules (a) and (b) own these
@@ -374,15 +375,17 @@ def _tensor_gap(record: RunRecord) -> list[Finding]:
                  f"{units.size(live)} ({where}): RSS also holds the interpreter, "
                  f"libraries and freed memory the allocator keeps")
     risen = _risen_threshold(record)
-    if risen is None:
+    grown = gap - risen[2] if risen is not None else 0
+    if risen is None or grown <= RETENTION_SHARE * run_peak:
         return [Finding("rss-above-live-tensors", "low", statement + ", so size machines by RSS and "
                         "count savings in live tensors.", evidence)]
-    threshold, in_stage = risen
+    threshold, in_stage, _ = risen
     return [Finding("rss-above-live-tensors", "low",
-                    f"{statement}. glibc's malloc ran with its defaults, and its mmap threshold rose to "
-                    f"{units.size(threshold)} by `{in_stage}` (it follows the largest block freed): "
-                    f"blocks below it come from the heap, which keeps the space they leave.",
-                    {**evidence, "mmap_threshold": threshold},
+                    f"{statement}. glibc's malloc ran with its defaults, its mmap threshold rose to "
+                    f"{units.size(threshold)} in `{in_stage}` (it follows the largest block freed), and "
+                    f"RSS beyond live tensors grew by {units.size(grown)} from that stage's start: blocks "
+                    f"below the threshold come from the heap, which keeps the space they leave.",
+                    {**evidence, "mmap_threshold": threshold, "grown_since": grown},
                     remedy=("Keep glibc's mmap threshold where it starts: run with "
                             "`MALLOC_MMAP_THRESHOLD_=131072` (blocks of 128 KiB and more are then "
                             "mapped and returned when freed; reports/rank-projection-cpu.md measures "
@@ -390,20 +393,20 @@ def _tensor_gap(record: RunRecord) -> list[Finding]:
                             "after a phase that frees large blocks. Size machines by RSS as run."))]
 
 
-def _risen_threshold(record: RunRecord) -> tuple[int, str] | None:
-    """The highest mmap threshold the live-tensor meter followed and the first stage that had it,
-    where the record says glibc's malloc ran with a threshold free to move and it rose."""
+def _risen_threshold(record: RunRecord) -> tuple[int, str, int] | None:
+    """Where the record says glibc's malloc ran with its mmap threshold free to move and the
+    live-tensor meter followed it up: the highest threshold, the first stage that raised the
+    threshold, and the RSS beyond live tensors when that stage began."""
     malloc = record.environment.malloc
     if malloc is None or threshold_fixed(malloc):  # None: a record from before it was kept
         return None
-    seen = [(s.live_tensors.allocator_threshold, s.path) for s in record.stages
-            if s.live_tensors is not None and s.live_tensors.allocator_threshold]
-    if not seen:
+    seen = [(s.live_tensors.allocator_threshold, s.path, s.rss.start - s.live_tensors.start)
+            for s in record.stages if s.live_tensors is not None and s.live_tensors.allocator_threshold
+            and s.rss.start is not None and s.live_tensors.start is not None]
+    rose = next((row for row in seen if row[0] > MMAP_THRESHOLD_START), None)
+    if rose is None:
         return None
-    highest = max(t for t, _ in seen)
-    if highest <= MMAP_THRESHOLD_START:
-        return None
-    return highest, next(path for t, path in seen if t == highest)
+    return max(row[0] for row in seen), rose[1], rose[2]
 
 
 # -- (g) stages that failed, runs that did not finish --------------------------------------
