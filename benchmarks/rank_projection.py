@@ -10,6 +10,9 @@
     # small size's real ranks
     .venv/bin/python benchmarks/rank_projection.py project --run-dir runs/rank-projection \
         --target mistral-7b --world-size 2 4 8
+    # the same, every rank audited and traced with glibc's mmap threshold fixed
+    .venv/bin/python benchmarks/rank_projection.py project --run-dir runs/rank-projection \
+        --target mistral-7b --world-size 2 4 8 --malloc fixed
 
     .venv/bin/python benchmarks/rank_projection.py render --run-dir runs/rank-projection \
         -o reports/rank-projection-cpu.md
@@ -93,13 +96,15 @@ def project(args) -> None:
     from auditor.analysis.rank_projection import project_ranks
     from auditor.jobs.rank_projection import traced_ranks
     run_dir = Path(args.run_dir)
-    real_small = small_real(run_dir, TARGET_SETTINGS, "small-2-ranks-target-settings")
+    suffix = _malloc(args.malloc)
+    real_small = small_real(run_dir, TARGET_SETTINGS, f"small-2-ranks-target-settings{suffix}")
     target = settings(args.target, {}, TARGET_SETTINGS)
     args.lower_bound_at = args.world_size if args.lower_bound_at is None else args.lower_bound_at
-    traced, seconds = {}, _earlier_seconds(run_dir / f"projection-{args.target}.json")
+    output = run_dir / f"projection-{args.target}{suffix}.json"
+    traced, seconds = {}, _earlier_seconds(output)
     for world in args.world_size:
         start = time.perf_counter()
-        folder = run_dir / f"{args.target}-{world}-ranks"
+        folder = run_dir / f"{args.target}-{world}-ranks{suffix}"
         reused = folder.is_dir()  # traces a finished earlier run left (auditor.jobs.rank_projection)
         traced[world] = traced_ranks(target, world, folder, real_small, every_rank=False,
                                      lower_bound=world in args.lower_bound_at)
@@ -108,8 +113,9 @@ def project(args) -> None:
         worlds = project_ranks(real_small, traced)  # written after each world size: a long trace
         for projected in worlds:
             projected.estimates_measured = projected.world_size in args.lower_bound_at
-        _write(run_dir / f"projection-{args.target}.json",  # the peaks; the stage rows stay in the traced records
-               {"target": args.target, "worlds": [w.to_json() for w in worlds], "trace_seconds": seconds})
+        _write(output,  # the peaks; the stage rows stay in the traced records
+               {"target": args.target, "malloc": args.malloc, "worlds": [w.to_json() for w in worlds],
+                "trace_seconds": seconds})
 
 
 def _earlier_seconds(path: Path) -> dict:
@@ -191,13 +197,18 @@ def render(args) -> None:
     retention = run_dir / "rss-retention.json"
     if retention.is_file():
         lines += [*md.retention_section(json.loads(retention.read_text())), ""]
-    for path in sorted(run_dir.glob("projection-*.json")):
+    for path in sorted(run_dir.glob("projection-*.json"), key=lambda p: ("-fixed-threshold" in p.name, p.name)):
         p = json.loads(path.read_text())
+        fixed = p.get("malloc") == "fixed"
         projection = rank_projection([ProjectedWorld.from_json(w) for w in p["worlds"]], BUDGETS_GIB)
-        lines += [f"## {p['target']}: each rank at {', '.join(str(w.world_size) for w in projection.worlds)} ranks",
-                  "", f"Settings: {TARGET_SETTINGS}, fp32, magnitude; paired with the real ranks of `{ARCH}` "
+        lines += [f"## {p['target']}: each rank at {', '.join(str(w.world_size) for w in projection.worlds)} ranks"
+                  + (", glibc's mmap threshold fixed" if fixed else ""), "",
+                  f"Settings: {TARGET_SETTINGS}, fp32, magnitude; paired with the real ranks of `{ARCH}` "
                   f"with {SMALL} on 2 ranks at the same settings (audited: `{run_dir.name}/"
-                  "small-2-ranks-target-settings`).", "",
+                  f"small-2-ranks-target-settings{'-fixed-threshold' if fixed else ''}`)"
+                  + (f", every rank audited and traced with `MALLOC_MMAP_THRESHOLD_={FIXED_THRESHOLD}`: its "
+                     "projected RSS is the one the held-out check with the threshold fixed holds for"
+                     if fixed else "") + ".", "",
                   *md.ranks_table(projection.worlds), "", "### How many devices", "",
                   *md.devices_table(projection), "",
                   f"`{p['command']}` (tracing took " + ", ".join(f"{s:.0f} s at {w}" for w, s in
@@ -215,11 +226,11 @@ def main() -> None:
         step.add_argument("--run-dir", required=True)
         if name != "render":
             step.add_argument("--world-size", type=int, nargs="+", default=[2, 4])
-        if name == "validate":
+        if name in ("validate", "project"):
             step.add_argument("--malloc", choices=["default", "fixed"], default="default",
                               help="glibc's default malloc in every rank, or its mmap threshold fixed at "
                                    f"{FIXED_THRESHOLD} (MALLOC_MMAP_THRESHOLD_); fixed writes its own folders "
-                                   "and validation-fixed-threshold.json")
+                                   "and JSON, suffixed -fixed-threshold")
         if name == "project":
             step.add_argument("--target", default="mistral-7b")
             step.add_argument("--lower-bound-at", type=int, nargs="*", metavar="N",

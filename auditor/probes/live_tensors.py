@@ -38,8 +38,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from auditor.allocation_sites import MIN_BYTES as SITE_MIN_BYTES
 from auditor import allocator_retention
+from auditor.allocation_sites import MIN_BYTES as SITE_MIN_BYTES
 from auditor.allocator_retention import MMAP_THRESHOLD_MAX
 from auditor.allocation_sites import caller_site
 from auditor.census import ALLOCATED_AT, is_fake, storage_key
