@@ -197,6 +197,9 @@ def render(args) -> None:
     retention = run_dir / "rss-retention.json"
     if retention.is_file():
         lines += [*md.retention_section(json.loads(retention.read_text())), ""]
+    sweep = run_dir / "rss-sweep.json"
+    if sweep.is_file():
+        lines += [*md.sweep_section(json.loads(sweep.read_text())), ""]
     for path in sorted(run_dir.glob("projection-*.json"), key=lambda p: ("-fixed-threshold" in p.name, p.name)):
         p = json.loads(path.read_text())
         fixed = p.get("malloc") == "fixed"

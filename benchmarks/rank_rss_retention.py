@@ -16,6 +16,14 @@ Peak RSS varies from run to run by tens of MiB at the held-out size, so each con
 `--repeats` times: a row is the run of median peak RSS, with the range of RSS beyond live
 tensors over all of them. It prints them as a table and writes them as JSON (`-o`), which the rank projection's report
 shows (`benchmarks/rank_projection.py render` reads it from its run folder).
+
+    .venv/bin/python benchmarks/rank_rss_retention.py --sweep --run-dir runs/rank-rss-sweep \
+        -o reports/rank-projection-cpu-runs/rss-sweep.json
+
+`--sweep` runs the same rank once at five sizes between the small and the held-out one (hidden
+128 to 512), on 2 and 4 ranks, with each malloc, and keeps rank 0's RSS beyond live tensors at
+the end of `shard model` and at the prune's peak: how much the prune adds beyond its tensors,
+against its live tensors, size by size.
 """
 from __future__ import annotations
 
@@ -87,6 +95,29 @@ def run(size: str, overrides: dict, malloc: str, folder: Path) -> dict:
             "live": peak["live_tensors"]["peak"], **json.loads((folder / "arenas.json").read_text())}
 
 
+SWEEP = [dict(layers=2, hidden=h, heads=heads, intermediate=i, vocab=v) for h, heads, i, v in
+         ((128, 4, 344, 4096), (192, 4, 516, 4096), (256, 4, 688, 6000), (384, 8, 1032, 8191),
+          (512, 8, 1378, 8191))]
+
+
+def sweep_run(overrides: dict, ranks: int, malloc: str, folder: Path) -> dict:
+    """One real run of `ranks` ranks: rank 0's prune peak against its state after sharding."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from rank_projection import ARCH, settings
+
+    from auditor.jobs.rank_projection import real_ranks
+    for key in [k for k in os.environ if k.startswith("MALLOC_")]:
+        del os.environ[key]
+    os.environ.update(MALLOC[malloc])  # the ranks' environment (this process's malloc is set already)
+    record = real_ranks(settings(ARCH, overrides), ranks, folder)[0]
+    stages = {s.path: s for s in record.stages}
+    prune, sharded = stages["prune"], stages["shard model"]
+    return {"hidden": overrides["hidden"], "ranks": ranks, "malloc": malloc,
+            "live": prune.live_tensors.peak, "rss": prune.rss.peak,
+            "beyond_after_sharding": sharded.rss.end - sharded.live_tensors.end,
+            "threshold": prune.live_tensors.allocator_threshold}
+
+
 def median_run(runs: list[dict]) -> dict:
     """The run of median peak RSS, with the range of RSS beyond live tensors over all `runs`."""
     chosen = dict(sorted(runs, key=lambda r: r["rss"])[len(runs) // 2])
@@ -117,7 +148,17 @@ def main() -> None:
     parser.add_argument("--run-dir", required=True, help="a new folder for the runs' records")
     parser.add_argument("-o", "--output", help="write the rows as JSON here too")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each configuration (default: 3)")
+    parser.add_argument("--sweep", action="store_true", help="five sizes, 2 and 4 ranks, each malloc, one run each")
     args = parser.parse_args()
+    if args.sweep:
+        rows = [sweep_run(o, ranks, malloc, Path(args.run_dir) / f"h{o['hidden']}-{ranks}-{malloc.split()[0]}")
+                for o in SWEEP for ranks in (2, 4) for malloc in MALLOC]
+        for r in rows:
+            print(r)
+        if args.output:
+            command = "benchmarks/rank_rss_retention.py " + " ".join(sys.argv[1:])
+            Path(args.output).write_text(json.dumps({"command": command, "rows": rows}, indent=1) + "\n")
+        return
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from rank_projection import HELD_OUT, SMALL
     rows = []

@@ -156,6 +156,38 @@ def retention_section(data: dict) -> list[str]:
             f"`{data['command']}`"]
 
 
+def sweep_section(data: dict) -> list[str]:
+    """benchmarks/rank_rss_retention.py --sweep's rows: rank 0's RSS beyond live tensors after
+    sharding and at the prune's peak, size by size, with each malloc."""
+    lines = ["| hidden | ranks | malloc | mmap threshold after the prune | prune: peak live tensors | peak RSS | "
+             "RSS beyond live tensors: after sharding | at the prune's peak | the prune added | "
+             "added / live tensors |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    added: dict[str, list[tuple[int, float]]] = {}
+    for r in data["rows"]:
+        beyond = r["rss"] - r["live"]
+        grown = beyond - r["beyond_after_sharding"]
+        added.setdefault(r["malloc"], []).append((grown, grown / r["live"]))
+        lines.append(f"| {r['hidden']} | {r['ranks']} | {r['malloc']} | {size(r['threshold'])} | {size(r['live'])} | "
+                     f"{size(r['rss'])} | {size(r['beyond_after_sharding'])} | {size(beyond)} | {size(grown)} | "
+                     f"{grown / r['live']:.2f} |")
+    said = [f"- {malloc}: the prune added {size(min(g for g, _ in rows))} to {size(max(g for g, _ in rows))} "
+            f"beyond its live tensors, {min(x for _, x in rows):.2f} to {max(x for _, x in rows):.2f} times them."
+            for malloc, rows in added.items()]
+    most = max((r for r in data["rows"] if r["malloc"] == "default"),
+               key=lambda r: r["rss"] - r["live"] - r["beyond_after_sharding"], default=None)
+    largest = max(r["hidden"] for r in data["rows"])
+    if most is not None and most["hidden"] != largest:
+        said.append(f"- With the default malloc the prune added most at hidden {most['hidden']} on {most['ranks']} "
+                    f"ranks (threshold {size(most['threshold'])}; the sweep's largest size is hidden {largest}), "
+                    "so what is added follows how glibc's threshold meets the program's block sizes, not the size "
+                    "alone.")
+    return ["### RSS beyond live tensors, size by size", "",
+            "Rank 0 of a real run at five sizes from the small (hidden 128) to the held-out one (hidden 512), "
+            "once each: its RSS beyond live tensors when `shard model` ended and at the prune's peak. What the "
+            "prune adds beyond its tensors is what a projection has to carry from the audited size to the "
+            "target.", "", *lines, "", *said, "", f"`{data['command']}`"]
+
+
 def validation_table(rows: list[HeldOutRow]) -> list[str]:
     lines = ["| ranks | rank | real peak live tensors | projected (traced) | error | every stage (worst) | "
              "sharded part: error | real within the upper bound | real peak RSS | projected | error |",
