@@ -13,6 +13,7 @@ import pytest
 import auditor
 from auditor import units
 from auditor.analysis.ranks import COLLECTIVE_WRAPPERS, collective_bytes, is_multi_rank, merge_ranks
+from auditor.analysis.unstaged import peak_place
 from auditor.cli import UsageError, main
 from auditor.cli.run_dir import check_new_run_dir
 from auditor.record import load
@@ -78,7 +79,7 @@ def test_merged_report_equals_each_ranks_record_and_names_the_peak_rank(torchrun
     out = tmp_path / "merged.md"
     assert main(["report", str(torchrun_folder), "-o", str(out)]) == 0
     text = out.read_text()
-    assert f"Global peak RSS: **{units.size(records[1].peak.rss)} on rank 1**" in text
+    assert f"Global peak RSS: **{units.size(records[1].peak.rss)} on rank 1**, {peak_place(records[1]).phrase}." in text
     for rank, record in records.items():
         for stage in record.stages:
             assert units.size(stage.rss.peak) in text
@@ -183,6 +184,23 @@ def test_a_rank_writes_its_own_folder_beside_the_other_ranks(tmp_path, as_rank):
     assert record.rank.rank == 0 and record.rank.source == "environment"
     assert record.rank.read_at == "start"
     assert is_multi_rank(shared) and merge_ranks(shared).missing_ranks == []
+
+
+def test_a_peak_after_the_last_stage_is_placed_as_its_rank_s_report_places_it(tmp_path, as_rank):
+    shared = tmp_path / "run"
+    for rank in (0, 1):
+        as_rank(rank)
+        with auditor.Audit(out=shared, name="r"):
+            with auditor.stage("work"):
+                bytearray(1 << 20)
+            held = bytearray(64 << 20 if rank == 1 else 1)  # rank 1's peak: after its only stage
+            held[::4096] = b"x" * len(held[::4096])  # touched, so resident
+    merged = merge_ranks(shared)
+    assert merged.peak.rank == 1 and merged.peak.stage is None
+    assert merged.peak.place == "after the last stage (`work`)" == peak_place(load(shared / "rank-1")).phrase
+    out = tmp_path / "merged.md"
+    assert main(["report", str(shared), "-o", str(out)]) == 0
+    assert "on rank 1**, after the last stage (`work`)." in out.read_text()
 
 
 def test_reused_folders_are_refused(tmp_path, as_rank, monkeypatch):

@@ -24,6 +24,7 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from auditor.analysis.unstaged import peak_place
 from auditor.record import RunRecordError, load, rank_folder_name, rank_folders
 from auditor.record_schema import AtPeak, RunRecord, Stage
 
@@ -79,6 +80,7 @@ class RankSummary:
     finished: bool                 # False: killed, rendered from its event log
     rss_peak: int | None
     rss_peak_stage: str | None
+    rss_peak_place: str            # where in the run, as the single-run report words it (auditor.analysis.unstaged)
     live_peak: int | None
     live_peak_stage: str | None
     rss_at_start: int | None
@@ -111,6 +113,7 @@ class GlobalPeak:
     bytes: int
     rank: int                      # a tie: the lowest rank
     stage: str | None              # None: outside every stage
+    place: str | None = None       # the RSS peak's place in that rank's run, in words (unstaged.peak_place)
 
 
 @dataclass
@@ -172,7 +175,7 @@ def merge(records: dict[int, RunRecord], folder: str | os.PathLike = "") -> Merg
         missing_ranks=[n for n in range(expected) if n not in records],
         identity_sources=sorted({r.source for r in ranks if r.source}),
         backends=sorted({r.backend for r in ranks if r.backend}),
-        stages=stages, peak=_global_peak([(r.rss_peak, r.rank, r.rss_peak_stage) for r in ranks]),
+        stages=stages, peak=_global_rss_peak(ranks),
         live_peak=_global_peak([(r.live_peak, r.rank, r.live_peak_stage) for r in ranks]),
         imbalance=Imbalance(spread({r.rank: r.rss_peak for r in ranks}),
                             spread({r.rank: r.live_peak for r in ranks})),
@@ -190,7 +193,7 @@ def _rank_summary(rank: int, record: RunRecord) -> RankSummary:
         local_rank=identity.local_rank if identity else None, host=identity.host if identity else None,
         backend=identity.backend if identity else None, source=identity.source if identity else None,
         status=status or "unknown", finished=status != "unfinished",
-        rss_peak=record.peak.rss, rss_peak_stage=record.peak.stage,
+        rss_peak=record.peak.rss, rss_peak_stage=record.peak.stage, rss_peak_place=peak_place(record).phrase,
         live_peak=live_peak, live_peak_stage=live_stage,
         rss_at_start=record.process.rss_at_start, duration_s=record.duration_s,
         open_stages=[s.path for s in record.stages if s.status == "open"])
@@ -262,6 +265,13 @@ def _global_peak(peaks: list[tuple[int | None, int, str | None]]) -> GlobalPeak 
         return None
     size, rank, stage = max(known, key=lambda peak: (peak[0], -peak[1]))
     return GlobalPeak(size, rank, stage)
+
+
+def _global_rss_peak(ranks: list[RankSummary]) -> GlobalPeak | None:
+    peak = _global_peak([(r.rss_peak, r.rank, r.rss_peak_stage) for r in ranks])
+    if peak is None:
+        return None
+    return replace(peak, place=next(r.rss_peak_place for r in ranks if r.rank == peak.rank))
 
 
 def _communication(stages: list[MergedStage]) -> Communication:

@@ -49,7 +49,7 @@ def _summary(merged: MergedRanks) -> str:
     lines = ["## Summary", ""]
     peak, live = merged.peak, merged.live_peak
     if peak:
-        where = f"in stage {md.code(peak.stage)}" if peak.stage else "outside every stage"
+        where = peak.place or (f"in stage {md.code(peak.stage)}" if peak.stage else "outside every stage")
         lines.append(f"- Global peak RSS: **{units.size(peak.bytes)} on rank {peak.rank}**, {where}.")
     if live:
         lines.append(f"- Highest live tensors: {units.size(live.bytes)} on rank {live.rank}, "
