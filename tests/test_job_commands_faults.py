@@ -90,7 +90,8 @@ def test_ctrl_c_during_train_step_gives_a_partial_report_and_exit_130(tmp_path):
     assert "Traceback" not in done.stderr and "interrupted" in done.stderr
     text = out.read_text()
     assert "**This configuration did not finish: interrupted" in text
-    assert "Finished stages: `build model`, `forward only`, `step 1`" in text
+    said = next(line for line in text.splitlines() if "did not finish" in line)
+    assert "Finished stages: `build model`, `forward only`, `step 1`" in said, said  # the line, when it fails
     assert json.loads((runs / CONFIGURATION / "run.json").read_text())["exit"]["status"] == "interrupted"
 
 
