@@ -47,7 +47,8 @@ ARCH = "mistral-7b"
 SETTINGS = dict(sequence_length=32, batch_size=1, batches=2, sparsity=0.3, threshold=0.0)
 TARGET_SETTINGS = dict(sequence_length=128, batch_size=1, batches=2, sparsity=0.1, threshold=2.0)
 BUDGETS_GIB = [24, 40, 80]
-FIXED_THRESHOLD = 131072  # `validate --malloc fixed`: glibc's starting mmap threshold, kept
+FIXED_THRESHOLD = 131072  # `--malloc fixed`: glibc's starting mmap threshold, kept
+FIXED_SUFFIX = "-fixed-threshold"  # `--malloc fixed`'s run folders and JSON
 
 
 def settings(architecture: str, overrides: dict, chosen: dict = SETTINGS):
@@ -68,7 +69,7 @@ def validate(args) -> None:
     from auditor.jobs.rank_projection import real_ranks, traced_ranks
     run_dir = Path(args.run_dir)
     start = time.perf_counter()
-    suffix = _malloc(args.malloc)
+    suffix = use_malloc(args.malloc)
     real_small = small_real(run_dir, name=f"small-2-ranks{suffix}")
     target = settings(ARCH, HELD_OUT)
     rows = []
@@ -81,22 +82,24 @@ def validate(args) -> None:
                                                   "scale": _scale(SMALL, HELD_OUT), "seconds": time.perf_counter() - start})
 
 
-def _malloc(regime: str) -> str:
-    """Every rank this process starts (audited, traced, real) runs with glibc's default malloc, or
-    with its mmap threshold fixed at its starting 128 KiB; returns the run folders' suffix."""
+def use_malloc(regime: str) -> str:
+    """Every rank this process starts from now on (audited, traced, real) runs with glibc's default
+    malloc ("default") or with its mmap threshold fixed at its starting 128 KiB ("fixed"); returns
+    the run folders' suffix. glibc reads these variables when a process starts, so this process's
+    own malloc is left as it was."""
     for key in [k for k in os.environ if k.startswith("MALLOC_")]:
         del os.environ[key]
     if regime == "default":
         return ""
     os.environ["MALLOC_MMAP_THRESHOLD_"] = str(FIXED_THRESHOLD)
-    return "-fixed-threshold"
+    return FIXED_SUFFIX
 
 
 def project(args) -> None:
     from auditor.analysis.rank_projection import project_ranks
     from auditor.jobs.rank_projection import traced_ranks
     run_dir = Path(args.run_dir)
-    suffix = _malloc(args.malloc)
+    suffix = use_malloc(args.malloc)
     real_small = small_real(run_dir, TARGET_SETTINGS, f"small-2-ranks-target-settings{suffix}")
     target = settings(args.target, {}, TARGET_SETTINGS)
     args.lower_bound_at = args.world_size if args.lower_bound_at is None else args.lower_bound_at
@@ -178,7 +181,7 @@ def render(args) -> None:
              "<!-- made by: " + shlex.join(["benchmarks/rank_projection.py", *sys.argv[1:]]) + " -->", "",
              md.BASIS, "", NOTES, ""]
     for suffix, title, malloc in (("", "", "glibc's default malloc"),
-                                  ("-fixed-threshold", ", glibc's mmap threshold fixed",
+                                  (FIXED_SUFFIX, ", glibc's mmap threshold fixed",
                                    f"glibc's mmap threshold fixed at {FIXED_THRESHOLD:,} bytes in every rank "
                                    f"(`MALLOC_MMAP_THRESHOLD_={FIXED_THRESHOLD}`), the audited ones included")):
         validation = run_dir / f"validation{suffix}.json"
@@ -200,7 +203,7 @@ def render(args) -> None:
     sweep = run_dir / "rss-sweep.json"
     if sweep.is_file():
         lines += [*md.sweep_section(json.loads(sweep.read_text())), ""]
-    for path in sorted(run_dir.glob("projection-*.json"), key=lambda p: ("-fixed-threshold" in p.name, p.name)):
+    for path in sorted(run_dir.glob("projection-*.json"), key=lambda p: (FIXED_SUFFIX in p.name, p.name)):
         p = json.loads(path.read_text())
         fixed = p.get("malloc") == "fixed"
         projection = rank_projection([ProjectedWorld.from_json(w) for w in p["worlds"]], BUDGETS_GIB)
@@ -208,7 +211,7 @@ def render(args) -> None:
                   + (", glibc's mmap threshold fixed" if fixed else ""), "",
                   f"Settings: {TARGET_SETTINGS}, fp32, magnitude; paired with the real ranks of `{ARCH}` "
                   f"with {SMALL} on 2 ranks at the same settings (audited: `{run_dir.name}/"
-                  f"small-2-ranks-target-settings{'-fixed-threshold' if fixed else ''}`)"
+                  f"small-2-ranks-target-settings{FIXED_SUFFIX if fixed else ''}`)"
                   + (f", every rank audited and traced with `MALLOC_MMAP_THRESHOLD_={FIXED_THRESHOLD}`: its "
                      "projected RSS is the one the held-out check with the threshold fixed holds for"
                      if fixed else "") + ".", "",
@@ -233,7 +236,7 @@ def main() -> None:
             step.add_argument("--malloc", choices=["default", "fixed"], default="default",
                               help="glibc's default malloc in every rank, or its mmap threshold fixed at "
                                    f"{FIXED_THRESHOLD} (MALLOC_MMAP_THRESHOLD_); fixed writes its own folders "
-                                   "and JSON, suffixed -fixed-threshold")
+                                   f"and JSON, suffixed {FIXED_SUFFIX}")
         if name == "project":
             step.add_argument("--target", default="mistral-7b")
             step.add_argument("--lower-bound-at", type=int, nargs="*", metavar="N",

@@ -40,7 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 2**20
-MALLOC = {"default": {}, "fixed 128 KiB threshold": {"MALLOC_MMAP_THRESHOLD_": "131072"}}
+MALLOC = {"default": "default", "fixed 128 KiB threshold": "fixed"}  # a row's label -> rank_projection.use_malloc's
 
 
 def arenas() -> dict:
@@ -79,10 +79,10 @@ def rank_main(settings_json: str, out: str) -> None:
 
 def run(size: str, overrides: dict, malloc: str, folder: Path) -> dict:
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from rank_projection import ARCH, settings
+    from rank_projection import ARCH, settings, use_malloc
     chosen = asdict(settings(ARCH, overrides))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **MALLOC[malloc])
+    use_malloc(MALLOC[malloc])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                __file__, "rank", json.dumps(chosen), str(folder)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
@@ -103,12 +103,10 @@ SWEEP = [dict(layers=2, hidden=h, heads=heads, intermediate=i, vocab=v) for h, h
 def sweep_run(overrides: dict, ranks: int, malloc: str, folder: Path) -> dict:
     """One real run of `ranks` ranks: rank 0's prune peak against its state after sharding."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from rank_projection import ARCH, settings
+    from rank_projection import ARCH, settings, use_malloc
 
     from auditor.jobs.rank_projection import real_ranks
-    for key in [k for k in os.environ if k.startswith("MALLOC_")]:
-        del os.environ[key]
-    os.environ.update(MALLOC[malloc])  # the ranks' environment (this process's malloc is set already)
+    use_malloc(MALLOC[malloc])
     record = real_ranks(settings(ARCH, overrides), ranks, folder)[0]
     stages = {s.path: s for s in record.stages}
     prune, sharded = stages["prune"], stages["shard model"]

@@ -162,19 +162,20 @@ def sweep_section(data: dict) -> list[str]:
     lines = ["| hidden | ranks | malloc | mmap threshold after the prune | prune: peak live tensors | peak RSS | "
              "RSS beyond live tensors: after sharding | at the prune's peak | the prune added | "
              "added / live tensors |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    def grown(row: dict) -> int:  # what the prune added beyond its live tensors
+        return row["rss"] - row["live"] - row["beyond_after_sharding"]
+
     added: dict[str, list[tuple[int, float]]] = {}
     for r in data["rows"]:
         beyond = r["rss"] - r["live"]
-        grown = beyond - r["beyond_after_sharding"]
-        added.setdefault(r["malloc"], []).append((grown, grown / r["live"]))
+        added.setdefault(r["malloc"], []).append((grown(r), grown(r) / r["live"]))
         lines.append(f"| {r['hidden']} | {r['ranks']} | {r['malloc']} | {size(r['threshold'])} | {size(r['live'])} | "
-                     f"{size(r['rss'])} | {size(r['beyond_after_sharding'])} | {size(beyond)} | {size(grown)} | "
-                     f"{grown / r['live']:.2f} |")
+                     f"{size(r['rss'])} | {size(r['beyond_after_sharding'])} | {size(beyond)} | {size(grown(r))} | "
+                     f"{grown(r) / r['live']:.2f} |")
     said = [f"- {malloc}: the prune added {size(min(g for g, _ in rows))} to {size(max(g for g, _ in rows))} "
             f"beyond its live tensors, {min(x for _, x in rows):.2f} to {max(x for _, x in rows):.2f} times them."
             for malloc, rows in added.items()]
-    most = max((r for r in data["rows"] if r["malloc"] == "default"),
-               key=lambda r: r["rss"] - r["live"] - r["beyond_after_sharding"], default=None)
+    most = max((r for r in data["rows"] if r["malloc"] == "default"), key=grown, default=None)
     largest = max(r["hidden"] for r in data["rows"])
     if most is not None and most["hidden"] != largest:
         said.append(f"- With the default malloc the prune added most at hidden {most['hidden']} on {most['ranks']} "
