@@ -17,6 +17,14 @@ average (GPT-Neo's tied 16 MiB embedding gradients sit at the top of that range,
 bottom). RANGE is that spread, printed with each projected figure.
 Also measured: GPT-Neo 1 -> 2 layers, hidden 128 -> 512, RSS beyond tensors grew from 366 to
 429 MiB, and stayed at 366 with the threshold fixed (MALLOC_MMAP_THRESHOLD_=131072).
+
+A sharded program keeps far more: FSDP2 frees a gathered layer and its gradients for each layer,
+all below the risen threshold, and the main thread's heap keeps their space in ways the threshold
+does not predict. What bounds it is how much the heap served: the live-tensor meter's
+`heap_high_water` (the most bytes of CPU storages below the threshold alive at once). On real
+gloo ranks (benchmarks/rank_rss_retention.py --sweep: hidden 128-512, 2 and 4 ranks) glibc's
+default kept 1.1 to 2.4 times that high water more than the same run with the threshold fixed;
+`heap_may_keep` takes HEAP_KEEPS_AT_MOST times its growth as what a projection may miss.
 """
 from __future__ import annotations
 
@@ -26,6 +34,7 @@ MMAP_THRESHOLD_START = 128 * 1024
 MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
 FACTOR = 1.5
 RANGE = (0.75, 2.5)
+HEAP_KEEPS_AT_MOST = 2.4
 # glibc stops moving the mmap threshold once any of these is set (mallopt or the environment)
 FIXES_THRESHOLD = ("mmap_threshold", "trim_threshold", "top_pad", "mmap_max")
 
@@ -63,3 +72,9 @@ def growth(threads: int, audited_threshold: int, target_threshold: float) -> int
 def growth_range(growth_added: int) -> list[int]:
     """The measured spread around a growth `growth()` gave."""
     return [round(growth_added * RANGE[0] / FACTOR), round(growth_added * RANGE[1] / FACTOR)]
+
+
+def heap_may_keep(audited_high_water: int, target_high_water: int) -> int:
+    """What glibc's default heap may keep beyond a projection that carried the audited run's
+    retention: HEAP_KEEPS_AT_MOST x the growth of the heap's high water (never below 0)."""
+    return max(round(HEAP_KEEPS_AT_MOST * (target_high_water - audited_high_water)), 0)

@@ -109,6 +109,9 @@ class AtPeak(RecordPart):
 @dataclass(kw_only=True, eq=False)
 class LiveTensors(Readings):
     allocator_threshold: Bytes | None = None
+    # the most bytes of CPU storages served from glibc's heap alive at once, from the audit's
+    # start to this reading (auditor.probes.live_tensors)
+    heap_high_water: Bytes | None = None
     at_peak: AtPeak | None = None
 
 

@@ -41,6 +41,11 @@ from auditor.record_schema import RunRecord
 # target's intermediate size (1378) and vocabulary (8191) do not split evenly over 4 ranks.
 SMALL = dict(layers=2, hidden=128, heads=4, intermediate=344, vocab=4096)
 HELD_OUT = dict(layers=2, hidden=512, heads=8, intermediate=1378, vocab=8191)
+# `--scale large`: a second held-out size in the target's regime, where the largest blocks
+# (embeddings, gathered layers, their gradients) are above glibc's 32 MiB cap on its mmap
+# threshold, so they are mmapped and given back when freed whatever the threshold does
+LARGE = dict(layers=2, hidden=2048, heads=16, intermediate=5632, vocab=32000)
+SCALES = {"held-out": (HELD_OUT, ""), "large": (LARGE, "-large")}  # --scale -> size, folder suffix
 ARCH = "mistral-7b"
 # The held-out check keeps a quarter of the candidates (tau = 0), so the gradients decide; the
 # target's projection has the spec's settings (auditor gradprobe's defaults).
@@ -57,29 +62,43 @@ def settings(architecture: str, overrides: dict, chosen: dict = SETTINGS):
 
 
 def small_real(run_dir: Path, chosen: dict = SETTINGS, name: str = "small-2-ranks") -> dict[int, RunRecord]:
-    """The audited run: the small size on 2 real ranks (reused when the folder holds it)."""
+    """The audited run: the small size on 2 real ranks."""
+    return finished_or_run(settings(ARCH, SMALL, chosen), 2, run_dir / name)
+
+
+def finished_or_run(chosen, world_size: int, folder: Path) -> dict[int, RunRecord]:
+    """Real ranks' records: the ones a finished earlier run left in `folder`, else a new torchrun
+    (so a step run again after an analysis change recomputes its rows without rerunning them)."""
     from auditor.analysis.ranks import load_ranks
     from auditor.jobs.rank_projection import real_ranks
-    folder = run_dir / name
-    return load_ranks(folder) if folder.is_dir() else real_ranks(settings(ARCH, SMALL, chosen), 2, folder)
+    if folder.is_dir():
+        found = load_ranks(folder)
+        if sorted(found) != list(range(world_size)) or any(
+                r.annotations["workload"]["settings"] != asdict(chosen) for r in found.values()):
+            raise SystemExit(f"{folder} holds another run: choose a new --run-dir")
+        return found
+    return real_ranks(chosen, world_size, folder)
 
 
 def validate(args) -> None:
     from auditor.analysis.rank_projection import held_out_row, project_ranks
-    from auditor.jobs.rank_projection import real_ranks, traced_ranks
+    from auditor.jobs.rank_projection import traced_ranks
     run_dir = Path(args.run_dir)
     start = time.perf_counter()
     suffix = use_malloc(args.malloc)
     real_small = small_real(run_dir, name=f"small-2-ranks{suffix}")
-    target = settings(ARCH, HELD_OUT)
+    size, scale_suffix = SCALES[args.scale]
+    target = settings(ARCH, size)
     rows = []
     for world in args.world_size:
-        traced = traced_ranks(target, world, run_dir / f"traced-{world}-ranks{suffix}", real_small, lower_bound=False)
+        folder = f"{world}-ranks{scale_suffix}{suffix}"
+        traced = traced_ranks(target, world, run_dir / f"traced-{folder}", real_small, lower_bound=False)
         projected = project_ranks(real_small, {world: traced})[0]
-        real = real_ranks(target, world, run_dir / f"held-out-{world}-ranks{suffix}")
+        real = finished_or_run(target, world, run_dir / f"held-out-{folder}")
         rows += [asdict(held_out_row(world, r, real[r.rank])) for r in projected.ranks]
-    _write(run_dir / f"validation{suffix}.json", {"rows": rows, "small": SMALL, "held_out": HELD_OUT,
-                                                  "scale": _scale(SMALL, HELD_OUT), "seconds": time.perf_counter() - start})
+    _write(run_dir / f"validation{scale_suffix}{suffix}.json",
+           {"rows": rows, "small": SMALL, "held_out": size, "scale": _scale(SMALL, size),
+            "seconds": time.perf_counter() - start})
 
 
 def use_malloc(regime: str) -> str:
@@ -180,20 +199,26 @@ def render(args) -> None:
     lines = ["# Per-rank projection of sharded GradProbe (FSDP2) at target world sizes", "",
              "<!-- made by: " + shlex.join(["benchmarks/rank_projection.py", *sys.argv[1:]]) + " -->", "",
              md.BASIS, "", NOTES, ""]
-    for suffix, title, malloc in (("", "", "glibc's default malloc"),
-                                  (FIXED_SUFFIX, ", glibc's mmap threshold fixed",
-                                   f"glibc's mmap threshold fixed at {FIXED_THRESHOLD:,} bytes in every rank "
-                                   f"(`MALLOC_MMAP_THRESHOLD_={FIXED_THRESHOLD}`), the audited ones included")):
+    checks = [(SCALES["held-out"][1] + FIXED_SUFFIX * fixed, fixed) for fixed in (False, True)]
+    for suffix, fixed in [*checks, (SCALES["large"][1], False)]:
         validation = run_dir / f"validation{suffix}.json"
         if not validation.is_file():
             continue
         v = json.loads(validation.read_text())
         rows = [HeldOutRow.from_json(row) for row in v["rows"]]
+        large = suffix == SCALES["large"][1]
+        malloc = (f"glibc's mmap threshold fixed at {FIXED_THRESHOLD:,} bytes in every rank "
+                  f"(`MALLOC_MMAP_THRESHOLD_={FIXED_THRESHOLD}`), the audited ones included" if fixed
+                  else "glibc's default malloc")
+        title = ", glibc's mmap threshold fixed" if fixed else ", a large size" if large else ""
         lines += [f"## Held-out check{title}: projected ranks against real torchrun ranks (gloo, CPU)", "",
                   f"Audited for real: `{ARCH}` with {v['small']} on 2 ranks. Projected (traced, every rank) and "
                   f"then run for real with torchrun: {v['held_out']}, {v['scale']:.1f}x the parameters, at "
                   f"{' and '.join(sorted({str(r['world_size']) for r in v['rows']}))} ranks, with {malloc}. "
-                  f"Settings: {SETTINGS}. Targets as for single-process traced projection: "
+                  + ("At this size the largest blocks (the embeddings and the output layer, each gathered layer, "
+                     "its gradients) are above glibc's 32 MiB cap on the mmap threshold, as a 7B model's are: "
+                     "they are mmapped and given back when freed, whatever the threshold does. " if large else "")
+                  + f"Settings: {SETTINGS}. Targets as for single-process traced projection: "
                   "peak live tensors within 2% (run and every stage), RSS within 5%.", "",
                   *md.validation_table(rows), "", *md.validation_findings(held_out_findings(rows)), "",
                   f"`{v['command']}` ({v['seconds']:.0f} s, load average {v['load_average']})", ""]
@@ -237,6 +262,11 @@ def main() -> None:
                               help="glibc's default malloc in every rank, or its mmap threshold fixed at "
                                    f"{FIXED_THRESHOLD} (MALLOC_MMAP_THRESHOLD_); fixed writes its own folders "
                                    f"and JSON, suffixed {FIXED_SUFFIX}")
+        if name == "validate":
+            step.add_argument("--scale", choices=list(SCALES), default="held-out",
+                              help=f"the held-out size: {HELD_OUT} (default), or large: {LARGE}, whose "
+                                   "largest blocks are above glibc's 32 MiB mmap threshold cap, as the "
+                                   "target's are; large writes its own folders and JSON, suffixed -large")
         if name == "project":
             step.add_argument("--target", default="mistral-7b")
             step.add_argument("--lower-bound-at", type=int, nargs="*", metavar="N",

@@ -113,7 +113,8 @@ def sweep_run(overrides: dict, ranks: int, malloc: str, folder: Path) -> dict:
     return {"hidden": overrides["hidden"], "ranks": ranks, "malloc": malloc,
             "live": prune.live_tensors.peak, "rss": prune.rss.peak,
             "beyond_after_sharding": sharded.rss.end - sharded.live_tensors.end,
-            "threshold": prune.live_tensors.allocator_threshold}
+            "threshold": prune.live_tensors.allocator_threshold,
+            "heap_high_water": prune.live_tensors.heap_high_water}
 
 
 def median_run(runs: list[dict]) -> dict:

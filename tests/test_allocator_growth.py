@@ -148,3 +148,25 @@ def test_the_rss_finding_names_a_risen_mmap_threshold_and_how_to_keep_it(tmp_pat
     assert "mmap_threshold" not in fixed.evidence and "glibc" not in fixed.statement
     from auditor.analysis.findings import REMEDIES
     assert fixed.remedy == REMEDIES["rss-above-live-tensors"]
+
+
+def test_the_meter_keeps_the_high_water_of_cpu_storages_glibc_s_heap_serves():
+    meter = LiveTensorMeter()
+    with meter:
+        small = torch.empty(64 * 1024, dtype=torch.uint8)  # below the 128 KiB starting threshold: the heap
+        big = torch.empty(4 * MiB, dtype=torch.uint8)  # above it: mmapped, not counted
+        assert meter.heap_high_water == 64 * 1024
+        del big  # the threshold follows it to 4 MiB: a 1 MiB block now comes from the heap
+        blocks = [torch.empty(MiB, dtype=torch.uint8) for _ in range(3)]
+        assert meter.heap_live == meter.heap_high_water == 64 * 1024 + 3 * MiB
+        del blocks, small
+        assert meter.heap_live == 0 and meter.heap_high_water == 64 * 1024 + 3 * MiB  # a high water stays
+        on_meta = torch.empty(MiB, dtype=torch.uint8, device="meta")  # no memory, no heap
+        del on_meta
+    assert meter.heap_high_water == 64 * 1024 + 3 * MiB
+
+
+def test_what_the_heap_may_keep_grows_with_its_high_water():
+    from auditor.allocator_retention import HEAP_KEEPS_AT_MOST, heap_may_keep
+    assert heap_may_keep(10 * MiB, 110 * MiB) == round(HEAP_KEEPS_AT_MOST * 100 * MiB)
+    assert heap_may_keep(10 * MiB, 5 * MiB) == 0  # the target's heap served less: nothing more to keep

@@ -17,9 +17,13 @@ tensors (interpreter, libraries, gloo, allocator slack) stage by stage, plus the
 retention growth. The paired real rank is the same rank where the audited run had it, else its
 highest rank other than 0 (rank 0 may do more; the others run one program on their own rows).
 That RSS holds where glibc's mmap threshold stays fixed while the ranks run (the paired record's
-malloc settings say so: `threshold_fixed`); under glibc's default the main thread's heap keeps
-the space of freed gathered layers and gradients, more than the retention model gives, and the
-projected RSS is a lower estimate (reports/rank-projection-cpu.md measures both regimes).
+malloc settings say so: `threshold_fixed`). Under glibc's default the main thread's heap keeps
+the space of freed gathered layers and gradients, more than the retention model gives; how much
+more is bounded by how much the heap served (`rss_may_add`: auditor.allocator_retention's
+heap_may_keep, from the traced and the audited rank's heap high water). Where that bound is
+more than RSS_LIMIT of the figure, or the records do not say, projected RSS is a lower estimate
+(reports/rank-projection-cpu.md measures both regimes, and a size whose largest blocks are
+mmapped, as a 7B model's are).
 
 Two peaks per rank: the whole program's, and the sharded part's (the prune, after FSDP2 sharded
 the model): the audited program builds the whole model on every rank and holds it while
@@ -35,6 +39,7 @@ from auditor.record_schema import RunRecord, Stage
 from auditor.units import GiB
 
 SHARDED_FROM = ("prune",)  # the stages (and their children) once the model is sharded
+RSS_LIMIT = 0.05  # the RSS target of single-process traced projection: what "holds" means here
 
 
 # -- the model -----------------------------------------------------------------------------
@@ -50,6 +55,9 @@ class RankPeak:
     rss: int
     rss_stage: str
     rss_upper: int
+    # what glibc's default heap may keep beyond `rss` (0 with the threshold fixed; None: the
+    # records do not say)
+    rss_may_add: int | None = None
 
 
 @dataclass
@@ -70,7 +78,11 @@ class ProjectedRank:
 
     @property
     def rss_is_lower_estimate(self) -> bool:
-        return not self.threshold_fixed
+        """Whether real RSS may be above the sharded part's projected RSS by more than RSS_LIMIT."""
+        if self.threshold_fixed:
+            return False
+        may_add = self.sharded.rss_may_add
+        return may_add is None or may_add > RSS_LIMIT * self.sharded.rss
 
     @classmethod
     def from_json(cls, data: dict) -> ProjectedRank:
@@ -151,6 +163,14 @@ class HeldOutRow:
     projected_live: int        # the whole run's traced peak live tensors
     projected_rss: int         # its projected peak RSS
     threshold_fixed: bool | None = None  # ProjectedRank's: glibc's mmap threshold fixed while the ranks ran
+    rss_may_add: int | None = None  # what glibc's heap may keep beyond projected_rss (RankPeak's)
+
+    @property
+    def rss_is_lower_estimate(self) -> bool:
+        """As ProjectedRank's: real RSS may be above the projected by more than RSS_LIMIT."""
+        if self.threshold_fixed:
+            return False
+        return self.rss_may_add is None or self.rss_may_add > RSS_LIMIT * self.projected_rss
 
     @classmethod
     def from_json(cls, data: dict) -> HeldOutRow:
@@ -175,10 +195,14 @@ class HeldOutFindings:
     rss_range: tuple[float, float]     # the RSS errors, lowest and highest
     beyond_live: tuple[int, int]       # the real ranks' RSS beyond their live tensors, least and most
     outside_upper: list[HeldOutRow]    # rows whose real peaks exceed the upper bounds
+    # rows whose real RSS is above projected RSS + rss_may_add by more than rss_limit; None: some
+    # row's rss_may_add is not known
+    outside_may_add: list[HeldOutRow] | None
     live_met: bool
     every_stage_met: bool
     rss_met: bool
     threshold_fixed: bool      # glibc's mmap threshold fixed in every run compared
+    rss_lower_estimate: bool   # some row's projected RSS is one (HeldOutRow.rss_is_lower_estimate)
 
 
 # -- building it ---------------------------------------------------------------------------
@@ -204,12 +228,15 @@ def project_rank(rank: int, traced_record: RunRecord, real: dict[int, RunRecord]
     paired = paired_rank(rank, real)
     projection = project_traced(real[paired], traced_record)
     stages = projection["stages"]
+    fixed = threshold_fixed(real[paired])
+    for row in stages:
+        row["rss_may_add"] = 0 if fixed else _heap_may_keep(real[paired], traced_record, row["path"])
     sharded = [s for s in stages if s["path"].split("/")[0] in SHARDED_FROM]
     retained = max((traced_record.annotations.get("gather_buffers") or {}).values(), default=0)
     return ProjectedRank(rank=rank, traced_as=traced_record.annotations.get("traced_as", rank),
                          paired_real_rank=paired, retained_buffer=retained, whole=_peak(stages, retained),
                          sharded=_peak(sharded, retained), stages=stages,
-                         data_dependent=projection["data_dependent"], threshold_fixed=threshold_fixed(real[paired]))
+                         data_dependent=projection["data_dependent"], threshold_fixed=fixed)
 
 
 def threshold_fixed(record: RunRecord) -> bool | None:
@@ -218,12 +245,31 @@ def threshold_fixed(record: RunRecord) -> bool | None:
     return None if malloc is None else allocator_retention.threshold_fixed(malloc)
 
 
+def _heap_may_keep(audited: RunRecord, traced: RunRecord, path: str) -> int | None:
+    """allocator_retention.heap_may_keep from the audited rank's heap high water to the traced
+    rank's, when `path` ended; None where a record does not keep it."""
+    target, start = _heap_high_water(traced, path), _heap_high_water(audited, path)
+    return None if target is None or start is None else allocator_retention.heap_may_keep(start, target)
+
+
+def _heap_high_water(record: RunRecord, path: str) -> int | None:
+    """The heap high water when `path` first ended; for a stage the record does not have (a
+    later call of a loop), the run's (it only grows)."""
+    finished = [s.live_tensors.heap_high_water for s in record.stages
+                if s.status != "open" and s.live_tensors is not None and s.path == path]
+    if not finished:
+        finished = [max((s.live_tensors.heap_high_water for s in record.stages if s.live_tensors is not None
+                         and s.live_tensors.heap_high_water is not None), default=None)]
+    return finished[0]
+
+
 def _peak(stages: list[dict], retained: int) -> RankPeak:
     live = max(stages, key=lambda s: s["tensor_peak"])
     rss = max(stages, key=lambda s: s["rss_peak"])
     return RankPeak(live_tensors=live["tensor_peak"], live_stage=live["path"], estimated=live["estimated"],
                     live_tensors_upper=live["tensor_peak"] + retained,
-                    rss=rss["rss_peak"], rss_stage=rss["path"], rss_upper=rss["rss_peak"] + retained)
+                    rss=rss["rss_peak"], rss_stage=rss["path"], rss_upper=rss["rss_peak"] + retained,
+                    rss_may_add=rss.get("rss_may_add"))
 
 
 def fewest_devices(worlds: list[ProjectedWorld], budget: int, figure: str = "live_tensors_upper") -> int | None:
@@ -285,12 +331,13 @@ def compare_rank(projected: ProjectedRank, real_record: RunRecord) -> RankErrors
 
 
 def held_out_row(world_size: int, projected: ProjectedRank, real_record: RunRecord) -> HeldOutRow:
+    peak = max(projected.whole, projected.sharded, key=lambda p: p.rss)
     return HeldOutRow(world_size, projected.rank, compare_rank(projected, real_record),
-                      projected.whole.live_tensors, max(projected.whole.rss, projected.sharded.rss),
-                      projected.threshold_fixed and threshold_fixed(real_record))
+                      projected.whole.live_tensors, peak.rss,
+                      projected.threshold_fixed and threshold_fixed(real_record), peak.rss_may_add)
 
 
-def held_out_findings(rows: list[HeldOutRow], live_limit: float = 0.02, rss_limit: float = 0.05) -> HeldOutFindings:
+def held_out_findings(rows: list[HeldOutRow], live_limit: float = 0.02, rss_limit: float = RSS_LIMIT) -> HeldOutFindings:
     """What the held-out rows show, read off them: the worst rank on each figure, against the
     single-process traced targets (`live_limit`, `rss_limit`: the largest error in size that meets them)."""
     def worst(figure: str) -> WorstRank:
@@ -299,12 +346,16 @@ def held_out_findings(rows: list[HeldOutRow], live_limit: float = 0.02, rss_limi
 
     live, stage, rss = worst("live_tensors"), worst("every_stage"), worst("rss")
     beyond = [r.errors.real.rss - r.errors.real.live_tensors for r in rows]
+    known = all(r.rss_may_add is not None for r in rows)
+    outside = [r for r in rows if r.errors.real.rss > (r.projected_rss + (r.rss_may_add or 0)) * (1 + rss_limit)]
     return HeldOutFindings(
         live_limit=live_limit, rss_limit=rss_limit, live=live, every_stage=stage, rss=rss,
         rss_range=(min(r.errors.rss for r in rows), max(r.errors.rss for r in rows)),
         beyond_live=(min(beyond), max(beyond)), outside_upper=[r for r in rows if not r.errors.within_upper],
+        outside_may_add=outside if known else None,
         live_met=abs(live.error) <= live_limit, every_stage_met=abs(stage.error) <= live_limit,
-        rss_met=abs(rss.error) <= rss_limit, threshold_fixed=all(r.threshold_fixed for r in rows))
+        rss_met=abs(rss.error) <= rss_limit, threshold_fixed=all(r.threshold_fixed for r in rows),
+        rss_lower_estimate=any(r.rss_is_lower_estimate for r in rows))
 
 
 def _real_sharded(stages: dict[str, Stage], figure: str) -> int:

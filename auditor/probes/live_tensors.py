@@ -75,7 +75,7 @@ class LiveTensorMeter(TorchDispatchMode):
         self.peak = 0
         self.at_peak = at_peak
         self.stage_path: str | None = None
-        self._cells: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storage -> [serial, bytes] now
+        self._cells: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storage -> [serial, bytes, on heap] now
         self._serial = 0
         self._table: dict[int, list] = {}    # serial -> row, creation order
         self._peak_serial = 0                # the newest storage alive at the high
@@ -88,6 +88,10 @@ class LiveTensorMeter(TorchDispatchMode):
         malloc = allocator_retention.malloc_settings(os.environ)
         self._dynamic_threshold = not allocator_retention.threshold_fixed(malloc)
         self.mmap_threshold = allocator_retention.starting_threshold(malloc)
+        # CPU storages below the threshold when made come from glibc's heap, which keeps the
+        # space they leave: the most of them alive at once bounds what it can keep
+        self.heap_live = 0
+        self.heap_high_water = 0
 
     def seed_existing(self) -> None:
         """Count the tensors already alive (model weights built before the audit began)."""
@@ -176,8 +180,8 @@ class LiveTensorMeter(TorchDispatchMode):
             size = storage.nbytes()
             self._serial += 1
             serial = self._serial
-            cell = self._cells[storage] = [serial, size]
-            self.live += size
+            cell = self._cells[storage] = [serial, size, False]
+            self._count(cell, tensor.device.type == "cpu")
             if self.at_peak:
                 where = caller_site() if func is not None and size >= SITE_MIN_BYTES else None
                 self._table[serial] = [serial, size, created_in, _op_name(func),
@@ -204,7 +208,7 @@ class LiveTensorMeter(TorchDispatchMode):
             self._release(cell)
             self._serial += 1
             cell[0], cell[1] = self._serial, storage.nbytes()
-            self.live += cell[1]
+            self._count(cell, storage.device.type == "cpu")
             if self.at_peak and row is not None:
                 self._table[cell[0]] = [cell[0], cell[1], self.stage_path, "resize_", *row[4:]]
             self._new_high()
@@ -227,10 +231,22 @@ class LiveTensorMeter(TorchDispatchMode):
         except Exception:  # a storage whose address cannot be read: no owner for it
             return None
 
+    def _count(self, cell: list, on_cpu: bool) -> None:
+        """A storage of cell[1] bytes is born; glibc's heap serves it if it is on the CPU and
+        below the mmap threshold (larger requests are mmapped, and given back when freed)."""
+        size = cell[1]
+        self.live += size
+        cell[2] = on_cpu and size < self.mmap_threshold
+        if cell[2]:
+            self.heap_live += size
+            self.heap_high_water = max(self.heap_high_water, self.heap_live)
+
     def _release(self, cell: list) -> None:
         with self._lock:
-            serial, size = cell
+            serial, size, on_heap = cell
             self.live -= size
+            if on_heap:
+                self.heap_live -= size
             if self._dynamic_threshold and self.mmap_threshold < size <= MMAP_THRESHOLD_MAX:
                 self.mmap_threshold = size  # glibc's rule when a block it mmapped is freed
             row = self._table.pop(serial, None)
@@ -340,7 +356,8 @@ class LiveTensorProbe:
 
     def entry(self, start: int, end: int, peak: int) -> dict:
         return {"start": start, "end": end, "peak": peak,
-                "allocator_threshold": self._meter.mmap_threshold}
+                "allocator_threshold": self._meter.mmap_threshold,
+                "heap_high_water": self._meter.heap_high_water}
 
     def describe(self) -> dict:
         method = "torch dispatch mode, storages counted once"

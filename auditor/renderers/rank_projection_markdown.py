@@ -4,7 +4,9 @@ auditor.analysis.rank_projection (RankProjection, HeldOutRow, HeldOutFindings); 
 formats it."""
 from __future__ import annotations
 
-from auditor.analysis.rank_projection import HeldOutFindings, HeldOutRow, ProjectedWorld, RankProjection, WorstRank
+from auditor.analysis.rank_projection import (HeldOutFindings, HeldOutRow, ProjectedRank, ProjectedWorld,
+                                              RankProjection, WorstRank)
+from auditor.allocator_retention import HEAP_KEEPS_AT_MOST
 from auditor.units import size
 
 BASIS = ("Basis: *live tensors* are the traced run's (rank r of N on torch's fake process group, "
@@ -15,10 +17,14 @@ BASIS = ("Basis: *live tensors* are the traced run's (rank r of N on torch's fak
          "allocator's retention growth. That holds where glibc's mmap threshold stays fixed while the "
          "ranks run, the audited ones included (`MALLOC_MMAP_THRESHOLD_=131072` in their environment: "
          "freed blocks of 128 KiB and more go back to the system). Under glibc's default the threshold "
-         "rises to the largest block freed, the main thread's heap keeps the space that freed gathered "
-         "layers and gradients leave, and real ranks hold more than the retention model gives: the "
-         "figure is then a lower estimate, marked so (reports/rank-projection-cpu.md measures both "
-         "against real gloo ranks, and where the rest goes). A rank marked *as r* was not traced "
+         "rises to the largest block freed (at most 32 MiB), the main thread's heap keeps the space "
+         "that freed gathered layers and gradients below it leave, and real ranks hold more than the "
+         "retention model gives: up to 2.4 times the growth of the heap's high water (the most bytes "
+         "of tensors below the threshold alive at once, traced against audited), printed beside the "
+         "figure as *heap may keep*. Where that is more than 5% of the figure (or the records do not "
+         "keep it) the figure is a lower estimate, marked so; a model whose largest blocks are above "
+         "32 MiB, as a 7B model's are, has them mmapped and given back (reports/rank-projection-cpu.md "
+         "measures each case against real gloo ranks, and where the rest goes). A rank marked *as r* was not traced "
          "itself: its shards have the shapes of rank r's, which was (ranks other than 0 with equal "
          "shards run the same program on the same shapes).")
 
@@ -35,9 +41,17 @@ def ranks_table(worlds: list[ProjectedWorld]) -> list[str]:
             lines.append(f"| {world.world_size} | {r.rank} | {traced} | {size(whole.live_tensors)} | "
                          f"`{whole.live_stage}` | {size(part.live_tensors)} | `{part.live_stage}` | "
                          f"{size(part.estimated) if measured else 'not measured'} | "
-                         f"{size(part.live_tensors_upper)} | {size(part.rss)}"
-                         f"{' (lower estimate)' if r.rss_is_lower_estimate else ''} | `{part.rss_stage}` |")
+                         f"{size(part.live_tensors_upper)} | {rss_text(r)} | `{part.rss_stage}` |")
     return lines
+
+
+def rss_text(rank: ProjectedRank) -> str:
+    """The sharded part's projected RSS, with what glibc's heap may keep beyond it."""
+    may_add = rank.sharded.rss_may_add
+    text = size(rank.sharded.rss)
+    if rank.rss_is_lower_estimate:
+        return text + (" (lower estimate)" if not may_add else f" (lower estimate: heap may keep {size(may_add)} more)")
+    return text + (f" (heap may keep {size(may_add)} more)" if may_add else "")
 
 
 def devices_table(projection: RankProjection) -> list[str]:
@@ -90,6 +104,12 @@ def validation_findings(found: HeldOutFindings) -> list[str]:
     live, stage, rss = found.live, found.every_stage, found.rss
     (low, high), (least, most) = found.rss_range, found.beyond_live
     outside = [f"rank {r.rank} of {r.world_size}" for r in found.outside_upper]
+    if found.outside_may_add is None:
+        bound = "- What glibc's heap may keep: not known (the records do not keep the heap's high water)."
+    else:
+        missed = [f"rank {r.rank} of {r.world_size}" for r in found.outside_may_add]
+        bound = (f"- Real peak RSS within the projected + what glibc's heap may keep (+{found.rss_limit:.0%}): "
+                 + ("every rank." if not missed else "**not on " + ", ".join(missed) + "**."))
     return ["What the held-out check above found (read off its rows):",
             f"- Peak live tensors: worst {live.error:+.2%} ({where(live)}); every stage: worst {stage.error:+.2%} "
             f"({where(stage)}). Target ±{found.live_limit:.0%}: {met(found.live_met)} "
@@ -103,7 +123,10 @@ def validation_findings(found: HeldOutFindings) -> list[str]:
                 ", with glibc's mmap threshold fixed in every run (audited, traced and real ranks)."
                 if found.threshold_fixed else
                 " under glibc's default malloc; where the rest goes is measured below (*Where the "
-                "missing RSS is*). Live tensors are the projected quantity here; RSS is a lower estimate.")]
+                "missing RSS is*)." + (f" Where glibc's heap may keep more than {found.rss_limit:.0%} of the "
+                                       "projected RSS (or the records do not say), RSS is a lower estimate."
+                                       if found.rss_lower_estimate else "")),
+            bound]
 
 
 def retention_section(data: dict) -> list[str]:
@@ -161,20 +184,38 @@ def sweep_section(data: dict) -> list[str]:
     sharding and at the prune's peak, size by size, with each malloc."""
     lines = ["| hidden | ranks | malloc | mmap threshold after the prune | prune: peak live tensors | peak RSS | "
              "RSS beyond live tensors: after sharding | at the prune's peak | the prune added | "
-             "added / live tensors |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "added / live tensors | heap high water | added beyond the fixed run / heap high water |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     def grown(row: dict) -> int:  # what the prune added beyond its live tensors
         return row["rss"] - row["live"] - row["beyond_after_sharding"]
 
+    fixed_run = {(r["hidden"], r["ranks"]): r for r in data["rows"] if r["malloc"] != "default"}
+
+    def kept(row: dict) -> float | None:  # what the default kept beyond the fixed run, per heap byte
+        other, water = fixed_run.get((row["hidden"], row["ranks"])), row.get("heap_high_water")
+        if row["malloc"] != "default" or other is None or not water:
+            return None
+        return (grown(row) - grown(other)) / water
+
     added: dict[str, list[tuple[int, float]]] = {}
     for r in data["rows"]:
-        beyond = r["rss"] - r["live"]
+        beyond, ratio, water = r["rss"] - r["live"], kept(r), r.get("heap_high_water")
         added.setdefault(r["malloc"], []).append((grown(r), grown(r) / r["live"]))
         lines.append(f"| {r['hidden']} | {r['ranks']} | {r['malloc']} | {size(r['threshold'])} | {size(r['live'])} | "
                      f"{size(r['rss'])} | {size(r['beyond_after_sharding'])} | {size(beyond)} | {size(grown(r))} | "
-                     f"{grown(r) / r['live']:.2f} |")
+                     f"{grown(r) / r['live']:.2f} | {size(water) if water is not None else 'not kept'} | "
+                     f"{'-' if ratio is None else f'{ratio:.2f}'} |")
     said = [f"- {malloc}: the prune added {size(min(g for g, _ in rows))} to {size(max(g for g, _ in rows))} "
             f"beyond its live tensors, {min(x for _, x in rows):.2f} to {max(x for _, x in rows):.2f} times them."
             for malloc, rows in added.items()]
+    ratios = [x for x in map(kept, data["rows"]) if x is not None]
+    if ratios:
+        said.append(f"- The default malloc kept {min(ratios):.2f} to {max(ratios):.2f} times its heap high water more "
+                    "than the same run with the threshold fixed (its high water: the most bytes of tensors below "
+                    "the threshold alive at once, from the live-tensor meter). The projection takes "
+                    f"{HEAP_KEEPS_AT_MOST} times the high water's growth as what glibc's heap may keep beyond it"
+                    + ("" if max(ratios) <= HEAP_KEEPS_AT_MOST else
+                       f" (**below the {max(ratios):.2f} measured here**)") + ".")
     most = max((r for r in data["rows"] if r["malloc"] == "default"), key=grown, default=None)
     largest = max(r["hidden"] for r in data["rows"])
     if most is not None and most["hidden"] != largest:
@@ -191,13 +232,14 @@ def sweep_section(data: dict) -> list[str]:
 
 def validation_table(rows: list[HeldOutRow]) -> list[str]:
     lines = ["| ranks | rank | real peak live tensors | projected (traced) | error | every stage (worst) | "
-             "sharded part: error | real within the upper bound | real peak RSS | projected | error |",
-             "|---:|---:|---:|---:|---:|---|---:|---|---:|---:|---:|"]
+             "sharded part: error | real within the upper bound | real peak RSS | projected | error | "
+             "heap may keep |", "|---:|---:|---:|---:|---:|---|---:|---|---:|---:|---:|---:|"]
     for row in rows:
         e = row.errors
         lines.append(f"| {row.world_size} | {row.rank} | {size(e.real.live_tensors)} | "
                      f"{size(row.projected_live)} | {e.live_tensors:+.2%} | {e.every_stage:+.2%} "
                      f"(`{e.every_stage_worst}`) | {e.sharded_live_tensors:+.2%} | "
                      f"{'yes' if e.within_upper else '**no**'} | {size(e.real.rss)} | "
-                     f"{size(row.projected_rss)} | {e.rss:+.2%} |")
+                     f"{size(row.projected_rss)} | {e.rss:+.2%} | "
+                     f"{'not known' if row.rss_may_add is None else size(row.rss_may_add)} |")
     return lines
