@@ -5,6 +5,8 @@
     .venv/bin/python benchmarks/rank_projection.py validate --run-dir runs/rank-projection
     # the same with glibc's mmap threshold fixed in every rank (MALLOC_MMAP_THRESHOLD_=131072)
     .venv/bin/python benchmarks/rank_projection.py validate --run-dir runs/rank-projection --malloc fixed
+    # a second held-out size, in the target's regime: its largest blocks above glibc's 32 MiB cap
+    .venv/bin/python benchmarks/rank_projection.py validate --run-dir runs/rank-projection --scale large
 
     # the target: Mistral-7B traced at 2, 4 and 8 ranks (one rank per shard class), paired with the
     # small size's real ranks
@@ -22,7 +24,8 @@ above, memray files left out): `render --run-dir reports/rank-projection-cpu-run
 reports/rank-projection-cpu.md` makes the committed report again, byte for byte.
 
 Each step writes its rows as JSON in the run folder (validation.json, projection-TARGET.json);
-`render` writes the markdown from them, with the commands the steps ran.
+`render` writes the markdown from them, with the commands the steps ran. A step run again on the
+same folder reuses the runs and traces it finds there, and recomputes its rows.
 """
 from __future__ import annotations
 
@@ -89,6 +92,9 @@ def validate(args) -> None:
     real_small = small_real(run_dir, name=f"small-2-ranks{suffix}")
     size, scale_suffix = SCALES[args.scale]
     target = settings(ARCH, size)
+    output = run_dir / f"validation{scale_suffix}{suffix}.json"
+    reused = output.is_file() and all((run_dir / f"{kind}-{world}-ranks{scale_suffix}{suffix}").is_dir()
+                                      for kind in ("traced", "held-out") for world in args.world_size)
     rows = []
     for world in args.world_size:
         folder = f"{world}-ranks{scale_suffix}{suffix}"
@@ -96,9 +102,10 @@ def validate(args) -> None:
         projected = project_ranks(real_small, {world: traced})[0]
         real = finished_or_run(target, world, run_dir / f"held-out-{folder}")
         rows += [asdict(held_out_row(world, r, real[r.rank])) for r in projected.ranks]
-    _write(run_dir / f"validation{scale_suffix}{suffix}.json",
-           {"rows": rows, "small": SMALL, "held_out": size, "scale": _scale(SMALL, size),
-            "seconds": time.perf_counter() - start})
+    # rows recomputed from the runs an earlier step left keep that step's time and load
+    timing = ({key: json.loads(output.read_text())[key] for key in ("seconds", "load_average")} if reused
+              else {"seconds": time.perf_counter() - start})
+    _write(output, {"rows": rows, "small": SMALL, "held_out": size, "scale": _scale(SMALL, size), **timing})
 
 
 def use_malloc(regime: str) -> str:
@@ -152,8 +159,8 @@ def _scale(small: dict, large: dict) -> float:
 
 def _write(path: Path, data: dict) -> None:
     load = os.getloadavg()
-    data = {**data, "command": shlex.join(["benchmarks/rank_projection.py", *sys.argv[1:]]),
-            "load_average": [round(x, 2) for x in load]}
+    data = {"command": shlex.join(["benchmarks/rank_projection.py", *sys.argv[1:]]),
+            "load_average": [round(x, 2) for x in load], **data}
     path.write_text(json.dumps(data, indent=1, default=str) + "\n")
     print(f"wrote {path}")
 
@@ -215,9 +222,10 @@ def render(args) -> None:
                   f"Audited for real: `{ARCH}` with {v['small']} on 2 ranks. Projected (traced, every rank) and "
                   f"then run for real with torchrun: {v['held_out']}, {v['scale']:.1f}x the parameters, at "
                   f"{' and '.join(sorted({str(r['world_size']) for r in v['rows']}))} ranks, with {malloc}. "
-                  + ("At this size the largest blocks (the embeddings and the output layer, each gathered layer, "
-                     "its gradients) are above glibc's 32 MiB cap on the mmap threshold, as a 7B model's are: "
-                     "they are mmapped and given back when freed, whatever the threshold does. " if large else "")
+                  + ("At this size the largest blocks (the embedding and the output layer, each gathered layer, "
+                     "the MLP's weights and their gradients) are above glibc's 32 MiB cap on the mmap threshold, "
+                     "as a 7B model's are: they are mmapped and given back when freed, whatever the threshold "
+                     "does; the blocks below it still come from the heap (*heap may keep*). " if large else "")
                   + f"Settings: {SETTINGS}. Targets as for single-process traced projection: "
                   "peak live tensors within 2% (run and every stage), RSS within 5%.", "",
                   *md.validation_table(rows), "", *md.validation_findings(held_out_findings(rows)), "",
@@ -225,9 +233,9 @@ def render(args) -> None:
     retention = run_dir / "rss-retention.json"
     if retention.is_file():
         lines += [*md.retention_section(json.loads(retention.read_text())), ""]
-    sweep = run_dir / "rss-sweep.json"
-    if sweep.is_file():
-        lines += [*md.sweep_section(json.loads(sweep.read_text())), ""]
+    sweeps = sorted(run_dir.glob("rss-sweep*.json"), key=lambda p: (len(p.name), p.name))  # then -2, -3...
+    if sweeps:
+        lines += [*md.sweep_section([json.loads(path.read_text()) for path in sweeps]), ""]
     for path in sorted(run_dir.glob("projection-*.json"), key=lambda p: (FIXED_SUFFIX in p.name, p.name)):
         p = json.loads(path.read_text())
         fixed = p.get("malloc") == "fixed"

@@ -8,7 +8,8 @@ ranks on torch's fake process group at each world size (auditor.jobs.rank_projec
 traced rank with a real one (auditor.analysis.rank_projection) and writes the report
 (auditor.renderers.rank_projection_markdown) and `rank-projection.json` into the run folder.
 The real ranks run with this environment's glibc malloc settings: projected RSS holds for ranks
-run with the mmap threshold fixed (MALLOC_MMAP_THRESHOLD_), and is a lower estimate otherwise.
+run with the mmap threshold fixed (MALLOC_MMAP_THRESHOLD_); under glibc's default each rank says
+what the heap may keep beyond it, and is a lower estimate where that is more than 5% of it.
 
 Exit status: 0 done; 1 a real or traced run failed; 2 bad input; 130 Ctrl-C.
 """

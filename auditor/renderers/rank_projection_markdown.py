@@ -173,42 +173,45 @@ def retention_section(data: dict) -> list[str]:
             "freed, gathered layers and gradients come from the heap, and the space they leave is kept. The "
             "projection's retention growth (auditor.allocator_retention: 1.5 x threads x the threshold's rise, "
             "measured on single-process runs) is far below what this sharded program keeps; it is not refitted "
-            "to these runs, which are the held-out check. With the threshold fixed in every rank there is "
-            "little to model, and the projection holds (the held-out check with the threshold fixed, above, "
-            "where the report has one).", "",
+            "to these runs, which are the held-out check. What the heap may keep beyond it is bounded instead by "
+            "how much the heap served (*heap may keep*, from the sweep below). With the threshold fixed in every "
+            "rank there is little to model, and the projection holds (the held-out check with the threshold "
+            "fixed, above, where the report has one).", "",
             f"`{data['command']}`"]
 
 
-def sweep_section(data: dict) -> list[str]:
-    """benchmarks/rank_rss_retention.py --sweep's rows: rank 0's RSS beyond live tensors after
-    sharding and at the prune's peak, size by size, with each malloc."""
-    lines = ["| hidden | ranks | malloc | mmap threshold after the prune | prune: peak live tensors | peak RSS | "
+def sweep_section(runs: list[dict]) -> list[str]:
+    """benchmarks/rank_rss_retention.py --sweep's rows, of one or more runs of it: rank 0's RSS
+    beyond live tensors after sharding and at the prune's peak, size by size, with each malloc."""
+    rows = [{**row, "run": n} for n, data in enumerate(runs, 1) for row in data["rows"]]
+    lines = ["| run | hidden | ranks | malloc | mmap threshold after the prune | prune: peak live tensors | peak RSS | "
              "RSS beyond live tensors: after sharding | at the prune's peak | the prune added | "
              "added / live tensors | heap high water | added beyond the fixed run / heap high water |",
-             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
     def grown(row: dict) -> int:  # what the prune added beyond its live tensors
         return row["rss"] - row["live"] - row["beyond_after_sharding"]
 
-    fixed_run = {(r["hidden"], r["ranks"]): r for r in data["rows"] if r["malloc"] != "default"}
+    fixed_run = {(r["run"], r["hidden"], r["ranks"]): r for r in rows if r["malloc"] != "default"}
 
     def kept(row: dict) -> float | None:  # what the default kept beyond the fixed run, per heap byte
-        other, water = fixed_run.get((row["hidden"], row["ranks"])), row.get("heap_high_water")
+        other, water = fixed_run.get((row["run"], row["hidden"], row["ranks"])), row.get("heap_high_water")
         if row["malloc"] != "default" or other is None or not water:
             return None
         return (grown(row) - grown(other)) / water
 
     added: dict[str, list[tuple[int, float]]] = {}
-    for r in data["rows"]:
+    for r in rows:
         beyond, ratio, water = r["rss"] - r["live"], kept(r), r.get("heap_high_water")
         added.setdefault(r["malloc"], []).append((grown(r), grown(r) / r["live"]))
-        lines.append(f"| {r['hidden']} | {r['ranks']} | {r['malloc']} | {size(r['threshold'])} | {size(r['live'])} | "
+        lines.append(f"| {r['run']} | {r['hidden']} | {r['ranks']} | {r['malloc']} | {size(r['threshold'])} | {size(r['live'])} | "
                      f"{size(r['rss'])} | {size(r['beyond_after_sharding'])} | {size(beyond)} | {size(grown(r))} | "
                      f"{grown(r) / r['live']:.2f} | {size(water) if water is not None else 'not kept'} | "
                      f"{'-' if ratio is None else f'{ratio:.2f}'} |")
-    said = [f"- {malloc}: the prune added {size(min(g for g, _ in rows))} to {size(max(g for g, _ in rows))} "
-            f"beyond its live tensors, {min(x for _, x in rows):.2f} to {max(x for _, x in rows):.2f} times them."
-            for malloc, rows in added.items()]
-    ratios = [x for x in map(kept, data["rows"]) if x is not None]
+    said = [f"- {malloc}: the prune added {size(min(g for g, _ in found))} to {size(max(g for g, _ in found))} "
+            f"beyond its live tensors, {min(x for _, x in found):.2f} to {max(x for _, x in found):.2f} times them."
+            for malloc, found in added.items()]
+    ratios = [x for x in map(kept, rows) if x is not None]
     if ratios:
         said.append(f"- The default malloc kept {min(ratios):.2f} to {max(ratios):.2f} times its heap high water more "
                     "than the same run with the threshold fixed (its high water: the most bytes of tensors below "
@@ -216,18 +219,21 @@ def sweep_section(data: dict) -> list[str]:
                     f"{HEAP_KEEPS_AT_MOST} times the high water's growth as what glibc's heap may keep beyond it"
                     + ("" if max(ratios) <= HEAP_KEEPS_AT_MOST else
                        f" (**below the {max(ratios):.2f} measured here**)") + ".")
-    most = max((r for r in data["rows"] if r["malloc"] == "default"), key=grown, default=None)
-    largest = max(r["hidden"] for r in data["rows"])
+    most = max((r for r in rows if r["malloc"] == "default"), key=grown, default=None)
+    largest = max(r["hidden"] for r in rows)
     if most is not None and most["hidden"] != largest:
         said.append(f"- With the default malloc the prune added most at hidden {most['hidden']} on {most['ranks']} "
-                    f"ranks (threshold {size(most['threshold'])}; the sweep's largest size is hidden {largest}), "
+                    f"ranks in run {most['run']} (threshold {size(most['threshold'])}; the sweep's largest size is hidden {largest}), "
                     "so what is added follows how glibc's threshold meets the program's block sizes, not the size "
                     "alone.")
+    each = "once" if len(runs) == 1 else f"in {len(runs)} runs of the sweep, once in each"
     return ["### RSS beyond live tensors, size by size", "",
             "Rank 0 of a real run at five sizes from the small (hidden 128) to the held-out one (hidden 512), "
-            "once each: its RSS beyond live tensors when `shard model` ended and at the prune's peak. What the "
+            f"{each}: its RSS beyond live tensors when `shard model` ended and at the prune's peak. What the "
             "prune adds beyond its tensors is what a projection has to carry from the audited size to the "
-            "target.", "", *lines, "", *said, "", f"`{data['command']}`"]
+            "target.", "", *lines, "", *said, "",
+            *([f"`{runs[0]['command']}`"] if len(runs) == 1 else
+              [f"- run {n}: `{data['command']}`" for n, data in enumerate(runs, 1)])]
 
 
 def validation_table(rows: list[HeldOutRow]) -> list[str]:
