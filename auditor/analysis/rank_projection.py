@@ -79,10 +79,7 @@ class ProjectedRank:
     @property
     def rss_is_lower_estimate(self) -> bool:
         """Whether real RSS may be above the sharded part's projected RSS by more than RSS_LIMIT."""
-        if self.threshold_fixed:
-            return False
-        may_add = self.sharded.rss_may_add
-        return may_add is None or may_add > RSS_LIMIT * self.sharded.rss
+        return lower_estimate(self.threshold_fixed, self.sharded.rss, self.sharded.rss_may_add)
 
     @classmethod
     def from_json(cls, data: dict) -> ProjectedRank:
@@ -167,10 +164,7 @@ class HeldOutRow:
 
     @property
     def rss_is_lower_estimate(self) -> bool:
-        """As ProjectedRank's: real RSS may be above the projected by more than RSS_LIMIT."""
-        if self.threshold_fixed:
-            return False
-        return self.rss_may_add is None or self.rss_may_add > RSS_LIMIT * self.projected_rss
+        return lower_estimate(self.threshold_fixed, self.projected_rss, self.rss_may_add)
 
     @classmethod
     def from_json(cls, data: dict) -> HeldOutRow:
@@ -237,6 +231,12 @@ def project_rank(rank: int, traced_record: RunRecord, real: dict[int, RunRecord]
                          paired_real_rank=paired, retained_buffer=retained, whole=_peak(stages, retained),
                          sharded=_peak(sharded, retained), stages=stages,
                          data_dependent=projection["data_dependent"], threshold_fixed=fixed)
+
+
+def lower_estimate(fixed: bool | None, rss: int, may_add: int | None) -> bool:
+    """Whether a projected RSS is a lower estimate: glibc's threshold was not fixed and its heap
+    may keep more than RSS_LIMIT of it beyond it (or the records do not say how much)."""
+    return not fixed and (may_add is None or may_add > RSS_LIMIT * rss)
 
 
 def threshold_fixed(record: RunRecord) -> bool | None:

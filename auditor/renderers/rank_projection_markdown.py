@@ -4,8 +4,8 @@ auditor.analysis.rank_projection (RankProjection, HeldOutRow, HeldOutFindings); 
 formats it."""
 from __future__ import annotations
 
-from auditor.analysis.rank_projection import (HeldOutFindings, HeldOutRow, ProjectedRank, ProjectedWorld,
-                                              RankProjection, WorstRank)
+from auditor.analysis.rank_projection import (RSS_LIMIT, HeldOutFindings, HeldOutRow, ProjectedRank,
+                                              ProjectedWorld, RankProjection, WorstRank)
 from auditor.allocator_retention import HEAP_KEEPS_AT_MOST
 from auditor.units import size
 
@@ -19,9 +19,9 @@ BASIS = ("Basis: *live tensors* are the traced run's (rank r of N on torch's fak
          "freed blocks of 128 KiB and more go back to the system). Under glibc's default the threshold "
          "rises to the largest block freed (at most 32 MiB), the main thread's heap keeps the space "
          "that freed gathered layers and gradients below it leave, and real ranks hold more than the "
-         "retention model gives: up to 2.4 times the growth of the heap's high water (the most bytes "
-         "of tensors below the threshold alive at once, traced against audited), printed beside the "
-         "figure as *heap may keep*. Where that is more than 5% of the figure (or the records do not "
+         f"retention model gives: up to {HEAP_KEEPS_AT_MOST} times the growth of the heap's high water (the "
+         "most bytes of tensors below the threshold alive at once, traced against audited), printed beside "
+         f"the figure as *heap may keep*. Where that is more than {RSS_LIMIT:.0%} of the figure (or the records do not "
          "keep it) the figure is a lower estimate, marked so; a model whose largest blocks are above "
          "32 MiB, as a 7B model's are, has them mmapped and given back (reports/rank-projection-cpu.md "
          "measures each case against real gloo ranks, and where the rest goes). A rank marked *as r* was not traced "
@@ -166,6 +166,7 @@ def retention_section(data: dict) -> list[str]:
             f"- From the small to the held-out size, RSS beyond live tensors grew by "
             f"{size(beyond('held-out', 'default') - beyond('small', 'default'))} with the default malloc and by "
             f"{size(beyond('held-out', fixed) - beyond('small', fixed))} with the threshold fixed.",
+            *_repeatability(by["held-out", "default"], by["held-out", fixed]),
             f"- The main arena held {size(main_free('held-out'))} free at the held-out size "
             f"({size(main_free('small'))} at the small one); the other threads' arenas, gloo's included, held "
             f"{size(others_held('held-out'))} in all ({size(others_held('small'))}).",
@@ -178,6 +179,19 @@ def retention_section(data: dict) -> list[str]:
             "rank there is little to model, and the projection holds (the held-out check with the threshold "
             "fixed, above, where the report has one).", "",
             f"`{data['command']}`"]
+
+
+def _repeatability(default: dict, fixed: dict) -> list[str]:
+    """How far the same rank's RSS spread over repeated runs, with each malloc, against the RSS target."""
+    def spread(row: dict) -> tuple[int, float]:
+        low, high = row["beyond_range"]
+        return high - low, (high - low) / row["rss"]
+    (wide, share), (narrow, fixed_share) = spread(default), spread(fixed)
+    verdict = (f" Under glibc's default the same run varies by more than the {RSS_LIMIT:.0%} the projection is "
+               "held to; with the threshold fixed it does not." if share > RSS_LIMIT >= fixed_share else "")
+    return [f"- The same rank run {default['runs']} times at the held-out size: its RSS beyond live tensors spread "
+            f"over {size(wide)} with the default malloc ({share:.1%} of its peak RSS) and over {size(narrow)} with "
+            f"the threshold fixed ({fixed_share:.1%}).{verdict}"]
 
 
 def sweep_section(runs: list[dict]) -> list[str]:
