@@ -44,9 +44,10 @@ from auditor.record_schema import RunRecord
 # target's intermediate size (1378) and vocabulary (8191) do not split evenly over 4 ranks.
 SMALL = dict(layers=2, hidden=128, heads=4, intermediate=344, vocab=4096)
 HELD_OUT = dict(layers=2, hidden=512, heads=8, intermediate=1378, vocab=8191)
-# `--scale large`: a second held-out size in the target's regime, where the largest blocks
-# (embeddings, gathered layers, their gradients) are above glibc's 32 MiB cap on its mmap
-# threshold, so they are mmapped and given back when freed whatever the threshold does
+# `--scale large`: a second held-out size in the target's regime, where the largest blocks (the
+# embedding and output layer, gathered layers, the MLP's weights and gradients) are above glibc's
+# 32 MiB cap on its mmap threshold, so they are mmapped and given back when freed whatever the
+# threshold does
 LARGE = dict(layers=2, hidden=2048, heads=16, intermediate=5632, vocab=32000)
 SCALES = {"held-out": (HELD_OUT, ""), "large": (LARGE, "-large")}  # --scale -> size, folder suffix
 ARCH = "mistral-7b"
@@ -206,18 +207,18 @@ def render(args) -> None:
     lines = ["# Per-rank projection of sharded GradProbe (FSDP2) at target world sizes", "",
              "<!-- made by: " + shlex.join(["benchmarks/rank_projection.py", *sys.argv[1:]]) + " -->", "",
              md.BASIS, "", NOTES, ""]
-    checks = [(SCALES["held-out"][1] + FIXED_SUFFIX * fixed, fixed) for fixed in (False, True)]
-    for suffix, fixed in [*checks, (SCALES["large"][1], False)]:
+    large_suffix = SCALES["large"][1]
+    for suffix, title, fixed in (("", "", False), (FIXED_SUFFIX, ", glibc's mmap threshold fixed", True),
+                                 (large_suffix, ", a large size", False)):
         validation = run_dir / f"validation{suffix}.json"
         if not validation.is_file():
             continue
         v = json.loads(validation.read_text())
         rows = [HeldOutRow.from_json(row) for row in v["rows"]]
-        large = suffix == SCALES["large"][1]
+        large = suffix == large_suffix
         malloc = (f"glibc's mmap threshold fixed at {FIXED_THRESHOLD:,} bytes in every rank "
                   f"(`MALLOC_MMAP_THRESHOLD_={FIXED_THRESHOLD}`), the audited ones included" if fixed
                   else "glibc's default malloc")
-        title = ", glibc's mmap threshold fixed" if fixed else ", a large size" if large else ""
         lines += [f"## Held-out check{title}: projected ranks against real torchrun ranks (gloo, CPU)", "",
                   f"Audited for real: `{ARCH}` with {v['small']} on 2 ranks. Projected (traced, every rank) and "
                   f"then run for real with torchrun: {v['held_out']}, {v['scale']:.1f}x the parameters, at "

@@ -255,12 +255,11 @@ def _heap_may_keep(audited: RunRecord, traced: RunRecord, path: str) -> int | No
 def _heap_high_water(record: RunRecord, path: str) -> int | None:
     """The heap high water when `path` first ended; for a stage the record does not have (a
     later call of a loop), the run's (it only grows)."""
-    finished = [s.live_tensors.heap_high_water for s in record.stages
-                if s.status != "open" and s.live_tensors is not None and s.path == path]
-    if not finished:
-        finished = [max((s.live_tensors.heap_high_water for s in record.stages if s.live_tensors is not None
-                         and s.live_tensors.heap_high_water is not None), default=None)]
-    return finished[0]
+    for stage in record.stages:
+        if stage.path == path and stage.status != "open" and stage.live_tensors is not None:
+            return stage.live_tensors.heap_high_water
+    return max((s.live_tensors.heap_high_water for s in record.stages
+                if s.live_tensors is not None and s.live_tensors.heap_high_water is not None), default=None)
 
 
 def _peak(stages: list[dict], retained: int) -> RankPeak:
