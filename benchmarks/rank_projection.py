@@ -73,15 +73,23 @@ def small_real(run_dir: Path, chosen: dict = SETTINGS, name: str = "small-2-rank
 def finished_or_run(chosen, world_size: int, folder: Path) -> dict[int, RunRecord]:
     """Real ranks' records: the ones a finished earlier run left in `folder`, else a new torchrun
     (so a step run again after an analysis change recomputes its rows without rerunning them)."""
-    from auditor.analysis.ranks import load_ranks
     from auditor.jobs.rank_projection import real_ranks
-    if folder.is_dir():
-        found = load_ranks(folder)
-        if sorted(found) != list(range(world_size)) or any(
-                r.annotations["workload"]["settings"] != asdict(chosen) for r in found.values()):
-            raise SystemExit(f"{folder} holds another run: choose a new --run-dir")
-        return found
-    return real_ranks(chosen, world_size, folder)
+    found = finished_ranks(chosen, world_size, folder)
+    return found if found is not None else real_ranks(chosen, world_size, folder)
+
+
+def finished_ranks(chosen, world_size: int, folder: Path) -> dict[int, RunRecord] | None:
+    """The records of a finished run of `chosen` in `folder` (None: no folder); a folder holding
+    another run is bad input: one line, exit status 2."""
+    from auditor.analysis.ranks import load_ranks
+    if not folder.is_dir():
+        return None
+    found = load_ranks(folder)
+    if sorted(found) != list(range(world_size)) or any(
+            r.annotations["workload"]["settings"] != asdict(chosen) for r in found.values()):
+        print(f"rank_projection.py: error: {folder} holds another run: choose a new --run-dir", file=sys.stderr)
+        raise SystemExit(2)
+    return found
 
 
 def validate(args) -> None:
@@ -90,9 +98,11 @@ def validate(args) -> None:
     run_dir = Path(args.run_dir)
     start = time.perf_counter()
     suffix = use_malloc(args.malloc)
-    real_small = small_real(run_dir, name=f"small-2-ranks{suffix}")
     size, scale_suffix = SCALES[args.scale]
     target = settings(ARCH, size)
+    for world in args.world_size:  # a folder holding another run is refused before any work
+        finished_ranks(target, world, run_dir / f"held-out-{world}-ranks{scale_suffix}{suffix}")
+    real_small = small_real(run_dir, name=f"small-2-ranks{suffix}")
     output = run_dir / f"validation{scale_suffix}{suffix}.json"
     reused = output.is_file() and all((run_dir / f"{kind}-{world}-ranks{scale_suffix}{suffix}").is_dir()
                                       for kind in ("traced", "held-out") for world in args.world_size)

@@ -242,3 +242,20 @@ def test_the_retention_section_says_when_the_same_run_varies_more_than_the_targe
     assert "spread over 43.0 MiB with the default malloc (6.6% of its peak RSS)" in text
     assert "varies by more than the 5%" in text
     assert "varies" not in _repeatability({**default, "beyond_range": [500 * MiB, 520 * MiB]}, fixed)[0]
+
+
+def test_the_benchmark_refuses_a_run_folder_holding_another_run_before_any_work(tmp_path):
+    """benchmarks/rank_projection.py validate reuses finished runs; one of other settings is bad input."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    shutil.copytree(root / "reports/rank-projection-cpu-runs/held-out-2-ranks", tmp_path / "held-out-2-ranks-large")
+    done = subprocess.run([sys.executable, str(root / "benchmarks/rank_projection.py"), "validate", "--run-dir",
+                           str(tmp_path), "--scale", "large", "--world-size", "2"],
+                          capture_output=True, text=True, timeout=120, cwd=root)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"rank_projection.py: error: {tmp_path / 'held-out-2-ranks-large'} holds another run: choose a new --run-dir"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["held-out-2-ranks-large"]  # nothing run, nothing written
