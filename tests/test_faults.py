@@ -168,6 +168,33 @@ def test_a_script_that_handles_sigterm_itself_keeps_its_own_ending(tmp_path):
     assert stages_of(record.to_json()) == [("load", "ok"), ("wait", "failed")]
 
 
+# `auditor run`, with a SIGTERM sent to itself the moment the audit starts writing its record:
+# where torchrun's lands on a rank that had just finished when another rank failed.
+SIGTERM_AS_THE_RECORD_IS_WRITTEN = """
+    import os, signal, sys
+    from auditor.audit import Audit
+    finish = Audit._finish
+    def finish_under_sigterm(self, exc):
+        os.kill(os.getpid(), signal.SIGTERM)
+        finish(self, exc)
+    Audit._finish = finish_under_sigterm
+    from auditor.cli import main
+    sys.exit(main(["run", "--out", sys.argv[1], sys.argv[2]]))
+"""
+
+
+def test_a_sigterm_while_the_record_is_written_waits_for_it(tmp_path):
+    script = write_script(tmp_path, STAGED.replace('print("ready", flush=True)', "pass")
+                          .replace("time.sleep(60)", "pass"))
+    driver = write_script(tmp_path, SIGTERM_AS_THE_RECORD_IS_WRITTEN, "driver.py")
+    result = run([sys.executable, driver, tmp_path / "run", script], tmp_path)
+    assert result.returncode == -signal.SIGTERM, result.stderr  # ended by it, as python would be
+    record = auditor.load(tmp_path / "run")  # a finished record: run.json, written first
+    assert stages_of(record.to_json()) == FINISHED_BEFORE_THE_FAULT + [("wait", "ok")]
+    assert record.exit.status == "ok"
+    assert_no_auditor_traceback(result.stderr)
+
+
 def test_sigkill_mid_stage_loses_no_finished_stage_and_still_reports(tmp_path):
     fault = signalled(tmp_path, signal.SIGKILL)
     folder = fault.folder

@@ -191,15 +191,16 @@ def _run_script(audit, script: Path) -> int:
     except OSError as error:  # the folder broke between the checks and now
         raise UsageError(f"cannot write the run record in {str(audit.folder)!r}: "
                          f"{error.strerror or error}") from None
-    error, cwd = None, os.getcwd()
+    error, cwd, sigterm = None, os.getcwd(), _Sigterm()
     try:
-        with _sigterm_interrupts():
+        with sigterm.interrupting():
             runpy.run_path(str(script), run_name="__main__")
     except BaseException as raised:  # the script's own ending: the record says how it ended
         error = raised
     finally:
-        os.chdir(cwd)  # a script that changed folder: the paths the user gave mean what they did
-        audit.__exit__(type(error) if error else None, error, error.__traceback__ if error else None)
+        with sigterm.deferred():
+            os.chdir(cwd)  # a script that changed folder: the paths the user gave mean what they did
+            audit.__exit__(type(error) if error else None, error, error.__traceback__ if error else None)
     return _status(error, script)
 
 
@@ -222,24 +223,52 @@ def _status(error: BaseException | None, script: Path) -> int:
     return 1
 
 
-@contextlib.contextmanager
-def _sigterm_interrupts():
-    """While the script runs, SIGTERM raises Interrupted in it, as Ctrl-C raises
-    KeyboardInterrupt; a handler the script installs replaces ours. Restored afterwards, so
-    the audit's own finishing is never cut by it."""
-    from auditor.audit import Interrupted
+class _Sigterm:
+    """SIGTERM under `auditor run`. While the script runs it raises Interrupted in it, as
+    Ctrl-C raises KeyboardInterrupt (a handler the script installs replaces ours). While the
+    audit writes its record it waits until the record is written, then acts as it would have:
+    torchrun sends one to every rank as soon as one fails, and a rank that had just finished
+    must keep its record. Outside the main thread signals stay as they are."""
 
-    def interrupt(signum, frame):
-        raise Interrupted(signum)
-    try:
-        previous = signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:  # not the main thread: signals stay as they are
-        previous = None
-    try:
-        yield
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+    def __init__(self):
+        self.installed = False  # False outside the main thread: nothing to swap
+        self.before = None      # the handler before the audit
+        self.at_end = None      # the one in effect when the script ended: ours or the script's
+        self.received = False   # a SIGTERM came while the record was being written
+
+    @contextlib.contextmanager
+    def interrupting(self):
+        from auditor.audit import Interrupted
+
+        def interrupt(signum, frame):
+            raise Interrupted(signum)
+        try:
+            before = signal.signal(signal.SIGTERM, interrupt)
+            self.before = signal.SIG_DFL if before is None else before  # None: set outside Python
+            self.installed = True
+        except ValueError:  # not the main thread
+            pass
+        try:
+            yield
+        finally:  # straight from one handler to the other: no moment without either
+            if self.installed:
+                at_end = signal.signal(signal.SIGTERM, self._defer)
+                self.at_end = None if at_end is interrupt else at_end
+
+    @contextlib.contextmanager
+    def deferred(self):
+        try:
+            yield
+        finally:
+            if self.installed:
+                signal.signal(signal.SIGTERM, self.before)
+                if self.received:  # the record is written: end as the signal would have
+                    if self.at_end is not None:
+                        signal.signal(signal.SIGTERM, self.at_end)  # the script's own handler
+                    signal.raise_signal(signal.SIGTERM)
+
+    def _defer(self, signum, frame):
+        self.received = True
 
 
 def _print_script_traceback(error: BaseException, script: Path) -> None:
