@@ -22,6 +22,7 @@ audit: setup
 	rm -rf $(AUDIT_RUN)
 	$(VENV)/bin/auditor gradprobe --arch tinystories-33m --target mistral-7b \
 		--run-dir $(AUDIT_RUN) -o reports/gradprobe-tinystories-33m.md
+	$(VENV)/bin/python -m auditor.portable_paths $(AUDIT_RUN)  # committed: no folder of this machine
 
 # The suite runs in two worker processes (pytest-xdist), a test file to a worker: about 11 minutes
 # on 2 cores instead of 21. `pytest tests/FILE.py` runs one file in this process.

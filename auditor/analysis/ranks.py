@@ -24,6 +24,7 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from auditor.analysis.source_paths import code_root, shown_command
 from auditor.analysis.unstaged import peak_place
 from auditor.record import RunRecordError, load, rank_folder_name, rank_folders
 from auditor.record_schema import AtPeak, RunRecord, Stage
@@ -142,8 +143,8 @@ class Communication:
 class MergedRanks:
     """The merged report of a multi-rank run, in the report's order."""
     folder: str
-    name: str | None               # the first record's run name and command (rank 0's from a folder)
-    command: str | None
+    name: str | None               # the first record's run name and command (rank 0's from a folder),
+    command: str | None            # the command as a run report shows it: no folders of the machine
     world_size: list[int]          # the world sizes the ranks' records give
     ranks: list[RankSummary]       # by rank
     unfinished: list[int]          # ranks killed before writing their record
@@ -170,7 +171,8 @@ def merge(records: dict[int, RunRecord], folder: str | os.PathLike = "") -> Merg
     expected = max(world) if world else len(ranks)
     first = next(iter(records.values()), None)
     return MergedRanks(
-        folder=str(folder), name=first.name if first else None, command=first.command if first else None,
+        folder=str(folder), name=first.name if first else None,
+        command=shown_command(first.command, code_root(first)) if first and first.command else None,
         world_size=sorted(world), ranks=ranks, unfinished=[r.rank for r in ranks if not r.finished],
         missing_ranks=[n for n in range(expected) if n not in records],
         identity_sources=sorted({r.source for r in ranks if r.source}),

@@ -57,6 +57,8 @@ def shown_path(path: str, root: str | None) -> str:
             return pattern.sub("", path, count=1)
     if root and path.startswith(os.path.join(root, "")):
         return path[len(os.path.join(root, "")):]
+    if not path.startswith("/"):  # relative already (a record made portable: auditor.portable_paths)
+        return path
     parts = path.split("/")
     return "/".join(parts[-3:]) if len(parts) > 3 else path
 
@@ -69,7 +71,7 @@ def shown_command(command: str, root: str | None) -> str:
         return command
     if not words:
         return command
-    first = os.path.basename(words[0]) if words[0].startswith("/") else words[0]
+    first = os.path.basename(words[0])  # the interpreter by name, wherever it lies
     rest = [shown_path(w, root) if w.startswith("/") and root and w.startswith(os.path.join(root, ""))
             else w for w in words[1:]]
     return shlex.join([first, *rest])
