@@ -39,10 +39,10 @@ import re
 from collections.abc import Sequence
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from auditor.allocation_sites import caller_site
+from auditor.dispatch_mode import MeasuringMode
 from auditor.expected_fraction import declared_fraction, expect_fraction  # noqa: F401
 from auditor.size_profiles import Profile, Replay
 
@@ -143,7 +143,7 @@ class SiteSizes:
                 "profile": {path: p.entry() for path, p in self.profiles.items()}}
 
 
-class SizeRecorder(TorchDispatchMode):
+class SizeRecorder(MeasuringMode):
     """A real run's data-dependent sizes, per (site, operator). Does work for `WATCHED` only:
     one set lookup for every other operator."""
 

@@ -32,18 +32,18 @@ from collections import Counter
 import torch
 from torch._subclasses import FakeTensorMode
 from torch._subclasses.fake_tensor import DynamicOutputShapeException
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 from auditor.allocation_sites import caller_site
 from auditor.data_dependent import (COUNTING, NO_SITE, UNIQUE, SizeEstimates, counts_elements,
                                     op_name, selection)
+from auditor.dispatch_mode import MeasuringMode
 
 aten = torch.ops.aten
 
 
-class ValueFreeMode(TorchDispatchMode):
+class ValueFreeMode(MeasuringMode):
     """Answers the questions a fake tensor cannot: its values and value-dependent sizes."""
 
     def __init__(self, estimates: SizeEstimates | None = None) -> None:

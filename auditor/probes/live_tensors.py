@@ -34,7 +34,6 @@ import weakref
 from dataclasses import dataclass
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -43,6 +42,7 @@ from auditor.allocation_sites import MIN_BYTES as SITE_MIN_BYTES
 from auditor.allocator_retention import MMAP_THRESHOLD_MAX
 from auditor.allocation_sites import caller_site
 from auditor.census import ALLOCATED_AT, is_fake, storage_key
+from auditor.dispatch_mode import MeasuringMode
 from auditor.ownership import ACTIVATIONS, MASKS, OTHER
 from auditor.stage import AUDITOR_CODE
 
@@ -62,7 +62,7 @@ class PeakSet:
     rows: list[list]
 
 
-class LiveTensorMeter(TorchDispatchMode):
+class LiveTensorMeter(MeasuringMode):
     """Counts live storage bytes; `peak` is the highest count since the last `reset_peak`.
 
     With `at_peak`, also keeps the live table that `peak_set()` reads. `stage_path` is set by
