@@ -91,9 +91,11 @@ _PLUMBING = tuple(os.path.join("torch", *parts) for parts in (
 # The auditor's own files by their place in the package, not by this checkout's absolute path:
 # a report re-made from a record elsewhere (a fresh clone) must drop the same frames.
 _METER = os.path.join("auditor", "probes", "live_tensors.py")
-# Dispatch modes an operator passes through on its way to the allocator: the live-tensor meter,
-# and the recorder of data-dependent sizes (auditor.data_dependent) in real runs.
-_DISPATCH_MODES = (_METER, os.path.join("auditor", "data_dependent.py"))
+# Dispatch modes an operator passes through on its way to the allocator (file -> the frame's
+# function): the live-tensor meter, the recorder of data-dependent sizes (auditor.data_dependent)
+# in real runs, and the wrapper every such mode is called through (auditor.dispatch_mode).
+_DISPATCH_MODES = {_METER: "__torch_dispatch__", os.path.join("auditor", "data_dependent.py"): "__torch_dispatch__",
+                   os.path.join("auditor", "dispatch_mode.py"): "dispatch"}
 _WRAPPERS = {os.path.join("auditor", "targets.py"): "staged_call", os.path.join("auditor", "stage.py"): "staged"}
 
 
@@ -106,8 +108,9 @@ def passes_through(function: str, filename: str, below_an_operator: bool = True)
     """True for a frame that is plumbing between the code that asked and the allocator.
     `below_an_operator`: an inner frame is torch's operator call (without it, the meter's
     dispatch frame is allocating for itself)."""
-    if _in_package(filename, _DISPATCH_MODES):
-        return function == "__torch_dispatch__" and below_an_operator
+    mode = _in_package(filename, _DISPATCH_MODES)
+    if mode is not None:
+        return function == _DISPATCH_MODES[mode] and below_an_operator
     wrapper = _in_package(filename, _WRAPPERS)
     if wrapper is not None and _WRAPPERS[wrapper] == function:
         return True
