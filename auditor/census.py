@@ -10,9 +10,11 @@ the `.grad` of every leaf that requires grad, and every tensor reachable from th
 Each is counted by its **storage**, once: a view counts its whole base storage, a storage
 shared by several tensors (tied embedding and head, a view and its base) counts once, and
 `tensors` in a component is its number of distinct storages. Sparse tensors count their
-index and value storages. Storages are keyed by `storage_key` (device and data pointer);
-empty storages and wrapper subclasses without a storage of their own (their inner tensors
-are counted) are left out.
+index and value storages. A wrapper subclass (a DTensor, any traceable subclass exposing
+`__tensor_flatten__`) has no storage of its own: it counts its inner tensors' storages (a
+DTensor its local shard), so FSDP2's sharded parameters, their gradients and the optimizer
+state kept for them are owned as the plain tensors of a single process are. Storages are
+keyed by `storage_key` (device and data pointer); empty storages are left out.
 
 Meta-device tensors are shapes only and never counted. `FakeTensor` tensors hold no memory
 but stand for some: by default they are left out of the totals and only their nominal storage
@@ -52,6 +54,11 @@ from typing import Iterator
 
 import torch
 
+try:
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+except ImportError:  # private API: absent in some torch versions (the protocol is tested instead)
+    is_traceable_wrapper_subclass = None  # type: ignore[assignment]
+
 from auditor import reference_cycles
 from auditor.ownership import (ACTIVATIONS, CATEGORIES, CONTAINED, GRADIENT_RECORDS, GRADIENTS,  # noqa: F401
                                MASKS, OPTIMIZER_STATE, OTHER, RETAINED_BY_CYCLE, SAVED_COPIES,
@@ -67,6 +74,7 @@ _UNOWNED_CATEGORIES = {UNOWNED: ACTIVATIONS, UNOWNED_PARAMETERS: WEIGHTS, UNOWNE
 SWEPT = 0  # a claim from the sweep of every live tensor: below any root's (ownership's firmnesses)
 CYCLE_CANDIDATE_BYTES = 1 << 20  # unowned storages at least this large are checked for cycles,
 CYCLE_CANDIDATES = 8             # the largest this many
+MAX_WRAPPER_DEPTH = 8  # wrapper subclasses nested deeper than this count by their own storage
 
 
 @dataclass
@@ -215,9 +223,10 @@ class _Ledger:
             if firm > entry.firmness:
                 entry.owner, entry.firmness = owner, firm
 
-    def _storages_of(self, t: torch.Tensor) -> Iterator[tuple[tuple, int, str, bool]]:
-        """(key, bytes, device, fake) of each non-empty storage holding `t`'s data."""
-        for part in _parts(t):
+    def _storages_of(self, t: torch.Tensor, unwrap: bool = True) -> Iterator[tuple[tuple, int, str, bool]]:
+        """(key, bytes, device, fake) of each non-empty storage holding `t`'s data (`unwrap`
+        False: a wrapper subclass has none, its inner tensors being objects of their own)."""
+        for part in _parts(t, unwrap):
             if part.is_meta:  # shapes only, real run or traced (a FakeTensor is on the device it stands for)
                 continue
             fake = is_fake(part)
@@ -269,7 +278,9 @@ class _Ledger:
         return named
 
     def _keys(self, t: torch.Tensor) -> list[tuple]:
-        return [key for key, *_ in self._storages_of(t)]
+        """The storages the cycle check groups `t` under: its own (a DTensor is not on its local
+        shard's storage there; it holds the shard as a Python object, which the check follows)."""
+        return [key for key, *_ in self._storages_of(t, unwrap=False)]
 
     def summary(self, categories: dict[str, str | None], seconds: float) -> dict:
         components: dict[str, dict] = {}
@@ -298,8 +309,15 @@ class _Ledger:
                 "by_device": by_device, "fake_tensor_bytes": fake_total, "seconds": seconds}
 
 
-def _parts(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The strided tensors whose storages hold `t`'s data."""
+def _parts(t: torch.Tensor, unwrap: bool = True, depth: int = 0) -> tuple[torch.Tensor, ...]:
+    """The strided tensors whose storages hold `t`'s data. A wrapper subclass (DTensor,
+    and any traceable one: `__tensor_flatten__`) holds its data in its inner tensors (a
+    DTensor's local shard), never in a storage of its own: with `unwrap` its parts are
+    theirs (its own storage has no data pointer, and is never counted)."""
+    if unwrap and type(t) is not torch.Tensor and depth < MAX_WRAPPER_DEPTH:
+        inner = _inner_tensors(t)
+        if inner is not None:
+            return tuple(part for i in inner for part in _parts(i, True, depth + 1))
     layout = t.layout
     if layout is torch.strided:
         return (t,)
@@ -310,6 +328,25 @@ def _parts(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
     if layout in (torch.sparse_csc, torch.sparse_bsc):
         return (t.ccol_indices(), t.row_indices(), t.values())
     return ()
+
+
+def _inner_tensors(t: torch.Tensor) -> list[torch.Tensor] | None:
+    """The inner tensors of a traceable wrapper subclass, or None for any other tensor (a
+    FakeTensor, a Parameter, a subclass made with `_make_subclass` has storage of its own)."""
+    if not _is_wrapper_subclass(t):
+        return None
+    try:
+        names = t.__tensor_flatten__()[0]  # type: ignore[attr-defined]
+    except Exception:  # a flatten that fails outside tracing: its own storage, if any
+        return None
+    inner = (getattr(t, name, None) for name in names)
+    return [i for i in inner if isinstance(i, torch.Tensor) and i is not t]
+
+
+def _is_wrapper_subclass(t: torch.Tensor) -> bool:
+    if is_traceable_wrapper_subclass is not None:
+        return is_traceable_wrapper_subclass(t)
+    return hasattr(t, "__tensor_flatten__") and hasattr(type(t), "__tensor_unflatten__")
 
 
 def _subclasses(base: type) -> set[type]:
