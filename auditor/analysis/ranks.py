@@ -8,7 +8,14 @@
 auditor.renderers.ranks_markdown only formats it.
 
 A rank that was killed has no run.json: its record is assembled from its event log, as
-`auditor report` does for any unfinished run, and marked unfinished here.
+`auditor report` does for any unfinished run, and marked unfinished here; its peaks are what it
+reached before it stopped (lower bounds), and each spread over the ranks says which of its
+figures are such. A rank folder with no readable record at all (an empty event log: killed at
+start) is listed with why, and the other ranks are merged without it.
+
+Each rank's peaks are its whole run's, placed as its own report places them: the RSS peak by
+`unstaged.peak_place`, the live-tensor peak by `components.live_tensor_high` (stages and the
+time no stage covers alike).
 
 Communication buffers: the live-tensor meter names the operator that created each storage,
 so the storages a c10d collective creates itself (functional collectives, `_c10d_functional::*`,
@@ -21,12 +28,13 @@ RSS shows it.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from auditor.analysis.components import live_tensor_high, live_tensor_peak
 from auditor.analysis.source_paths import code_root, shown_command
 from auditor.analysis.unstaged import peak_place
-from auditor.record import RunRecordError, load, rank_folder_name, rank_folders
+from auditor.record import EVENTS_FILE, RUN_FILE, RunRecordError, load, rank_folder_name, rank_folders
 from auditor.record_schema import AtPeak, RunRecord, Stage
 
 COLLECTIVE_OPS = ("c10d::", "_c10d_functional::", "c10d_functional::")
@@ -44,14 +52,33 @@ def is_multi_rank(folder: str | os.PathLike) -> bool:
 
 def load_ranks(folder: str | os.PathLike) -> dict[int, RunRecord]:
     """Each rank's record, by rank (RunRecordError naming the rank folder if one is unreadable)."""
-    records = {}
+    records, unreadable = read_ranks(folder)
+    if unreadable:
+        rank, (error, _) = min(unreadable.items())
+        raise RunRecordError(f"rank {rank}: {error}")
+    return records
+
+
+def read_ranks(folder: str | os.PathLike) -> tuple[dict[int, RunRecord], dict[int, tuple[str, str]]]:
+    """Each readable rank's record, by rank, and the ranks whose folder holds none:
+    rank -> (the loader's error, why in words without the machine's folders)."""
+    records, unreadable = {}, {}
     for rank in rank_folders(folder):
         where = Path(folder) / rank_folder_name(rank)
         try:
             records[rank] = load(where, from_events=True)
         except RunRecordError as error:
-            raise RunRecordError(f"rank {rank}: {error}") from None
-    return records
+            unreadable[rank] = (str(error), _why_unreadable(where, str(error)))
+    return records, unreadable
+
+
+def _why_unreadable(where: Path, error: str) -> str:
+    events = where / EVENTS_FILE
+    if not (where / RUN_FILE).exists() and events.is_file() \
+            and events.stat().st_size < 4096 and not events.read_bytes().strip():
+        return (f"its event log `{where.name}/{EVENTS_FILE}` is empty: the rank stopped (was killed?) "
+                "before it wrote its first event")
+    return error.replace(str(where), where.name)
 
 
 # -- the model -----------------------------------------------------------------------------
@@ -66,6 +93,8 @@ class Spread:
     ratio: float | None    # max / min; None when min is 0
     spread: int            # max - min
     ranks: int             # ranks with a value
+    partial: list[int] = field(default_factory=list)  # ranks whose value is what an unfinished
+    #                        rank reached before it stopped: a lower bound, not its final figure
 
 
 @dataclass
@@ -82,11 +111,14 @@ class RankSummary:
     rss_peak: int | None
     rss_peak_stage: str | None
     rss_peak_place: str            # where in the run, as the single-run report words it (auditor.analysis.unstaged)
-    live_peak: int | None
-    live_peak_stage: str | None
+    rss_peak_in_stage: str | None  # the stage whose own time holds it; None: time no stage covers, or unknown
+    live_peak: int | None          # the run's highest live-tensor reading, stages and unstaged time alike
+    live_peak_stage: str | None    # the stage holding it; None: time no stage covers (or no meter)
+    live_peak_place: str | None    # where, as the single-run report words it (components.live_tensor_high)
     rss_at_start: int | None
     duration_s: float | None
     open_stages: list[str]
+    error: str | None = None       # the record's exit error (a failed rank's exception)
 
 
 @dataclass
@@ -114,7 +146,8 @@ class GlobalPeak:
     bytes: int
     rank: int                      # a tie: the lowest rank
     stage: str | None              # None: outside every stage
-    place: str | None = None       # the RSS peak's place in that rank's run, in words (unstaged.peak_place)
+    place: str | None = None       # its place in that rank's run, in words, as the rank's own report
+    #                                says it (RSS: unstaged.peak_place; live: components.live_tensor_high)
 
 
 @dataclass
@@ -148,7 +181,7 @@ class MergedRanks:
     world_size: list[int]          # the world sizes the ranks' records give
     ranks: list[RankSummary]       # by rank
     unfinished: list[int]          # ranks killed before writing their record
-    missing_ranks: list[int]       # ranks of the world size with no record
+    missing_ranks: list[int]       # ranks of the world size with no rank folder
     identity_sources: list[str]    # where the ranks' identities were read
     backends: list[str]            # process group backends
     stages: list[MergedStage]      # in the order they first ran
@@ -156,49 +189,63 @@ class MergedRanks:
     live_peak: GlobalPeak | None   # the most live tensors of any rank
     imbalance: Imbalance
     communication: Communication
+    unreadable: dict[int, str] = field(default_factory=dict)  # rank -> why its folder holds no readable record
 
 
 # -- building it ---------------------------------------------------------------------------
 
 def merge_ranks(folder: str | os.PathLike) -> MergedRanks:
-    return merge(load_ranks(folder), folder)
+    """The merged report of the ranks' records; RunRecordError only when no rank's is readable."""
+    records, unreadable = read_ranks(folder)
+    if not records and unreadable:
+        rank, (error, _) = min(unreadable.items())
+        raise RunRecordError(f"rank {rank}: {error}")
+    return merge(records, folder, {rank: why for rank, (_, why) in unreadable.items()})
 
 
-def merge(records: dict[int, RunRecord], folder: str | os.PathLike = "") -> MergedRanks:
+def merge(records: dict[int, RunRecord], folder: str | os.PathLike = "",
+          unreadable: dict[int, str] | None = None) -> MergedRanks:
+    unreadable = dict(sorted((unreadable or {}).items()))
     ranks = [_rank_summary(rank, record) for rank, record in sorted(records.items())]
     stages = _stage_rows(records)
     world = {r.world_size for r in ranks if r.world_size is not None}
-    expected = max(world) if world else len(ranks)
+    expected = max(world) if world else len(ranks) + len(unreadable)
+    unfinished = [r.rank for r in ranks if not r.finished]
     first = next(iter(records.values()), None)
     return MergedRanks(
         folder=str(folder), name=first.name if first else None,
         command=shown_command(first.command, code_root(first)) if first and first.command else None,
-        world_size=sorted(world), ranks=ranks, unfinished=[r.rank for r in ranks if not r.finished],
-        missing_ranks=[n for n in range(expected) if n not in records],
+        world_size=sorted(world), ranks=ranks, unfinished=unfinished,
+        missing_ranks=[n for n in range(expected) if n not in records and n not in unreadable],
         identity_sources=sorted({r.source for r in ranks if r.source}),
         backends=sorted({r.backend for r in ranks if r.backend}),
         stages=stages, peak=_global_rss_peak(ranks),
-        live_peak=_global_peak([(r.live_peak, r.rank, r.live_peak_stage) for r in ranks]),
-        imbalance=Imbalance(spread({r.rank: r.rss_peak for r in ranks}),
-                            spread({r.rank: r.live_peak for r in ranks})),
-        communication=_communication(stages))
+        live_peak=_global_live_peak(ranks),
+        imbalance=Imbalance(spread({r.rank: r.rss_peak for r in ranks}, unfinished),
+                            spread({r.rank: r.live_peak for r in ranks}, unfinished)),
+        communication=_communication(stages, records), unreadable=unreadable)
 
 
 def _rank_summary(rank: int, record: RunRecord) -> RankSummary:
     identity = record.rank  # None: a record without its rank's identity
     status = record.exit.status if record.exit is not None else None
-    live = [(s.live_tensors.peak, s.path) for s in record.stages
-            if s.live_tensors is not None and s.live_tensors.peak is not None]
-    live_peak, live_stage = max(live, key=lambda pair: pair[0]) if live else (None, None)
+    place = peak_place(record)
+    high = live_tensor_high(record)  # as the rank's own report finds it
+    in_stage = live_tensor_peak(record)
+    live_stage = in_stage[1] if high is not None and in_stage is not None \
+        and high == (in_stage[0], f"in stage `{in_stage[1]}`") else None
     return RankSummary(
         rank=rank, world_size=identity.world_size if identity else None,
         local_rank=identity.local_rank if identity else None, host=identity.host if identity else None,
         backend=identity.backend if identity else None, source=identity.source if identity else None,
         status=status or "unknown", finished=status != "unfinished",
-        rss_peak=record.peak.rss, rss_peak_stage=record.peak.stage, rss_peak_place=peak_place(record).phrase,
-        live_peak=live_peak, live_peak_stage=live_stage,
+        rss_peak=record.peak.rss, rss_peak_stage=record.peak.stage, rss_peak_place=place.phrase,
+        rss_peak_in_stage=place.stage if place.kind == "stage" else None,
+        live_peak=high[0] if high is not None else None, live_peak_stage=live_stage,
+        live_peak_place=high[1] if high is not None else None,
         rss_at_start=record.process.rss_at_start, duration_s=record.duration_s,
-        open_stages=[s.path for s in record.stages if s.status == "open"])
+        open_stages=[s.path for s in record.stages if s.status == "open"],
+        error=record.exit.error if record.exit is not None and status != "unfinished" else None)
 
 
 def _stage_rows(records: dict[int, RunRecord]) -> list[MergedStage]:
@@ -209,8 +256,10 @@ def _stage_rows(records: dict[int, RunRecord]) -> list[MergedStage]:
         for stage in record.stages:
             row = readings.setdefault(stage.path, {})
             row[rank] = _highest(row.get(rank), _reading(stage))
-    return [MergedStage(path, row, spread({r: v.rss_peak for r, v in row.items()}),
-                        spread({r: v.live_peak for r, v in row.items()}))
+    def open_on(row: dict[int, StageReading]) -> list[int]:  # never finished there: a lower bound
+        return [r for r, v in row.items() if v.status == "open"]
+    return [MergedStage(path, row, spread({r: v.rss_peak for r, v in row.items()}, open_on(row)),
+                        spread({r: v.live_peak for r, v in row.items()}, open_on(row)))
             for path, row in readings.items()]
 
 
@@ -248,8 +297,9 @@ def collective_bytes(at_peak: AtPeak | None, ops: tuple[str, ...] = COLLECTIVE_O
     return sum(row.bytes for row in wanted)
 
 
-def spread(values: dict[int, int | None]) -> Spread | None:
-    """max, min, max/min and max - min over the ranks that have a value, and which ranks."""
+def spread(values: dict[int, int | None], partial: list[int] | tuple[int, ...] = ()) -> Spread | None:
+    """max, min, max/min and max - min over the ranks that have a value, and which ranks;
+    `partial`: ranks whose value is a lower bound (unfinished), named among those that have one."""
     known = {rank: value for rank, value in values.items() if value is not None}
     if not known:
         return None
@@ -257,7 +307,8 @@ def spread(values: dict[int, int | None]) -> Spread | None:
     low = min(known, key=lambda rank: (known[rank], rank))
     return Spread(max=known[high], max_rank=high, min=known[low], min_rank=low,
                   ratio=known[high] / known[low] if known[low] else None,
-                  spread=known[high] - known[low], ranks=len(known))
+                  spread=known[high] - known[low], ranks=len(known),
+                  partial=sorted(rank for rank in known if rank in partial))
 
 
 def _global_peak(peaks: list[tuple[int | None, int, str | None]]) -> GlobalPeak | None:
@@ -276,10 +327,26 @@ def _global_rss_peak(ranks: list[RankSummary]) -> GlobalPeak | None:
     return replace(peak, place=next(r.rss_peak_place for r in ranks if r.rank == peak.rank))
 
 
-def _communication(stages: list[MergedStage]) -> Communication:
+def _global_live_peak(ranks: list[RankSummary]) -> GlobalPeak | None:
+    peak = _global_peak([(r.live_peak, r.rank, r.live_peak_stage) for r in ranks])
+    if peak is None:
+        return None
+    return replace(peak, place=next(r.live_peak_place for r in ranks if r.rank == peak.rank))
+
+
+def _metered(record: RunRecord) -> bool:
+    """The live-tensor meter was on: the record's probes say so (older records: a stage has readings)."""
+    probe = (record.probes or {}).get("live_tensors")
+    if probe is not None:
+        return probe.state == "on"
+    return any(s.live_tensors is not None for s in record.stages)
+
+
+def _communication(stages: list[MergedStage], records: dict[int, RunRecord]) -> Communication:
     seen = [CollectiveBytes(row.path, rank, reading.communication) for row in stages
             for rank, reading in sorted(row.ranks.items()) if reading.communication]
-    metered = any(reading.communication is not None for row in stages for reading in row.ranks.values())
+    metered = any(_metered(record) for record in records.values()) or any(
+        reading.communication is not None for row in stages for reading in row.ranks.values())
     wrapped = [CollectiveBytes(row.path, rank, reading.wrappers) for row in stages
                for rank, reading in sorted(row.ranks.items()) if reading.wrappers]
     return Communication(metered, seen, wrapped, max(wrapped, key=lambda e: e.bytes) if wrapped else None)

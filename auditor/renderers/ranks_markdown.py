@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from auditor import units
-from auditor.analysis.ranks import MergedRanks, Spread
+from auditor.analysis.ranks import MergedRanks, RankSummary, Spread
 from auditor.renderers import markdown_text as md
 
 COMMUNICATION_NOTE = (
@@ -17,6 +17,9 @@ COMMUNICATION_NOTE = (
     "(`dist.all_reduce(t)` creates no storage), buffers the program allocates for a collective "
     "(its own tensors, named by the line that allocated them), and the backend's own memory "
     "(gloo's on CPU, NCCL's on GPU), which is no tensor: only RSS shows it.")
+PARTIAL_NOTE = (
+    "*(rank N partial)*: rank N was killed before it finished, so its figure there is what it "
+    "reached before it stopped, a lower bound: the max/min and spread over the ranks are not final.")
 
 
 def write_report(merged: MergedRanks, out: str | os.PathLike) -> Path:
@@ -42,6 +45,9 @@ def _title(merged: MergedRanks) -> str:
     if merged.missing_ranks:
         lines.append(f"\n**No record from rank {_list(merged.missing_ranks)}** of world size "
                      f"{_list(merged.world_size)}.")
+    for rank, why in merged.unreadable.items():
+        lines.append(f"\n**No readable record from rank {rank}**: {why}. The other ranks are merged "
+                     "without it.")
     return "\n".join(lines)
 
 
@@ -52,12 +58,17 @@ def _summary(merged: MergedRanks) -> str:
         where = peak.place or (f"in stage {md.code(peak.stage)}" if peak.stage else "outside every stage")
         lines.append(f"- Global peak RSS: **{units.size(peak.bytes)} on rank {peak.rank}**, {where}.")
     if live:
-        lines.append(f"- Highest live tensors: {units.size(live.bytes)} on rank {live.rank}, "
-                     f"in stage {md.code(live.stage)}.")
+        where = live.place or (f"in stage {md.code(live.stage)}" if live.stage else "outside every stage")
+        lines.append(f"- Highest live tensors: {units.size(live.bytes)} on rank {live.rank}, {where}.")
     for imbalance, what in ((merged.imbalance.rss, "peak RSS"), (merged.imbalance.live, "peak live tensors")):
         if imbalance and imbalance.ranks > 1:
             which = (f"highest rank {imbalance.max_rank}, lowest rank {imbalance.min_rank}"
                      if imbalance.spread else "the same on every rank")
+            if imbalance.partial:
+                one = len(imbalance.partial) == 1
+                which += (f"; rank {_list(imbalance.partial)} unfinished: "
+                          f"{'its figure is' if one else 'their figures are'} partial, "
+                          f"{'a lower bound' if one else 'lower bounds'}")
             lines.append(f"- Imbalance of {what} across ranks: max/min {_ratio(imbalance)}, spread "
                          f"{units.size(imbalance.spread)} ({which}).")
     return "\n".join(lines)
@@ -68,15 +79,29 @@ def _ranks(merged: MergedRanks) -> str:
                "peak live tensors", "in stage", "RSS at start", "time"]
     rows = [[str(r.rank), md.text(r.host or "-"), _value(r.local_rank), _value(r.world_size),
              r.status + (f" (open: {md.code(', '.join(r.open_stages))})" if r.open_stages else ""),
-             units.size(r.rss_peak), md.code(r.rss_peak_stage) if r.rss_peak_stage else "-",
-             units.size(r.live_peak), md.code(r.live_peak_stage) if r.live_peak_stage else "-",
+             units.size(r.rss_peak), _rss_place(r), units.size(r.live_peak), _live_place(r),
              units.size(r.rss_at_start), units.seconds(r.duration_s)]
             for r in merged.ranks]
     sources, backends = merged.identity_sources, merged.backends
     note = (f"\n\nRank, world size and local rank read from {' and '.join(sources)} "
             "(auditor.ranks says when each is read)" if sources else "")
     note += (f"; process group backend {', '.join(backends)}." if backends else "." if note else "")
-    return "## Ranks\n\n" + md.table(headers, rows, right=(0, 2, 3, 5, 7, 9, 10)) + note
+    errors = "\n".join(f"- Rank {r.rank} {r.status}: {md.text(r.error)}" for r in merged.ranks if r.error)
+    return ("## Ranks\n\n" + md.table(headers, rows, right=(0, 2, 3, 5, 7, 9, 10)) + note
+            + (f"\n\n{errors}" if errors else ""))
+
+
+def _rss_place(rank: RankSummary) -> str:
+    """Where the rank's RSS peak was, as the summary and the rank's own report place it."""
+    if rank.rss_peak_in_stage:
+        return md.code(rank.rss_peak_in_stage)
+    return rank.rss_peak_place if rank.rss_peak is not None else "-"
+
+
+def _live_place(rank: RankSummary) -> str:
+    if rank.live_peak_stage:
+        return md.code(rank.live_peak_stage)
+    return rank.live_peak_place or "-"
 
 
 def _side_by_side(merged: MergedRanks) -> str:
@@ -104,9 +129,11 @@ def _imbalance(merged: MergedRanks) -> str:
     headers = ["stage", "RSS max/min", "RSS spread", "highest", "live max/min", "live spread", "highest"]
     rows = [[md.code(row.path), *_spread_cells(row.rss), *_spread_cells(row.live)] for row in merged.stages]
     rows.append(["**the run**", *_spread_cells(merged.imbalance.rss), *_spread_cells(merged.imbalance.live)])
+    spreads = [merged.imbalance.rss, merged.imbalance.live] + [s for row in merged.stages for s in (row.rss, row.live)]
+    partial = any(s is not None and s.ranks > 1 and s.partial for s in spreads)
     return ("## Imbalance across ranks\n\nPer stage, over the ranks that ran it: the highest "
             "peak over the lowest, and their difference.\n\n"
-            + md.table(headers, rows, right=(1, 2, 4, 5)))
+            + md.table(headers, rows, right=(1, 2, 4, 5)) + (f"\n\n{PARTIAL_NOTE}" if partial else ""))
 
 
 def _communication(merged: MergedRanks) -> str:
@@ -114,7 +141,10 @@ def _communication(merged: MergedRanks) -> str:
     if not comm.metered:
         return ("## Communication buffers\n\nNot measured: the live-tensor meter was off "
                 "(`--live-tensors`). " + COMMUNICATION_NOTE)
-    if not comm.stages:
+    if not merged.stages:
+        body = ("The run has no stages: the buffers are counted at stages' live-tensor peaks, so none "
+                "were counted (the live-tensor meter was on).")
+    elif not comm.stages:
         body = "No storage created by a collective was alive at any stage's live-tensor peak."
     else:  # a stage per row, a rank per column
         ranks = sorted({e.rank for e in comm.stages})
@@ -137,7 +167,8 @@ def _spread_cells(spread: Spread | None) -> list[str]:
     if not spread or spread.ranks < 2:
         return ["-", "-", "-"]
     highest = f"rank {spread.max_rank}" if spread.spread else "equal"
-    return [_ratio(spread), units.size(spread.spread), highest]
+    partial = f" (rank {_list(spread.partial)} partial)" if spread.partial else ""
+    return [_ratio(spread), units.size(spread.spread) + partial, highest]
 
 
 def _ratio(spread: Spread) -> str:
