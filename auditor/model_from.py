@@ -29,7 +29,7 @@ import functools
 from dataclasses import asdict, dataclass, field
 
 from auditor.stage import active_audit
-from auditor.targets import Patch, Target, raw_attribute, resolve
+from auditor.targets import LatePatch, Patch, Target, patch, raw_attribute, resolve
 
 
 
@@ -73,11 +73,11 @@ class ModelFrom:
         if target is not None and not self._observed:
             raise ValueError(f"--model-from {spec!r} was never called in the real run: there is "
                              "no model to replace")
-        self._patch: Patch | None = None
+        self._patch: Patch | LatePatch | None = None
         self._building = False
 
     def __enter__(self) -> "ModelFrom":
-        self._patch = Patch(self._target, lambda function, _: (self._replacing(function) if self.target
+        self._patch = patch(self._target, lambda function, _: (self._replacing(function) if self.target
                                                                else self._observing(function)),
                             what="--model-from")
         return self

@@ -23,13 +23,14 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import os
 import sys
 import threading
 import types
 import weakref
 from dataclasses import dataclass
 
-from auditor import name_bindings
+from auditor import main_script, name_bindings
 from auditor.call_labels import CallLabels
 from auditor.stage import (AUDITOR_CODE, CallStage, active_audit, in_auditor_code,
                            profiler_recording, stage)
@@ -40,9 +41,10 @@ _MISSING = object()
 @dataclass(frozen=True)
 class Target:
     name: str        # the stage name, e.g. "GradProbe.record_gradients"
-    owner: object    # the module or class whose attribute is replaced
+    owner: object    # the module or class whose attribute is replaced (None: in the script)
     attribute: str
     spec: str        # "module:qualname", for messages
+    script: str | None = None  # the audited script that defines it (auditor.main_script)
 
 
 def resolve(target) -> Target:
@@ -57,8 +59,23 @@ def resolve(target) -> Target:
         if not module_name or not qualname:
             raise ValueError(f"stage target {target!r} should look like module:function "
                              "or module:Class.method")
+        script = main_script.declared_for(module_name)
+        if script is not None:  # the audited script's own: found in its source, bound as it runs
+            return _resolve_in_script(script, module_name, qualname)
         return _resolve_path(import_named(module_name), module_name, qualname)
     return _resolve_object(target)
+
+
+def _resolve_in_script(script: str, module_name: str, qualname: str) -> Target:
+    spec = f"{module_name}:{qualname}"
+    top = qualname.split(".")[0]
+    try:
+        defined = main_script.top_level_names(script)
+    except (OSError, SyntaxError, ValueError) as error:
+        raise ValueError(f"stage target {spec!r}: cannot read the script {script!r}: {error}") from None
+    if top not in defined:
+        raise ValueError(f"stage target {spec!r}: {os.path.basename(script)} binds no {top!r} at its top level")
+    return Target(name=qualname, owner=None, attribute=qualname.split(".")[-1], spec=spec, script=script)
 
 
 def import_named(module_name: str, what: str = "stage target") -> types.ModuleType:
@@ -151,7 +168,7 @@ class Staging:
             if key not in seen:
                 seen.add(key)
                 self.targets.append(target)
-        self._patches: list[Patch] = []
+        self._patches: list[Patch | LatePatch] = []
 
     def receiver_classes(self) -> tuple[type, ...]:
         """The classes whose plain methods are staged (their calls have a receiver), less
@@ -169,7 +186,7 @@ class Staging:
     def apply(self) -> None:
         for target in self.targets:
             try:
-                self._patches.append(Patch(target, lambda function, is_method, name=target.name:
+                self._patches.append(patch(target, lambda function, is_method, name=target.name:
                                            _stage_calls(function, name, receiver=is_method)))
             except ValueError:
                 self.restore()
@@ -178,6 +195,40 @@ class Staging:
     def restore(self) -> None:
         while self._patches:
             self._patches.pop().restore()
+
+
+def patch(target: Target, wrap, what: str = "stage target") -> "Patch | LatePatch":
+    """The target patched now, or (defined by the audited script) as the script binds it."""
+    return LatePatch(target, wrap, what) if target.script is not None else Patch(target, wrap, what)
+
+
+class LatePatch:
+    """A target of the audited script (auditor.main_script), patched each time the script binds
+    it, in the script's namespace, and restored with the rest."""
+
+    def __init__(self, target: Target, wrap, what: str = "stage target"):
+        self.target, self.wrap, self.what = target, wrap, what
+        self.patches: list[Patch] = []
+        self._stop = main_script.watch(target.script or "", target.name.split(".")[0], self._bound)
+
+    def _bound(self, module: types.ModuleType) -> None:
+        *outer, attribute = self.target.name.split(".")
+        owner: object = module
+        for part in outer:
+            owner = getattr(owner, part, _MISSING)
+            if owner is _MISSING:
+                return  # the script bound the name to something else: nothing to stage there
+        raw = raw_attribute(owner, attribute)
+        if raw is _MISSING or getattr(raw, "__auditor_target__", None) or not callable(
+                getattr(raw, "__func__", raw)):
+            return
+        bound = Target(self.target.name, owner, attribute, self.target.spec)
+        self.patches.append(Patch(bound, self.wrap, self.what))
+
+    def restore(self) -> None:
+        self._stop()
+        while self.patches:
+            self.patches.pop().restore()
 
 
 class Patch:

@@ -78,6 +78,9 @@ class ValueFreeMode(MeasuringMode):
         count = self._counts.get(scalar)
         if count is not None:
             return count
+        constant = getattr(scalar, "constant", None)  # fake tensors keep the values of scalars made
+        if isinstance(constant, torch.Tensor) and constant.numel() == 1:  # from Python numbers only
+            return constant.item()  # (an optimizer's step, torch.tensor(0.0) then += 1): known exactly
         dtype = scalar.dtype
         return False if dtype == torch.bool else (0.0 if dtype.is_floating_point else 0)
 

@@ -194,7 +194,7 @@ And a padded shard: FSDP2 keeps a rank's padded shard (rows that do not divide e
 is a plain `torch.Tensor` whose storage pointer is nonzero and unchanged (`reset_sharded_param`);
 a fake shard is neither, so a traced last rank padded each such shard a second time (+9-11% on it).
 While tracing, a fake shard still on the storage FSDP2 padded is kept, as a real one is
-(`_KeepPaddedShards`); nothing else of FSDP2 is replaced.
+(`keep_padded_shards`); nothing else of FSDP2 is replaced.
 
 What differs from a real gloo rank: in about half of the real rank-runs, a gradient pass's peak
 holds one more FSDP all-gather output (the root's and a layer's at once) than the traced rank;

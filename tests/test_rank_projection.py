@@ -84,10 +84,10 @@ def test_fewest_devices_reads_the_worst_rank():
 _PADDED_SHARD = r"""
 import sys, torch
 from torch.distributed.fsdp import fully_shard
-from auditor.jobs.rank_projection import _DefaultMesh, _KeepPaddedShards, join_fake_group
+from auditor.jobs.rank_projection import default_mesh, keep_padded_shards, join_fake_group
 from auditor.tracing import traced
 mesh = join_fake_group(1, 2)
-with _DefaultMesh(mesh), (_KeepPaddedShards() if sys.argv[1] == "fixed" else torch.no_grad()):
+with default_mesh(mesh), (keep_padded_shards() if sys.argv[1] == "fixed" else torch.no_grad()):
     with traced():
         model = torch.nn.Sequential(torch.nn.Embedding(7, 4), torch.nn.Linear(4, 3))  # 7 rows: 4 and 3
         fully_shard(model)
@@ -101,7 +101,7 @@ with _DefaultMesh(mesh), (_KeepPaddedShards() if sys.argv[1] == "fixed" else tor
 @pytest.mark.parametrize("mode, kept", [("fixed", "True"), ("plain", "False")])
 def test_a_traced_padded_rank_keeps_its_padded_shard(mode, kept):
     # FSDP2 keeps a padded shard only if it is a plain tensor whose storage pointer is nonzero and
-    # unchanged; a fake one is neither, so without _KeepPaddedShards it is padded a second time
+    # unchanged; a fake one is neither, so without keep_padded_shards it is padded a second time
     import subprocess
     import sys
     done = subprocess.run([sys.executable, "-c", _PADDED_SHARD, mode], capture_output=True, text=True, timeout=300)

@@ -92,6 +92,9 @@ def _notes(projection: dict) -> list[str]:
     caveat = scaled_caveat(projection)  # not projected, or scaled on no calibration run
     if caveat:
         notes.append(caveat)
+    as_rank = projection.get("traced_as_rank")
+    if as_rank:
+        notes.append(rank_caveat(as_rank))
     dependent = projection.get("data_dependent_ops") or {}
     if dependent and not projection.get("estimates"):
         ops = ", ".join(f"{op} x {n:,}" for op, n in dependent.items())
@@ -163,3 +166,10 @@ def _fold_stage_end(found: dict[str, ComponentSide], components: dict[str, tuple
         else:
             item.target = max(item.target or 0, total)
             item.target_instances = max(item.target_instances, count)
+
+
+def rank_caveat(as_rank: dict) -> str:
+    """What a rank's traced projection rests on (auditor.jobs.script_projection._as_rank)."""
+    return (f"rank {as_rank['rank']} of {as_rank['world_size']}, traced on torch's fake process group: "
+            "the buffers the real backend (gloo, NCCL) allocates for collectives are not traced, so "
+            "the figures can be low (README: per-rank projection of your own script)")

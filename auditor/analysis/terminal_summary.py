@@ -71,6 +71,7 @@ class ProjectionSummary:
     peak_stage: str | None
     incomplete: str | None         # where the trace stopped
     folder: Path                   # the run folder, which the full report is made from
+    as_rank: str | None = None     # "rank R of N": traced on torch's fake process group
 
 
 def stage_end(entry: dict) -> StageEnd:
@@ -121,5 +122,7 @@ def _duration(stage: Stage) -> float:
 
 def projection_summary(projection: dict, folder: Path) -> ProjectionSummary:
     peak = projection["peak"]
+    as_rank = projection.get("traced_as_rank")
     return ProjectionSummary(projection["target"], projection["live_tensor_peak"], peak["rss"], peak["stage"],
-                             projection.get("incomplete") or None, folder)
+                             projection.get("incomplete") or None, folder,
+                             f"rank {as_rank['rank']} of {as_rank['world_size']}" if as_rank else None)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import runpy
 import shlex
 import signal
 import sys
@@ -23,6 +22,7 @@ import warnings
 from pathlib import Path
 
 from architectures.options import add_size_arguments, size_overrides
+from auditor import main_script
 from auditor.cli import UsageError, check_script, examples
 from auditor.record_schema import RunRecord, RunRecordError
 
@@ -95,6 +95,7 @@ def main(args) -> int:
     script_folder = str(script.resolve().parent)
     sys.path[0:1] = [script_folder]  # what `python SCRIPT` puts first
     sys.argv = [args.script, *args.args]
+    main_script.declare(script)  # targets may name its own functions (SCRIPT_STEM:fn, __main__:fn)
     try:
         try:
             stage_label = resolve_hook(args.label) if args.label is not None else None
@@ -161,13 +162,16 @@ def _target_model(args):
 def _project(console, audit, record: RunRecord | None, status: int, target, program, args) -> None:
     """The traced projection after the real run; a failure is a warning, never the exit status."""
     from auditor.analysis.terminal_summary import projection_summary
-    from auditor.jobs.script_projection import plan_for, project_program, traced_folder
+    from auditor.jobs.script_projection import NO_STAGES, plan_for, project_program, traced_folder
     from auditor.record import write_derived
     from auditor.renderers import terminal
     what = f"projection to {target.describe()}"
     if record is None or status != 0:
         console.print(f"auditor: {what} skipped: the script did not finish (exit status {status})",
                       markup=False)
+        return
+    if not record.stages:  # checked before the tracing, which would find nothing to pair
+        console.print(f"auditor: {what} skipped: {NO_STAGES}", markup=False, soft_wrap=True)
         return
     console.print(f"auditor: {what}: tracing the script on fake tensors", markup=False)
     plan = plan_for(record, program, args.model_from, target, args.stages, args.label)
@@ -194,7 +198,7 @@ def _run_script(audit, script: Path) -> int:
     error, cwd, sigterm = None, os.getcwd(), _Sigterm()
     try:
         with sigterm.interrupting():
-            runpy.run_path(str(script), run_name="__main__")
+            main_script.run(script)
     except BaseException as raised:  # the script's own ending: the record says how it ended
         error = raised
     finally:
@@ -272,12 +276,17 @@ class _Sigterm:
 
 
 def _print_script_traceback(error: BaseException, script: Path) -> None:
-    """The traceback from the script's first frame on, without the auditor's frames."""
+    """The traceback from the script's first frame on, without the auditor's frames, printed by
+    sys.excepthook as python prints it (torch.distributed's, for one, prefixes `[rankN]:`)."""
     target = os.path.abspath(script)
     tb = error.__traceback__
     while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != target:
         tb = tb.tb_next
-    traceback.print_exception(type(error), error, tb or error.__traceback__)
+    error.with_traceback(tb or error.__traceback__)  # python's hook prints the error's own traceback
+    try:
+        sys.excepthook(type(error), error, error.__traceback__)
+    except Exception:  # a hook that fails itself: python then prints the error plainly
+        traceback.print_exception(type(error), error, error.__traceback__)
 
 
 # -- what the user sees ------------------------------------------------------------------

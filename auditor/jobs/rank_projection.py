@@ -15,14 +15,14 @@ One thing breaks under FakeTensorMode: FSDP2 builds its default DeviceMesh from 
 and reads its values back (`tolist`); under fake tensors those values do not exist (the project's
 value-free mode reads them as 0, and every rank became rank 0 of a mesh of zeros: empty shards).
 So the mesh is built before tracing begins, on real tensors, and `fully_shard` is given it when it
-asks for its default (`_DefaultMesh`).
+asks for its default (`default_mesh`).
 
 And one thing differs: FSDP2 keeps a padded shard (a rank whose rows do not divide evenly) only if
 its storage's data pointer is nonzero and unchanged (`FSDPParam.reset_sharded_param`); a fake
 storage's pointer reads 0, so a traced rank padded a second copy of every padded shard that a real
 rank does not (+9-11% on the last rank); FSDP2 also checks the shard is a plain `torch.Tensor`,
 which a FakeTensor is not. While tracing, a fake shard still on the storage FSDP2 padded is kept
-as a real one is (`_KeepPaddedShards`, around `FSDPParam.reset_sharded_param`). Nothing else of
+as a real one is (`keep_padded_shards`, around `FSDPParam.reset_sharded_param`). Nothing else of
 FSDP2 is replaced.
 
 Both modes run the same audited program (`rank_workload`): build, "shard model" (the pruner joins
@@ -131,7 +131,7 @@ def join_fake_group(rank: int, world_size: int):
 
 
 @contextlib.contextmanager
-def _DefaultMesh(mesh):
+def default_mesh(mesh):
     """fully_shard's default mesh is `mesh` (built outside the fake mode) while inside."""
     from torch.distributed.fsdp._fully_shard import _fully_shard as module
     original = module._init_default_mesh
@@ -143,7 +143,7 @@ def _DefaultMesh(mesh):
 
 
 @contextlib.contextmanager
-def _KeepPaddedShards():
+def keep_padded_shards():
     """While inside, FSDP2's `reset_sharded_param` keeps a fake padded shard whose storage is the
     one it padded, as it keeps a real one (see the module docstring); any other case is FSDP2's."""
     from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
@@ -175,7 +175,7 @@ def _traced_rank_main(argv: list[str]) -> None:
     torch.set_num_threads(1)
     sizes = json.loads(Path(sizes).read_text())
     mesh = join_fake_group(int(rank), int(world))
-    with _DefaultMesh(mesh), _KeepPaddedShards():
+    with default_mesh(mesh), keep_padded_shards():
         rank_audit(Settings(**json.loads(settings)), Path(out), fake=True,
                    observed_sizes=sizes.get("observed"), estimate_sizes=sizes.get("estimate", True))
 

@@ -15,9 +15,10 @@ gives the stages it finished; the projection says which, and that the rest is no
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
-import runpy
 import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -26,6 +27,8 @@ from auditor.model_from import TargetModel
 from auditor.record_schema import RunRecord
 
 TRACED_ENV = "AUDITOR_TRACED"
+NO_STAGES = ("the real run has no stages, and a projection is made stage by stage (the traced run's "
+             "against the real run's): name the program's steps with --stage MODULE:FUNCTION")
 
 
 @dataclass
@@ -40,9 +43,10 @@ class Program:
 
     def run(self) -> None:
         if self.script is not None:
+            from auditor import main_script
             sys.argv = [self.script, *self.args]
             try:
-                runpy.run_path(self.script, run_name="__main__")
+                main_script.run(self.script)
             except SystemExit as done:
                 if done.code not in (None, 0):
                     raise
@@ -70,15 +74,19 @@ class Plan:
     traced: bool = True
     threads: int = 1
     estimate_sizes: bool = True  # False: value-dependent sizes traced empty (the lower bound)
+    rank: int | None = None  # a rank of a distributed run: traced as that rank of world_size
+    world_size: int | None = None
 
 
 def plan_for(record: RunRecord, program: Program, model_from: str, target: TargetModel,
              stages: list[str], label: str | None = None) -> Plan:
     """The traced run's plan from the real run's record (its model_from calls, its name)."""
     observed = (record.annotations.get("model_from") or {}).get("calls") or []
+    rank = record.rank
     return Plan(program=program, model_from=model_from, target=target, observed=observed,
                 stages=list(stages), label=label, name=f"{record.name}-traced",
-                data_dependent_sizes=record.annotations.get("data_dependent_sizes"))
+                data_dependent_sizes=record.annotations.get("data_dependent_sizes"),
+                rank=rank.rank if rank else None, world_size=rank.world_size if rank else None)
 
 
 def project_program(record: RunRecord, plan: Plan, folder: Path, timeout_s: int = 3600) -> dict:
@@ -95,6 +103,8 @@ def project_program(record: RunRecord, plan: Plan, folder: Path, timeout_s: int 
                            "the real run, not a torch.nn.Module: there is no model to replace")
     if plan.target is None or not plan.traced:
         raise ValueError("a projection needs a traced plan with a target model")
+    if not record.stages:
+        raise RuntimeError(NO_STAGES)
     child = run_program(plan, folder, timeout_s)
     traced = child.record
     if traced is None or not child.stages:
@@ -106,6 +116,8 @@ def project_program(record: RunRecord, plan: Plan, folder: Path, timeout_s: int 
     projection = project_traced(record, traced)
     projection["target"] = plan.target.describe()
     projection["model_from"] = plan.model_from
+    if plan.rank is not None:
+        projection["traced_as_rank"] = {"rank": plan.rank, "world_size": plan.world_size}
     projection["run_folder"] = folder.name
     if not child.ok:  # what it finished is projected; the rest is said to be missing
         projection["incomplete"] = child.failure("the traced run")
@@ -122,8 +134,10 @@ def run_program(plan: Plan, folder: Path, timeout_s: int = 3600):
     """The plan's run in a fresh process (its RSS owes nothing to ours); the ChildRun, with
     the run record it left (rebuilt from its events if it died)."""
     from auditor.jobs.fresh_process import run_module
+    from auditor.record import rank_folder_name
+    record_folder = folder if plan.rank is None else Path(folder) / rank_folder_name(plan.rank)
     return run_module("auditor.jobs.script_projection", json.dumps(asdict(plan)), str(folder),
-                      run_folder=folder, timeout_s=timeout_s,
+                      run_folder=record_folder, timeout_s=timeout_s,
                       env={TRACED_ENV: "1"} if plan.traced else None)
 
 
@@ -145,7 +159,10 @@ def _main(plan: Plan, folder: Path) -> None:
     sys.path[0:0] = program.path
     label = resolve_hook(plan.label) if plan.label else None
     target = plan.target
-    with ModelFrom(plan.model_from, target, plan.observed):  # before the stages wrap it
+    if program.script is not None:  # its own functions may be named (auditor.main_script)
+        from auditor import main_script
+        main_script.declare(program.script)
+    with _as_rank(plan), ModelFrom(plan.model_from, target, plan.observed):  # before the stages wrap it
         with Audit(folder, plan.name, census=True, live_tensors=True, traced=plan.traced,
                    stage_targets=plan.stages, stage_label=label, command=shlex_join(program),
                    record_sizes=not plan.traced,
@@ -156,6 +173,37 @@ def _main(plan: Plan, folder: Path) -> None:
                                             "overrides": target.overrides, "dtype": target.dtype,
                                             "model_from": plan.model_from})
             program.run()
+
+
+@contextlib.contextmanager
+def _as_rank(plan: Plan):
+    """A rank's traced run: this process joins torch's fake process group as that rank of its
+    world size before the program starts (auditor.jobs.rank_projection: no peers, every
+    collective answered at once, FSDP2 sharding as on that rank), and the program's own
+    `init_process_group` finds it joined: the real run's rendezvous (torchrun's store, still in
+    the environment, which the program may read) is never contacted."""
+    if plan.rank is None or plan.world_size is None:
+        yield
+        return
+    import torch.distributed.distributed_c10d as c10d
+
+    from auditor.jobs.rank_projection import default_mesh, join_fake_group, keep_padded_shards
+    from auditor.targets import Patch, Target
+    mesh = join_fake_group(plan.rank, plan.world_size)
+    joined = Patch(Target("init_process_group", c10d, "init_process_group", "torch.distributed:init_process_group"),
+                   lambda function, _: _already_joined(function))
+    try:
+        with default_mesh(mesh), keep_padded_shards():
+            yield
+    finally:
+        joined.restore()
+
+
+def _already_joined(init_process_group):
+    @functools.wraps(init_process_group)
+    def joined(*args, **kwargs):
+        return None  # the fake group stands for the one the real run joined
+    return joined
 
 
 def shlex_join(program: Program) -> str:

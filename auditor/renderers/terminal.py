@@ -101,7 +101,9 @@ def _which_call(row: SummaryRow) -> str:
 
 def projection_summary(out: Console, summary: ProjectionSummary) -> None:
     stopped = f" ({summary.incomplete}; later stages not projected)" if summary.incomplete else ""
-    _line(out, f"traced projection to {summary.target}: peak live tensors {mib(summary.live_tensor_peak)}, "
+    rank = (f" as {summary.as_rank} (fake process group: the backend's own collective buffers not traced)"
+            if summary.as_rank else "")
+    _line(out, f"traced projection to {summary.target}{rank}: peak live tensors {mib(summary.live_tensor_peak)}, "
                f"peak RSS {mib(summary.peak_rss)} in stage {summary.peak_stage}{stopped}")
     _line(out, f"per stage and component: auditor report {summary.folder}")
 
