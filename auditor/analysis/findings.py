@@ -375,11 +375,11 @@ def _tensor_gap(record: RunRecord) -> list[Finding]:
                  f"{units.size(live)} ({where}): RSS also holds the interpreter, "
                  f"libraries and freed memory the allocator keeps")
     risen = _risen_threshold(record)
-    grown = gap - risen[2] if risen is not None else 0
+    grown = max(gap, risen[3]) - risen[2] if risen is not None else 0
     if risen is None or grown <= RETENTION_SHARE * run_peak:
         return [Finding("rss-above-live-tensors", "low", statement + ", so size machines by RSS and "
                         "count savings in live tensors.", evidence)]
-    threshold, in_stage, _ = risen
+    threshold, in_stage = risen[:2]
     return [Finding("rss-above-live-tensors", "low",
                     f"{statement}. glibc's malloc ran with its defaults, its mmap threshold rose to "
                     f"{units.size(threshold)} in `{in_stage}` (it follows the largest block freed), and "
@@ -393,20 +393,24 @@ def _tensor_gap(record: RunRecord) -> list[Finding]:
                             "after a phase that frees large blocks. Size machines by RSS as run."))]
 
 
-def _risen_threshold(record: RunRecord) -> tuple[int, str, int] | None:
+def _risen_threshold(record: RunRecord) -> tuple[int, str, int, int] | None:
     """Where the record says glibc's malloc ran with its mmap threshold free to move and the
     live-tensor meter followed it up: the highest threshold, the first stage that raised the
-    threshold, and the RSS beyond live tensors when that stage began."""
+    threshold, the RSS beyond live tensors when that stage began, and the most beyond them at
+    the end of that stage or a later one (the heap keeps freed holes: RSS stays as tensors go)."""
     malloc = record.environment.malloc
     if malloc is None or threshold_fixed(malloc):  # None: a record from before it was kept
         return None
-    seen = [(s.live_tensors.allocator_threshold, s.path, s.rss.start - s.live_tensors.start)
+    seen = [(s.live_tensors.allocator_threshold, s.path, s.rss.start - s.live_tensors.start,
+             s.rss.end - s.live_tensors.end)
             for s in record.stages if s.live_tensors is not None and s.live_tensors.allocator_threshold
-            and s.rss.start is not None and s.live_tensors.start is not None]
-    rose = next((row for row in seen if row[0] > MMAP_THRESHOLD_START), None)
+            and s.rss.start is not None and s.live_tensors.start is not None
+            and s.rss.end is not None and s.live_tensors.end is not None]
+    rose = next((n for n, row in enumerate(seen) if row[0] > MMAP_THRESHOLD_START), None)
     if rose is None:
         return None
-    return max(row[0] for row in seen), rose[1], rose[2]
+    _, in_stage, beyond_at_start, _ = seen[rose]
+    return (max(row[0] for row in seen), in_stage, beyond_at_start, max(row[3] for row in seen[rose:]))
 
 
 # -- (g) stages that failed, runs that did not finish --------------------------------------
