@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import mmap
 import threading
 import time
 
@@ -20,8 +21,14 @@ def keep_tensor(n_bytes: int) -> torch.Tensor:
 
 
 def transient_tensor(n_bytes: int) -> float:
-    x = torch.ones(n_bytes // 4)
-    return float(x[-1])  # freed on return: glibc unmaps a block this large at once
+    """A tensor on fresh pages, unmapped on return (a torch.ones could reuse a free heap block
+    an earlier test in this process left, and never raise RSS)."""
+    with mmap.mmap(-1, n_bytes) as pages:
+        x = torch.frombuffer(pages, dtype=torch.float32)
+        x.fill_(1.0)  # touches every page
+        value = float(x[-1])
+        del x
+    return value
 
 
 def stage_by_path(record: dict, path: str) -> dict:
