@@ -106,7 +106,8 @@ class Audit:
                  cuda_history: bool = False, live_tensors: bool = False, traced: bool = False,
                  torch_profiler: bool = False, stage_targets=(), command: str | None = None,
                  on_stage_end=None, stage_label=None, record_sizes: bool = False,
-                 observed_sizes: list | None = None, estimate_sizes: bool = True):
+                 observed_sizes: list | None = None, estimate_sizes: bool = True,
+                 rank: dict | None = None):
         """Validates everything (ValueError, one line) and creates nothing until entered.
 
         `stage_label(target_name, args, kwargs) -> str | None` names what each call of a staged
@@ -116,7 +117,10 @@ class Audit:
         value-sized operator's output/input ratio per call site in the record's
         `data_dependent_sizes`; a traced run sizes those outputs by `observed_sizes` (that field
         of a real run's record), else by fractions the program declares, and `estimate_sizes=False`
-        makes them all empty (the lower bound its estimated bytes are measured against)."""
+        makes them all empty (the lower bound its estimated bytes are measured against).
+
+        `rank`: this process's rank as its launcher knows it (auditor.spawned_ranks), where the
+        environment and torch.distributed do not say it yet; a process group read later confirms it."""
         if stage_label is not None and not callable(stage_label):
             raise ValueError(f"stage_label should be a function (target_name, args, kwargs) -> "
                              f"str | None, not a {type(stage_label).__name__}")
@@ -126,7 +130,7 @@ class Audit:
         self._observed_sizes, self._estimate_sizes = observed_sizes, estimate_sizes
         self.stage_label = stage_label
         self.name = name or "audit"
-        self.rank = self._rank_start = ranks.identity()  # torchrun/spawn: its own folder in the shared one
+        self.rank = self._rank_start = rank or ranks.identity()  # torchrun/spawn: its own folder in the shared one
         if self.rank is not None:
             out = ranks.rank_run_folder(out, self.rank)
         self._chosen_folder = out is None  # ours to name: claimed on entry, renamed on a clash
@@ -160,6 +164,7 @@ class Audit:
         self._overhead = {"boundaries_s": 0.0, "census_s": 0.0, "labels_s": 0.0, "finish_s": 0.0}
         self._entered = False
         self.record_written = False  # run.json on disk (a full disk can cost it, not the run)
+        self.workers_audited = False  # workers it spawned audit the stage targets (auditor.spawned_ranks)
         # Set when the audit is entered (`_start`, `_start_probes`): the run's process, clock and
         # event log, and the probes that run (None: off).
         self._pid, self._t0, self._audit_thread = 0, 0.0, 0
@@ -339,7 +344,7 @@ class Audit:
             _set_active(None)
             self._staging.restore()
         for target in self._staging.targets:
-            if target.name not in self._calls:
+            if target.name not in self._calls and not self.workers_audited:  # theirs: in their records
                 self._warn(f"stage target {target.spec} was never called (a copy kept outside "
                            "a module's names, such as a local or a default argument, keeps "
                            "calling the original)")

@@ -8,8 +8,10 @@ in every loaded module's namespace that holds the original function object under
 and each binding is put back afterwards (only where it still holds the replacement: a module
 that rebound the name itself keeps its own value).
 
-Only module namespaces are searched (one pass over `sys.modules`, microseconds per module):
-copies kept in local variables, default arguments or containers are not found.
+Only module namespaces are searched (one pass over `sys.modules`, microseconds per module),
+and those a module's functions run in without being in `sys.modules` (`search_also`: a script
+multiprocessing's spawn ran again with runpy, whose functions keep runpy's namespace): copies
+kept in local variables, default arguments or containers are not found.
 """
 from __future__ import annotations
 
@@ -17,16 +19,22 @@ import sys
 import types
 
 Binding = tuple[dict, str, object, object]  # namespace, name, original, replacement
+_also: list[dict] = []  # namespaces outside sys.modules that are searched too
+
+
+def search_also(namespace: dict) -> None:
+    """Search `namespace` too, for the rest of this process."""
+    if not any(namespace is known for known in _also):
+        _also.append(namespace)
 
 
 def rebind(original, replacement, skip: dict | None = None) -> list[Binding]:
     """Bind `replacement` wherever a module-level name holds `original` (except in `skip`,
     the namespace patched already); returns what to restore."""
     done: list[Binding] = []
-    for module in list(sys.modules.values()):
-        if not isinstance(module, types.ModuleType):  # lazy loaders and stand-ins
-            continue
-        namespace = getattr(module, "__dict__", None)
+    namespaces = [getattr(module, "__dict__", None) for module in list(sys.modules.values())
+                  if isinstance(module, types.ModuleType)]  # not lazy loaders and stand-ins
+    for namespace in namespaces + _also:
         if not isinstance(namespace, dict) or namespace is skip:
             continue
         for name, value in list(namespace.items()):

@@ -1,8 +1,10 @@
 """Which rank of a torch.distributed job this process is, and its own folder in the run folder
 the ranks share.
 
-Under torchrun (or any launcher that sets RANK and WORLD_SIZE) and in torch.multiprocessing
-spawn workers with a process group, every rank audits itself: `Audit(out=R)` and
+Under torchrun (or any launcher that sets RANK and WORLD_SIZE), in torch.multiprocessing
+spawn workers with a process group, and in the workers a script under `auditor run` spawns
+(auditor.spawned_ranks: rank = the worker's index, source "spawn index", until its group says
+otherwise; its launcher's record stays in R), every rank audits itself: `Audit(out=R)` and
 `auditor run --run-dir R` write rank N's record into R/rank-N/ (events.jsonl, run.json), so the
 ranks never touch each other's files, and `auditor report R` merges them.
 
@@ -34,6 +36,7 @@ from pathlib import Path
 from auditor.record import EVENTS_FILE, check_run_folder, rank_folder_name, rank_folders
 
 ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+SPAWNED = "spawn index"  # source of a worker's rank that `auditor run` spawned (auditor.spawned_ranks)
 
 
 def identity(read_at: str = "start") -> dict | None:
@@ -97,8 +100,8 @@ def rank_run_folder(out, rank: dict) -> Path:
     if out is None:
         raise ValueError(f"{who}: the ranks share one run folder; give it (--run-dir DIR, Audit(out=DIR))")
     shared = Path(out)
-    for name in ("events.jsonl", "run.json"):
-        if (shared / name).exists():
+    for name in ("events.jsonl", "run.json"):  # a spawned worker's: its launcher's record, by design
+        if (shared / name).exists() and rank["source"] != SPAWNED:
             raise ValueError(f"output folder {str(shared)!r} already holds a single-process run "
                              f"record ({name}); {who}: choose a new folder (--run-dir)")
     for other in rank_folders(shared):

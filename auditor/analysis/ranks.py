@@ -45,9 +45,28 @@ COLLECTIVE_WRAPPERS = ("_c10d_functional::_wrap_tensor_autograd", "c10d_function
 
 
 def is_multi_rank(folder: str | os.PathLike) -> bool:
-    """A folder holding ranks' records and no single-process record of its own."""
+    """A folder holding ranks' records and no single-process record of its own but their
+    launcher's (a script whose torch.multiprocessing workers `auditor run` audited)."""
     folder = Path(folder)
-    return folder.is_dir() and not (folder / "events.jsonl").exists() and bool(rank_folders(folder))
+    if not folder.is_dir() or not rank_folders(folder):
+        return False
+    return not (folder / EVENTS_FILE).exists() or launcher(folder) is not None
+
+
+def launcher(folder: str | os.PathLike) -> Launcher | None:
+    """The record in the ranks' folder of the process that spawned them (auditor.spawned_ranks),
+    or None: no record there, or one that spawned no ranks into this folder."""
+    try:
+        record = load(folder, from_events=True)
+    except RunRecordError:
+        return None
+    spawned = [entry for entry in record.annotations.get("spawned") or []
+               if isinstance(entry, dict) and entry.get("audited") and entry.get("folder") == "."]
+    if not spawned:
+        return None
+    return Launcher(record=str(Path(folder) / RUN_FILE), rss_peak=record.peak.rss,
+                    rss_at_start=record.process.rss_at_start, start_method=spawned[0].get("start_method"),
+                    finished=record.exit is not None)
 
 
 def load_ranks(folder: str | os.PathLike) -> dict[int, RunRecord]:
@@ -172,6 +191,16 @@ class Communication:
     largest_wrapper: CollectiveBytes | None
 
 
+@dataclass(frozen=True)
+class Launcher:
+    """The script's own process, which spawned the ranks (torch.multiprocessing)."""
+    record: str                  # its run.json, which `auditor report` renders on its own
+    rss_peak: int | None
+    rss_at_start: int | None
+    start_method: str | None
+    finished: bool
+
+
 @dataclass
 class MergedRanks:
     """The merged report of a multi-rank run, in the report's order."""
@@ -190,6 +219,7 @@ class MergedRanks:
     imbalance: Imbalance
     communication: Communication
     unreadable: dict[int, str] = field(default_factory=dict)  # rank -> why its folder holds no readable record
+    launcher: Launcher | None = None  # the process that spawned the ranks, where `auditor run` audited it
 
 
 # -- building it ---------------------------------------------------------------------------
@@ -200,7 +230,8 @@ def merge_ranks(folder: str | os.PathLike) -> MergedRanks:
     if not records and unreadable:
         rank, (error, _) = min(unreadable.items())
         raise RunRecordError(f"rank {rank}: {error}")
-    return merge(records, folder, {rank: why for rank, (_, why) in unreadable.items()})
+    merged = merge(records, folder, {rank: why for rank, (_, why) in unreadable.items()})
+    return replace(merged, launcher=launcher(folder))
 
 
 def merge(records: dict[int, RunRecord], folder: str | os.PathLike = "",

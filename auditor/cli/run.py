@@ -83,6 +83,7 @@ def main(args) -> int:
     from auditor.jobs.script_projection import Program
     from auditor.model_from import ModelFrom
     from auditor.renderers import terminal
+    from auditor.spawned_ranks import carry_into_spawn
     if args.script is None:
         raise UsageError("run needs a script: auditor run [options] SCRIPT [ARGS...]")
     script = check_script(args.script)
@@ -109,13 +110,17 @@ def main(args) -> int:
                           stage_label=stage_label, record_sizes=target is not None)
         except ValueError as error:
             raise UsageError(str(error)) from None
+        worker_options = {key: audit.options[key] for key in ("memray", "tracemalloc", "census", "live_tensors",
+                                                              "cuda_history", "torch_profiler")}
         with _one_line_warnings(console), model_from:  # patched before the stages wrap it
-            status = _run_script(audit, script)
+            with carry_into_spawn(audit, worker_options, args.label) as spawns:
+                status = _run_script(audit, script)
     finally:
         sys.path[:], sys.argv = saved_path, saved_argv
     record = _typed_record(console, audit)
     try:
         _summary(console, audit, record)
+        _spawned_summary(console, audit, spawns.spawned)
     except (OSError, ValueError):  # the script closed stderr: nowhere left to print
         pass
     if target is not None:
@@ -169,6 +174,11 @@ def _project(console, audit, record: RunRecord | None, status: int, target, prog
     if record is None or status != 0:
         console.print(f"auditor: {what} skipped: the script did not finish (exit status {status})",
                       markup=False)
+        return
+    if audit.workers_audited:  # the stages ran in the workers, which this process cannot trace
+        console.print(f"auditor: {what} skipped: the script's work ran in the workers it spawned "
+                      "(torch.multiprocessing); per-rank projection traces ranks started by torchrun "
+                      "(torchrun ... -m auditor run --target ...)", markup=False, soft_wrap=True)
         return
     if not record.stages:  # checked before the tracing, which would find nothing to pair
         console.print(f"auditor: {what} skipped: {NO_STAGES}", markup=False, soft_wrap=True)
@@ -306,6 +316,19 @@ def _one_line_warnings(console):
         yield
     finally:
         warnings.showwarning = original
+
+
+def _spawned_summary(console, audit, spawned: list[dict]) -> None:
+    """Where the workers the script spawned wrote their records (auditor.spawned_ranks)."""
+    for entry in spawned:
+        if entry["audited"]:
+            folder = Path(audit.folder) / entry["folder"]
+            console.print(f"auditor: {entry['nprocs']} spawned worker(s) audited as ranks in {folder}/rank-N; "
+                          f"merged report: auditor report {folder}", markup=False, soft_wrap=True)
+        else:
+            console.print(f"auditor: warning: {entry['nprocs']} worker(s) started with "
+                          f"start_method={entry['start_method']!r} are not audited (a forked copy of "
+                          "the audited process); use 'spawn' or 'forkserver'", markup=False, soft_wrap=True)
 
 
 def _summary(console, audit, record: RunRecord | None) -> None:

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from auditor import units
-from auditor.analysis.ranks import MergedRanks, RankSummary, Spread
+from auditor.analysis.ranks import Launcher, MergedRanks, RankSummary, Spread
 from auditor.renderers import markdown_text as md
 
 COMMUNICATION_NOTE = (
@@ -39,6 +39,8 @@ def _title(merged: MergedRanks) -> str:
     lines = [f"# Multi-rank memory report: {md.text(merged.name)} ({count} rank{'s' * (count != 1)})"]
     if merged.command:
         lines.append(f"\nRank 0's command: {md.code(merged.command)}")
+    if merged.launcher:
+        lines.append("\n" + _launcher(merged.launcher))
     if merged.unfinished:
         lines.append(f"\n**Unfinished: rank {_list(merged.unfinished)}** (killed, or its log could not be "
                      "written): rendered from its event log; stages never finished are marked open.")
@@ -49,6 +51,15 @@ def _title(merged: MergedRanks) -> str:
         lines.append(f"\n**No readable record from rank {rank}**: {why}. The other ranks are merged "
                      "without it.")
     return "\n".join(lines)
+
+
+def _launcher(launcher: Launcher) -> str:
+    state = "" if launcher.finished else " (it did not finish: figures so far)"
+    return (f"Spawned by the script's own process with torch.multiprocessing (start method "
+            f"{md.text(launcher.start_method or 'unknown')}), audited apart{state}: peak RSS "
+            f"{units.size(launcher.rss_peak)}, {units.size(launcher.rss_at_start)} at start; not "
+            f"counted in the ranks' figures. Its own report: "
+            f"{md.code('auditor report ' + launcher.record)}.")
 
 
 def _summary(merged: MergedRanks) -> str:
@@ -105,6 +116,10 @@ def _live_place(rank: RankSummary) -> str:
 
 
 def _side_by_side(merged: MergedRanks) -> str:
+    if not merged.stages:
+        return ("## Stages side by side\n\nNo rank's record has stages: each rank's peaks above are "
+                "its whole run's. Name the program's callables to stage them (`auditor run --stage "
+                "module:function`).")
     ranks = [r.rank for r in merged.ranks]
     headers = ["stage"] + [f"rank {n} {what}" for n in ranks for what in ("RSS peak", "live peak")]
     rows = []
