@@ -99,6 +99,12 @@ def rank_main(args) -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+        # Records, summary and masks are written: leave without the C++ static destructors. In one
+        # fresh-clone CI run a finished rank aborted there ("terminate called without an active
+        # exception", SIGABRT: a native thread still joinable at exit) and failed the torchrun job.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 # -- compare: fresh processes, one merged or single report each, and the markdown ---------------
