@@ -26,16 +26,43 @@ _verdicts: dict = {}  # code object -> shown path, or None for library code
 
 def caller_site() -> str | None:
     """`path:line function` of the innermost frame in the program's own code, or None."""
+    return allocation_site("")  # this frame is the auditor's: the walk passes over it
+
+
+# Library functions whose new tensors are communication buffers, with what they are: DDP's Reducer
+# allocates its gradient buckets (`aten::empty`) when DistributedDataParallel is built, and again
+# when it rebuilds them in the forward after the first step.
+COMMUNICATION_BUFFERS = {(os.path.join("torch", "nn", "parallel", "distributed.py"), "_ddp_init_helper"):
+                         "DDP gradient buckets",
+                         (os.path.join("torch", "nn", "parallel", "distributed.py"), "_pre_forward"):
+                         "DDP gradient buckets"}
+BUFFER_OPS = ("aten::empty",)
+
+
+def allocation_site(op: str) -> str | None:
+    """caller_site, and after it `(what)` where the innermost library frame is one that makes
+    communication buffers (COMMUNICATION_BUFFERS) and the operator allocates one."""
     frame = sys._getframe(1)
+    purpose = None
     while frame is not None:
         code = frame.f_code
         shown = _verdicts.get(code, False)
         if shown is False:
             shown = _verdicts[code] = _shown_if_program(code.co_filename)
         if shown is not None:
-            return f"{shown}:{frame.f_lineno} {code.co_name}"
+            return f"{shown}:{frame.f_lineno} {code.co_name}" + (f" ({purpose})" if purpose else "")
+        if purpose is None and op.startswith(BUFFER_OPS) and not is_auditor_code(code.co_filename):
+            purpose = next((what for (path, function), what in COMMUNICATION_BUFFERS.items()
+                            if code.co_name == function and code.co_filename.endswith(os.sep + path)), None)
         frame = frame.f_back
     return None
+
+
+def communication_buffer(owner: str | None) -> str | None:
+    """What a site (or the component named after it) from allocation_site is for, where it is a
+    communication buffer."""
+    return next((what for what in set(COMMUNICATION_BUFFERS.values())
+                 if owner is not None and owner.endswith(f" ({what})")), None)
 
 
 def is_program_code(filename: str) -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from auditor.analysis.ranks import is_multi_rank, merge_ranks
+from auditor.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,6 +103,11 @@ def test_spawned_workers_audit_themselves_as_ranks_and_merge(tmp_path):
     merged = merge_ranks(run)
     assert [(r.rank, r.finished) for r in merged.ranks] == [(0, True), (1, True)]
     assert merged.launcher is not None and merged.launcher.rss_peak == launcher["peak"]["rss"]
+    # DDP's gradient buckets, a buffer as large as the gradients, are the communication buffers
+    parameters = 4 * (256 * 1024 + 1024 + 1024 * 256 + 256)
+    for row in merged.stages:
+        for reading in row.ranks.values():
+            assert parameters <= reading.communication <= 1.01 * parameters, (row.path, reading.communication)
     report = subprocess.run([sys.executable, "-m", "auditor", "report", str(run)], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stderr
@@ -110,6 +116,10 @@ def test_spawned_workers_audit_themselves_as_ranks_and_merge(tmp_path):
     assert "Spawned by the script's own process with torch.multiprocessing (start method spawn)" in text
     assert f"auditor report {run / 'run.json'}" in text
     assert "| `train_step#2` |" in text
+    # the launcher's own report says where the work ran
+    assert main(["report", str(run / "run.json"), "-o", str(tmp_path / "launcher.md")]) == 0
+    assert "spawned 2 worker(s) with torch.multiprocessing, audited as ranks in `rank-N` of this run folder" in (
+        tmp_path / "launcher.md").read_text()
 
 
 @pytest.mark.slow
@@ -142,3 +152,6 @@ def test_forked_workers_are_not_audited_and_the_launcher_says_so(tmp_path):
     assert record(run)["spawned"] == [{"folder": None, "nprocs": 2, "start_method": "fork", "audited": False}]
     assert "start_method='fork' are not audited" in done.stdout + done.stderr
     assert not is_multi_rank(run)
+    assert main(["report", str(run), "-o", str(tmp_path / "launcher.md")]) == 0
+    assert "started 2 worker(s) with torch.multiprocessing (start method fork), not audited" in (
+        tmp_path / "launcher.md").read_text()

@@ -23,7 +23,9 @@ the ones DTensor and FSDP2 use) are counted where they are alive at a stage's li
 among the rows that peak keeps. An in-place collective (`dist.all_reduce(t)`) creates no
 storage, a buffer the program allocated for a collective is the program's own tensor (named
 by the line that allocated it), and a backend's own memory (gloo's, NCCL's) is no tensor: only
-RSS shows it.
+RSS shows it. Buffers a library allocates for its collectives are counted where the live-tensor
+meter could name them by the library call that made them (DDP's gradient buckets,
+auditor.allocation_sites).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from auditor.allocation_sites import communication_buffer
 from auditor.analysis.components import live_tensor_high, live_tensor_peak
 from auditor.analysis.source_paths import code_root, shown_command
 from auditor.analysis.unstaged import peak_place
@@ -318,13 +321,15 @@ def _max(a: int | None, b: int | None) -> int | None:
 
 
 def collective_bytes(at_peak: AtPeak | None, ops: tuple[str, ...] = COLLECTIVE_OPS) -> int | None:
-    """Bytes alive at a live-tensor peak that a c10d collective created, its wrappers left out
-    (or, with `ops=COLLECTIVE_WRAPPERS`, the wrappers' alone); None: meter off."""
+    """Bytes alive at a live-tensor peak that a c10d collective created, its wrappers left out,
+    and the buffers a library made for its collectives (auditor.allocation_sites: DDP's gradient
+    buckets); with `ops=COLLECTIVE_WRAPPERS`, the wrappers' alone. None: meter off."""
     if at_peak is None:
         return None
     wanted = [row for row in at_peak.rows if (row.op or "").startswith(ops)]
     if ops is COLLECTIVE_OPS:
         wanted = [row for row in wanted if not (row.op or "").startswith(COLLECTIVE_WRAPPERS)]
+        wanted += [row for row in at_peak.rows if communication_buffer(row.owner)]  # DDP's buckets
     return sum(row.bytes for row in wanted)
 
 

@@ -13,7 +13,7 @@ written (its links, the flamegraph's) is the renderers' business.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from auditor import record_schema
@@ -46,6 +46,9 @@ class Banner:
     stages: int                # stages in the record
     finished: list[Stage]      # those that ended (ok or failed), in start order
     still_open: list[Stage]    # those open when the run stopped
+    # the torch.multiprocessing spawns this process started (auditor.spawned_ranks): each one's
+    # folder of ranks (None: not audited) and start method; their work is in those records
+    spawned: list[tuple[str | None, int | None, str | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -249,7 +252,9 @@ def _banner(record: RunRecord) -> Banner:
     return Banner(exit=record.exit, event_log=record.event_log, traced=is_traced(record),
                   stages=len(record.stages),
                   finished=[s for s in record.stages if s.status != "open"],
-                  still_open=[s for s in record.stages if s.status == "open"])
+                  still_open=[s for s in record.stages if s.status == "open"],
+                  spawned=[(e.get("folder"), e.get("nprocs"), e.get("start_method"))
+                           for e in record.annotations.get("spawned") or [] if isinstance(e, dict)])
 
 
 def _unstaged_time(record: RunRecord) -> UnstagedTime | None:

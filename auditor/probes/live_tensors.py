@@ -40,7 +40,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from auditor import allocator_retention
 from auditor.allocation_sites import MIN_BYTES as SITE_MIN_BYTES
 from auditor.allocator_retention import MMAP_THRESHOLD_MAX
-from auditor.allocation_sites import caller_site
+from auditor.allocation_sites import allocation_site, communication_buffer
 from auditor.census import ALLOCATED_AT, is_fake, storage_key
 from auditor.dispatch_mode import MeasuringMode
 from auditor.ownership import ACTIVATIONS, MASKS, OTHER
@@ -183,7 +183,7 @@ class LiveTensorMeter(MeasuringMode):
             cell = self._cells[storage] = [serial, size, False]
             self._count(cell, tensor.device.type == "cpu")
             if self.at_peak:
-                where = caller_site() if func is not None and size >= SITE_MIN_BYTES else None
+                where = allocation_site(_op_name(func)) if func is not None and size >= SITE_MIN_BYTES else None
                 self._table[serial] = [serial, size, created_in, _op_name(func),
                                        self._key(storage, tensor), tensor.dtype is torch.bool,
                                        None, None, where]
@@ -326,8 +326,8 @@ class LiveTensorProbe:
             serial, size, created_in, op, key, is_bool, seen_owner, seen_category, where = row
             kept = serial in alive_at_end
             owner = census["owners"].get(key) if serial in alive_now else None
-            if not kept and seen_owner is None and where is not None:
-                seen_owner = f"{ALLOCATED_AT} {where}"  # a temporary: named by the line that made it
+            if seen_owner is None and where is not None and (not kept or communication_buffer(where)):
+                seen_owner = f"{ALLOCATED_AT} {where}"  # a temporary, or a buffer the site names
                 seen_category = MASKS if is_bool else ACTIVATIONS
             if owner is not None:
                 category = (census["components"].get(owner) or {}).get("category") or OTHER

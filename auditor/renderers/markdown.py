@@ -109,6 +109,15 @@ def _banner(banner: model.Banner) -> str:
         lines.append(f"> **The event log is incomplete** ({md.text(reason)}; "
                      f"{log.lines or 0:,} events written): this record was kept in memory and "
                      "written once there was space.")
+    for folder, workers, method in banner.spawned:
+        if folder is None:
+            lines.append(f"> **This process started {workers} worker(s) with torch.multiprocessing "
+                         f"(start method {md.text(method or 'unknown')}), not audited**: their memory is not in this record.")
+        else:
+            lines.append(f"> **This process spawned {workers} worker(s) with torch.multiprocessing, audited as "
+                         f"ranks in {md.code(('' if folder == '.' else folder + '/') + 'rank-N')} of this run "
+                         f"folder**: the work ran there. Their merged report: `auditor report` on "
+                         f"{'this run folder' if folder == '.' else 'that folder'}.")
     if banner.traced:
         lines.append("> **A traced run on fake tensors.** Components and live tensors are the workload's; "
                      "RSS readings are the tracing process's, not the workload's.")

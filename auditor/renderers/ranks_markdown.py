@@ -12,7 +12,8 @@ from auditor.renderers import markdown_text as md
 
 COMMUNICATION_NOTE = (
     "Counted: storages a c10d collective creates itself (functional collectives, "
-    "`_c10d_functional::*`, as DTensor and FSDP2 use), alive at a stage's live-tensor peak, "
+    "`_c10d_functional::*`, as DTensor and FSDP2 use) and DDP's gradient buckets (named by the "
+    "DistributedDataParallel call that allocated them), alive at a stage's live-tensor peak, "
     "among the rows that peak keeps (its 25 largest groups). Not counted: in-place collectives "
     "(`dist.all_reduce(t)` creates no storage), buffers the program allocates for a collective "
     "(its own tensors, named by the line that allocated them), and the backend's own memory "
@@ -160,12 +161,13 @@ def _communication(merged: MergedRanks) -> str:
         body = ("The run has no stages: the buffers are counted at stages' live-tensor peaks, so none "
                 "were counted (the live-tensor meter was on).")
     elif not comm.stages:
-        body = "No storage created by a collective was alive at any stage's live-tensor peak."
+        body = "No communication buffer (as counted below) was alive at any stage's live-tensor peak."
     else:  # a stage per row, a rank per column
         ranks = sorted({e.rank for e in comm.stages})
         found = {(e.stage, e.rank): e.bytes for e in comm.stages}
         stages = list(dict.fromkeys(e.stage for e in comm.stages))
-        body = ("Bytes alive at each stage's live-tensor peak that a collective created:\n\n"
+        body = ("Bytes alive at each stage's live-tensor peak that a collective created or a library "
+                "allocated for its collectives:\n\n"
                 + md.table(["stage", *[f"rank {n}" for n in ranks]],
                            [[md.code(stage), *[units.size(found.get((stage, n), 0)) for n in ranks]]
                             for stage in stages], right=range(1, len(ranks) + 1)))
