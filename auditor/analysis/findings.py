@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from auditor import units
+from auditor.allocation_sites import communication_buffer
 from auditor.allocator_retention import MMAP_THRESHOLD_START, threshold_fixed
 from auditor.analysis import source_paths, unstaged
 from auditor.analysis.components import (BEYOND_CENSUS, UNCALIBRATED, attribute, census_order, finished, growers,
@@ -40,6 +41,12 @@ RETAINED_RATIO = 0.10         # (d) tensors beyond the weights at the last stage
 UNTRACKED_SHARE = 0.25        # (e) RSS beyond the census at the peak stage's end, vs the peak
 TENSOR_GAP_SHARE = 0.25       # (f) peak RSS minus live-tensor peak, vs the peak
 RETENTION_SHARE = 0.10        # (f) its growth after glibc's mmap threshold rose, vs the peak: named
+
+DDP_BUCKETS = "DDP gradient buckets"
+DDP_BUCKETS_REMEDY = ("DDP keeps a bucket copy of every gradient for its all-reduce: "
+                      "`DistributedDataParallel(model, gradient_as_bucket_view=True)` makes the gradients "
+                      "views into the buckets, so the two are one buffer with the same values (code that "
+                      "calls `detach_()` on a gradient cannot use it, torch's documentation says).")
 
 SEVERITIES = ("high", "medium", "low")
 PER_PARAMETER = frozenset({"weights", "gradients", "gradient records"})  # rules (a) and (b) own these
@@ -145,7 +152,8 @@ def _full_copies(record: RunRecord) -> list[Finding]:
                              {"component": name, "category": top[3], "bytes": top[1],
                               "ratio_to_weights": round(top[2], 4), "from_stage": first.path,
                               "to_stage": last.path, "stages": len(longest),
-                              "to_the_end": last is snapshots[-1]}))
+                              "to_the_end": last is snapshots[-1]},
+                             remedy=DDP_BUCKETS_REMEDY if communication_buffer(name) == DDP_BUCKETS else ""))
     return found
 
 
