@@ -30,7 +30,9 @@ from auditor.record_schema import RunRecord, RunRecordError
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "run", help="run a Python script under audit",
-        description="Run SCRIPT as `python SCRIPT ARGS` would, under audit; write DIR/run.json.",
+        description="Run SCRIPT as `python SCRIPT ARGS` would, under audit; write DIR/run.json. "
+                    "Under torchrun each rank writes DIR/rank-N/; workers the script starts with "
+                    "torch.multiprocessing.spawn audit themselves there too (`auditor report DIR` merges them).",
         epilog=examples("auditor run --live-tensors --stage mylib.prune:prune_layer prune.py --sparsity 0.5",
                         "auditor run --memray --run-dir runs/prune-1 prune.py",
                         "auditor run --target llama-2-7b --model-from mylib.models:get_llm "
