@@ -32,10 +32,10 @@ def caller_site() -> str | None:
 # Library functions whose new tensors are communication buffers, with what they are: DDP's Reducer
 # allocates its gradient buckets (`aten::empty`) when DistributedDataParallel is built, and again
 # when it rebuilds them in the forward after the first step.
-COMMUNICATION_BUFFERS = {(os.path.join("torch", "nn", "parallel", "distributed.py"), "_ddp_init_helper"):
-                         "DDP gradient buckets",
-                         (os.path.join("torch", "nn", "parallel", "distributed.py"), "_pre_forward"):
-                         "DDP gradient buckets"}
+DDP_BUCKETS = "DDP gradient buckets"
+COMMUNICATION_BUFFERS = {(os.path.join("torch", "nn", "parallel", "distributed.py"), "_ddp_init_helper"): DDP_BUCKETS,
+                         (os.path.join("torch", "nn", "parallel", "distributed.py"), "_pre_forward"): DDP_BUCKETS}
+_BUFFER_KINDS = frozenset(COMMUNICATION_BUFFERS.values())
 BUFFER_OPS = ("aten::empty",)
 
 
@@ -61,8 +61,9 @@ def allocation_site(op: str) -> str | None:
 def communication_buffer(owner: str | None) -> str | None:
     """What a site (or the component named after it) from allocation_site is for, where it is a
     communication buffer."""
-    return next((what for what in set(COMMUNICATION_BUFFERS.values())
-                 if owner is not None and owner.endswith(f" ({what})")), None)
+    if owner is None:
+        return None
+    return next((what for what in _BUFFER_KINDS if owner.endswith(f" ({what})")), None)
 
 
 def is_program_code(filename: str) -> bool:

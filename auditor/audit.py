@@ -179,6 +179,11 @@ class Audit:
         self._take_census = self._census_root = None
 
     @property
+    def stage_targets(self) -> list:
+        """The resolved stage targets (auditor.targets.Target), in the order given."""
+        return self._staging.targets
+
+    @property
     def run_json(self) -> Path:
         return self.folder / run_record.RUN_FILE
 

@@ -96,7 +96,7 @@ class _Spawns:
         self.audit, self.options, self.label = audit, options, label
         self.spawned: list[dict] = []
         self.targets = tuple(f"__main__:{t.name}" if t.script is not None else t.spec
-                             for t in audit._staging.targets)
+                             for t in audit.stage_targets)
 
     def wrap(self, start_processes):
         @functools.wraps(start_processes)

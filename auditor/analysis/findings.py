@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from auditor import units
-from auditor.allocation_sites import communication_buffer
+from auditor.allocation_sites import DDP_BUCKETS, communication_buffer
 from auditor.allocator_retention import MMAP_THRESHOLD_START, threshold_fixed
 from auditor.analysis import source_paths, unstaged
 from auditor.analysis.components import (BEYOND_CENSUS, UNCALIBRATED, attribute, census_order, finished, growers,
@@ -42,7 +42,6 @@ UNTRACKED_SHARE = 0.25        # (e) RSS beyond the census at the peak stage's en
 TENSOR_GAP_SHARE = 0.25       # (f) peak RSS minus live-tensor peak, vs the peak
 RETENTION_SHARE = 0.10        # (f) its growth after glibc's mmap threshold rose, vs the peak: named
 
-DDP_BUCKETS = "DDP gradient buckets"
 DDP_BUCKETS_REMEDY = ("DDP keeps a bucket copy of every gradient for its all-reduce: "
                       "`DistributedDataParallel(model, gradient_as_bucket_view=True)` makes the gradients "
                       "views into the buckets, so the two are one buffer with the same values (code that "

@@ -56,6 +56,21 @@ def is_multi_rank(folder: str | os.PathLike) -> bool:
     return not (folder / EVENTS_FILE).exists() or launcher(folder) is not None
 
 
+@dataclass(frozen=True)
+class Spawn:
+    """One torch.multiprocessing spawn of an audited script (its record's `spawned`)."""
+    folder: str | None       # its ranks' folder, relative to the run folder; None: not audited
+    nprocs: int | None
+    start_method: str | None
+
+
+def spawns(record: RunRecord) -> list[Spawn]:
+    """The spawns the record's process started (auditor.spawned_ranks), in order."""
+    return [Spawn(entry.get("folder") if entry.get("audited") else None, entry.get("nprocs"),
+                  entry.get("start_method"))
+            for entry in record.annotations.get("spawned") or [] if isinstance(entry, dict)]
+
+
 def launcher(folder: str | os.PathLike) -> Launcher | None:
     """The record in the ranks' folder of the process that spawned them (auditor.spawned_ranks),
     or None: no record there, or one that spawned no ranks into this folder."""
@@ -63,12 +78,11 @@ def launcher(folder: str | os.PathLike) -> Launcher | None:
         record = load(folder, from_events=True)
     except RunRecordError:
         return None
-    spawned = [entry for entry in record.annotations.get("spawned") or []
-               if isinstance(entry, dict) and entry.get("audited") and entry.get("folder") == "."]
-    if not spawned:
+    here = next((spawn for spawn in spawns(record) if spawn.folder == "."), None)
+    if here is None:
         return None
     return Launcher(record=str(Path(folder) / RUN_FILE), rss_peak=record.peak.rss,
-                    rss_at_start=record.process.rss_at_start, start_method=spawned[0].get("start_method"),
+                    rss_at_start=record.process.rss_at_start, start_method=here.start_method,
                     finished=record.exit is not None)
 
 

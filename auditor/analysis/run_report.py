@@ -26,6 +26,7 @@ from auditor.analysis.components import (Attribution, ProjectedStage, Projection
                                          projection_views, run_weights)
 from auditor.analysis.findings import SEVERITIES, Finding, Outcome, evaluate, ordered
 from auditor.analysis.projection_side_by_side import SideBySide, side_by_side
+from auditor.analysis.ranks import Spawn, spawns
 from auditor.analysis.stage_groups import StageRow
 from auditor.analysis.unstaged import PeakPlace
 from auditor.record_schema import AtPeak, EventLogState, Exit, Machine, Memray, ProbeState, RunRecord, Site, Stage
@@ -48,7 +49,7 @@ class Banner:
     still_open: list[Stage]    # those open when the run stopped
     # the torch.multiprocessing spawns this process started (auditor.spawned_ranks): each one's
     # folder of ranks (None: not audited) and start method; their work is in those records
-    spawned: list[tuple[str | None, int | None, str | None]] = field(default_factory=list)
+    spawned: list[Spawn] = field(default_factory=list)
 
 
 @dataclass
@@ -253,8 +254,7 @@ def _banner(record: RunRecord) -> Banner:
                   stages=len(record.stages),
                   finished=[s for s in record.stages if s.status != "open"],
                   still_open=[s for s in record.stages if s.status == "open"],
-                  spawned=[(e.get("folder"), e.get("nprocs"), e.get("start_method"))
-                           for e in record.annotations.get("spawned") or [] if isinstance(e, dict)])
+                  spawned=spawns(record))
 
 
 def _unstaged_time(record: RunRecord) -> UnstagedTime | None:

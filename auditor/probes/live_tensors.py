@@ -183,8 +183,9 @@ class LiveTensorMeter(MeasuringMode):
             cell = self._cells[storage] = [serial, size, False]
             self._count(cell, tensor.device.type == "cpu")
             if self.at_peak:
-                where = allocation_site(_op_name(func)) if func is not None and size >= SITE_MIN_BYTES else None
-                self._table[serial] = [serial, size, created_in, _op_name(func),
+                op = _op_name(func)
+                where = allocation_site(op) if op is not None and size >= SITE_MIN_BYTES else None
+                self._table[serial] = [serial, size, created_in, op,
                                        self._key(storage, tensor), tensor.dtype is torch.bool,
                                        None, None, where]
             self._new_high()

@@ -109,10 +109,11 @@ def _banner(banner: model.Banner) -> str:
         lines.append(f"> **The event log is incomplete** ({md.text(reason)}; "
                      f"{log.lines or 0:,} events written): this record was kept in memory and "
                      "written once there was space.")
-    for folder, workers, method in banner.spawned:
+    for spawn in banner.spawned:
+        folder, workers = spawn.folder, spawn.nprocs
         if folder is None:
             lines.append(f"> **This process started {workers} worker(s) with torch.multiprocessing "
-                         f"(start method {md.text(method or 'unknown')}), not audited**: their memory is not in this record.")
+                         f"(start method {md.text(spawn.start_method or 'unknown')}), not audited**: their memory is not in this record.")
         else:
             lines.append(f"> **This process spawned {workers} worker(s) with torch.multiprocessing, audited as "
                          f"ranks in {md.code(('' if folder == '.' else folder + '/') + 'rank-N')} of this run "
