@@ -920,8 +920,8 @@ class Audit:
 
     def _emit(self, event: dict, durable: bool = False) -> None:
         """Into the record (memory) and the log; a log that fails warns once, never raises."""
+        self._events.append(event)  # first: a Ctrl-C in the write leaves no logged event unrecorded
         written = self._log.write(event, durable)
-        self._events.append(event)
         if written or self._log_warned:
             return
         self._log_warned = True

@@ -171,17 +171,36 @@ class EventLog:
         try:
             if file_identity(self._fd) != self._identity:  # closed, its number now the program's
                 raise OSError(errno.EBADF, "the program closed its file descriptor")
-            view = memoryview(line)
-            while view:
-                view = view[os.write(self._fd, view):]
+            try:
+                self._append(line)
+            except BaseException:  # Ctrl-C mid-write: the line is whole in the log, or not in it
+                self._settle(line)
+                raise
             if durable:
                 os.fsync(self._fd)  # on disk: survives the machine going down
         except OSError as error:
             self._fail(error)
             return False
-        self._size += len(line)
-        self.lines += 1
         return True
+
+    def _append(self, line: bytes, start: int = 0) -> None:
+        view = memoryview(line)[start:]
+        while view:
+            view = view[os.write(self._fd, view):]
+        self._size, self.lines = self._size + len(line), self.lines + 1  # one statement: no signal between
+
+    def _settle(self, line: bytes) -> None:
+        """After an exception (a Ctrl-C's KeyboardInterrupt) cut `_append` short: the file's
+        size says how much of `line` got in. A part is completed, so every line stays whole
+        and each line in the log is counted, as the record holds its event."""
+        try:
+            got = os.fstat(self._fd).st_size - self._size
+            if 0 < got < len(line):
+                self._append(line, got)
+            elif got >= len(line):
+                self._size, self.lines = self._size + len(line), self.lines + 1
+        except OSError as error:
+            self._fail(error)
 
     def _fail(self, error: OSError) -> None:
         self.failure = f"{EVENTS_FILE} could not be written: {error.strerror or error}"

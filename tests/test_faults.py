@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 import auditor
+from auditor.record import assembled
 
 AUDITOR_PACKAGE = str(Path(auditor.__file__).parent)
 TIMEOUT_S = 120
@@ -193,6 +194,39 @@ def test_a_sigterm_while_the_record_is_written_waits_for_it(tmp_path):
     assert stages_of(record.to_json()) == FINISHED_BEFORE_THE_FAULT + [("wait", "ok")]
     assert record.exit.status == "ok"
     assert_no_auditor_traceback(result.stderr)
+
+
+# A Ctrl-C that lands while a finished stage's line is being made durable (fsync), as a
+# terminal's does when a user presses it on seeing the stage end: the stage is in the log, so
+# the record has it too, finished.
+CTRL_C_AS_A_STAGE_IS_WRITTEN = """
+    import os, signal
+    import auditor
+    real_fsync = os.fsync
+    def fsync_then_ctrl_c(fd):
+        real_fsync(fd)
+        os.fsync = real_fsync
+        os.kill(os.getpid(), signal.SIGINT)
+    with auditor.stage("load"):
+        data = bytearray(b"x" * 5_000_000)
+    with auditor.stage("work"):
+        os.fsync = fsync_then_ctrl_c
+    with auditor.stage("never"):
+        pass
+"""
+
+
+def test_ctrl_c_while_a_finished_stage_is_written_keeps_it_finished(tmp_path):
+    script = write_script(tmp_path, CTRL_C_AS_A_STAGE_IS_WRITTEN)
+    result = run(audited("--out", tmp_path / "run", script), tmp_path)
+    assert result.returncode == 130, result.stderr
+    assert_no_auditor_traceback(result.stderr)
+    logged = stages_of(assembled(tmp_path / "run"))  # the event log on disk
+    assert logged == FINISHED_BEFORE_THE_FAULT, logged
+    record = auditor.load(tmp_path / "run")  # run.json: what the audit kept in memory
+    assert stages_of(record.to_json()) == FINISHED_BEFORE_THE_FAULT
+    assert record.exit.status == "interrupted"
+    assert record.event_log.lines == len((tmp_path / "run" / "events.jsonl").read_text().splitlines())
 
 
 def test_sigkill_mid_stage_loses_no_finished_stage_and_still_reports(tmp_path):
