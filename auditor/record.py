@@ -172,9 +172,11 @@ class EventLog:
             if file_identity(self._fd) != self._identity:  # closed, its number now the program's
                 raise OSError(errno.EBADF, "the program closed its file descriptor")
             try:
-                self._append(line)
+                self._append(self._fd, line)
+            except OSError:
+                raise
             except BaseException:  # Ctrl-C mid-write: the line is whole in the log, or not in it
-                self._settle(line)
+                self._settle(self._fd, line)
                 raise
             if durable:
                 os.fsync(self._fd)  # on disk: survives the machine going down
@@ -183,20 +185,20 @@ class EventLog:
             return False
         return True
 
-    def _append(self, line: bytes, start: int = 0) -> None:
+    def _append(self, fd: int, line: bytes, start: int = 0) -> None:
         view = memoryview(line)[start:]
         while view:
-            view = view[os.write(self._fd, view):]
+            view = view[os.write(fd, view):]
         self._size, self.lines = self._size + len(line), self.lines + 1  # one statement: no signal between
 
-    def _settle(self, line: bytes) -> None:
+    def _settle(self, fd: int, line: bytes) -> None:
         """After an exception (a Ctrl-C's KeyboardInterrupt) cut `_append` short: the file's
         size says how much of `line` got in. A part is completed, so every line stays whole
         and each line in the log is counted, as the record holds its event."""
         try:
-            got = os.fstat(self._fd).st_size - self._size
+            got = os.fstat(fd).st_size - self._size
             if 0 < got < len(line):
-                self._append(line, got)
+                self._append(fd, line, got)
             elif got >= len(line):
                 self._size, self.lines = self._size + len(line), self.lines + 1
         except OSError as error:
