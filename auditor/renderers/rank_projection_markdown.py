@@ -114,7 +114,7 @@ def validation_findings(found: HeldOutFindings) -> list[str]:
             f"- Peak live tensors: worst {live.error:+.2%} ({where(live)}); every stage: worst {stage.error:+.2%} "
             f"({where(stage)}). Target ±{found.live_limit:.0%}: {met(found.live_met)} "
             f"({met(found.every_stage_met)} on every stage).",
-            "- Real sharded part within the traced upper bound (+ one unit's buffer): "
+            f"- Real sharded part within the traced upper bound (+ one unit's buffer, +{found.live_limit:.0%}): "
             + ("every rank." if not outside else "not on " + ", ".join(outside) + "."),
             f"- Peak RSS: {low:+.2%} to {high:+.2%} (worst {where(rss)}). Target ±{found.rss_limit:.0%}: "
             f"{met(found.rss_met)}. The real ranks' RSS beyond their live tensors was "
