@@ -59,6 +59,8 @@ def run_worker(fn, plan: WorkerAudit, index: int, *args):
         return fn(index, *args)
     except BaseException as raised:  # the worker's own ending: its record says how it ended
         error = raised
+        if raised.__traceback__ is not None:  # from the worker's own frame on, as without the auditor
+            raised.__traceback__ = raised.__traceback__.tb_next
         raise
     finally:
         audit.__exit__(type(error) if error else None, error, error.__traceback__ if error else None)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import textwrap
 import uuid
@@ -95,6 +96,22 @@ def test_a_failing_script_exits_1_with_its_traceback_and_a_record(workdir, capsy
     record = auditor.load(workdir / "o")
     assert record.stages[0].status == "failed"
     assert record.exit.to_json() == {"status": "failed", "code": 1, "error": "RuntimeError: script bug"}
+
+
+def test_a_staged_function_that_raises_shows_python_s_traceback_without_the_auditor_s_frames(workdir, capsys):
+    script = write(workdir / "fails.py", """
+        def step(x):
+            raise ValueError("bad step")
+        def main():
+            step(1)
+        main()
+    """)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=workdir)
+    assert main(["run", "--out", "o", "--stage", "fails:step", "fails.py"]) == 1
+    err = capsys.readouterr().err
+    audited = err[err.index("Traceback"):err.index("ValueError: bad step")]
+    assert audited == plain.stderr[:plain.stderr.index("ValueError: bad step")]  # the wrapper's frame hidden
+    assert auditor.load(workdir / "o").stages[0].status == "failed"
 
 
 def test_memray_top_site_is_the_known_line(workdir, capsys):

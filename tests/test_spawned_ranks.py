@@ -133,6 +133,7 @@ def test_a_failed_worker_keeps_its_record_and_the_scripts_exit_status(tmp_path):
                            cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert done.returncode == plain.returncode == 1
     assert "RuntimeError: rank 1 gave up" in done.stderr
+    assert f'File "{ROOT / "auditor"}' not in done.stderr  # the launcher's and worker's tracebacks as python's
     failed = record(tmp_path / "run" / "rank-1")
     assert failed["exit"]["status"] == "failed" and "rank 1 gave up" in failed["exit"]["error"]
     assert [s["path"] for s in failed["stages"]] == ["train_step", "train_step#2", "train_step#3"]

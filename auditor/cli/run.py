@@ -26,6 +26,8 @@ from auditor import main_script
 from auditor.cli import UsageError, check_script, examples
 from auditor.record_schema import RunRecord, RunRecordError
 
+AUDITOR_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -294,11 +296,24 @@ def _print_script_traceback(error: BaseException, script: Path) -> None:
     tb = error.__traceback__
     while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != target:
         tb = tb.tb_next
-    error.with_traceback(tb or error.__traceback__)  # python's hook prints the error's own traceback
+    error.with_traceback(_without_auditor_frames(tb) or error.__traceback__)  # the hook prints its own
     try:
         sys.excepthook(type(error), error, error.__traceback__)
     except Exception:  # a hook that fails itself: python then prints the error plainly
         traceback.print_exception(type(error), error, error.__traceback__)
+
+
+def _without_auditor_frames(tb):
+    """The traceback `tb` without the auditor's frames between the script's (the wrappers of
+    staged functions and of torch.multiprocessing's start_processes): as python shows it."""
+    kept = []
+    while tb is not None:
+        if not os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(AUDITOR_PACKAGE):
+            kept.append(tb)
+        tb = tb.tb_next
+    for outer, inner in zip(kept, kept[1:] + [None]):
+        outer.tb_next = inner
+    return kept[0] if kept else None
 
 
 # -- what the user sees ------------------------------------------------------------------
