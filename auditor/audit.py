@@ -49,6 +49,7 @@ from pathlib import Path
 
 from auditor import allocator_retention, ranks
 from auditor import record as run_record
+from auditor.probes import child_processes
 from auditor.probes import cuda as cuda_probe
 from auditor.probes.python_heap import PythonHeapProbe
 from auditor.probes.rss import RssProbe
@@ -226,6 +227,7 @@ class Audit:
                 "process": {"pid": os.getpid(), "rss_at_start": rss_at_start, "cwd": os.getcwd()}, "probes": probes,
                 **({"rank": self.rank} if self.rank else {}),
             }, durable=True)
+            self._children_before = child_processes.ended_peak_rss()  # after platform.platform()'s `uname -p`
         except BaseException:
             self._abandon()
             raise
@@ -441,6 +443,15 @@ class Audit:
             self._warn(f"memray trace could not be read: {error}")
             return None
 
+    def _children(self) -> dict:
+        """`process.children`, where the program's child processes held memory (never audited)."""
+        try:
+            children = child_processes.at_end(self._children_before)
+        except Exception as error:  # a probe that fails costs its figure, never the record
+            self._warn(f"child processes could not be read: {type(error).__name__}: {error}")
+            return {}
+        return {"children": children} if children else {}
+
     def _finish_event(self, end_s, ends, memray, exc) -> dict:
         finished = [e["stage"] for e in self._events if e["event"] == "stage_finished"]
         holder = run_record.peak_stage(finished, self._run_peaks["rss"])
@@ -460,11 +471,12 @@ class Audit:
         files = {"events": run_record.EVENTS_FILE, "run": run_record.RUN_FILE}
         if memray:
             files.update(memray=memray["file"])
+        children = self._children()  # first: nothing of the auditor's own has started a process yet
         return {
             "event": "run_finished",
             "finished_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
             "duration_s": round(end_s, 6), "device": self._device(), "environment": _environment(),
-            "process": {**self._events[0]["process"], "rss_at_end": ends["rss"]},
+            "process": {**self._events[0]["process"], "rss_at_end": ends["rss"], **children},
             "probes": self._probes, "peak": peak, "memray": memray, "exit": _exit_status(exc),
             "files": files, "event_log": self._log_state(written=1),
             "audit_overhead_s": {k: round(v, 6) for k, v in self._overhead.items()}, **rank,

@@ -296,11 +296,20 @@ class Machine(RecordPart):
 
 
 @dataclass(kw_only=True, eq=False)
+class Children(RecordPart):
+    """The audited process's child processes, never audited (auditor.probes.child_processes)."""
+    largest_ended_peak_rss: Bytes | None = None  # the largest that ended in the run: its peak
+    alive_at_end: Count | None = None
+    alive_rss_at_end: Bytes | None = None
+
+
+@dataclass(kw_only=True, eq=False)
 class Process(RecordPart):
     pid: Count | None = None
     rss_at_start: Bytes | None = None
     rss_at_end: Bytes | None = None
     cwd: str | None = None
+    children: Children | None = None  # absent: no child held memory the record can see
 
 
 @dataclass(kw_only=True, eq=False)

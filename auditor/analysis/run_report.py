@@ -29,7 +29,8 @@ from auditor.analysis.projection_side_by_side import SideBySide, side_by_side
 from auditor.analysis.ranks import Spawn, spawns
 from auditor.analysis.stage_groups import StageRow
 from auditor.analysis.unstaged import PeakPlace
-from auditor.record_schema import AtPeak, EventLogState, Exit, Machine, Memray, ProbeState, RunRecord, Site, Stage
+from auditor.record_schema import (AtPeak, Children, EventLogState, Exit, Machine, Memray, ProbeState, RunRecord,
+                                   Site, Stage)
 
 MAX_STAGE_ROWS = 300      # rows of the stage table, after folding repeated calls
 LIVE_PEAK_STAGES = 3      # stages whose live-tensor high is shown besides the peak stage's
@@ -50,6 +51,8 @@ class Banner:
     # the torch.multiprocessing spawns this process started (auditor.spawned_ranks): each one's
     # folder of ranks (None: not audited) and start method; their work is in those records
     spawned: list[Spawn] = field(default_factory=list)
+    # child processes that held memory outside the record (process.children); None: none did
+    children: Children | None = None
 
 
 @dataclass
@@ -254,7 +257,7 @@ def _banner(record: RunRecord) -> Banner:
                   stages=len(record.stages),
                   finished=[s for s in record.stages if s.status != "open"],
                   still_open=[s for s in record.stages if s.status == "open"],
-                  spawned=spawns(record))
+                  spawned=spawns(record), children=record.process.children)
 
 
 def _unstaged_time(record: RunRecord) -> UnstagedTime | None:

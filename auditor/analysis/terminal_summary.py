@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from auditor.record import EVENTS_FILE
-from auditor.record_schema import Call, RunRecord, Site, Stage
+from auditor.record_schema import Call, Children, RunRecord, Site, Stage
 
 
 @dataclass
@@ -60,6 +60,7 @@ class RunSummary:
     run_json: Path | None          # None: not written
     event_log: Path | None         # kept when run.json was not written
     event_log_complete: bool
+    children: Children | None = None  # child processes' memory, outside the record's figures
 
 
 @dataclass
@@ -99,7 +100,8 @@ def run_summary(record: RunRecord, folder: Path, run_json: Path | None) -> RunSu
         profiler_trace=folder / trace if trace and (folder / trace).is_file() else None,
         folder=folder, run_json=run_json,
         event_log=events if run_json is None and events.is_file() else None,
-        event_log_complete=record.event_log is not None and record.event_log.state == "complete")
+        event_log_complete=record.event_log is not None and record.event_log.state == "complete",
+        children=record.process.children)
 
 
 def _row(calls: list[Stage], depth: int, name: str) -> SummaryRow:

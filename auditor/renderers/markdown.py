@@ -119,10 +119,26 @@ def _banner(banner: model.Banner) -> str:
                          f"ranks in {md.code(('' if folder == '.' else folder + '/') + 'rank-N')} of this run "
                          f"folder**: the work ran there. Their merged report: `auditor report` on "
                          f"{'this run folder' if folder == '.' else 'that folder'}.")
+    if banner.children is not None:
+        lines.append(_children(banner.children, audited=any(s.folder is not None for s in banner.spawned)))
     if banner.traced:
         lines.append("> **A traced run on fake tensors.** Components and live tensors are the workload's; "
                      "RSS readings are the tracing process's, not the workload's.")
     return "\n>\n".join(lines)
+
+
+def _children(children, audited: bool) -> str:
+    """The memory this process's children held, which no figure of the report counts."""
+    held = []
+    if children.largest_ended_peak_rss is not None:
+        held.append(f"the largest that ended during the run peaked at {units.size(children.largest_ended_peak_rss)} RSS")
+    if children.alive_at_end:
+        held.append(f"{children.alive_at_end} still running at its end held "
+                    f"{units.size(children.alive_rss_at_end or 0)}")
+    among = " (the spawned workers, audited as ranks, among them)" if audited else ""
+    return (f"> **Child processes held memory outside this record**{among}: {'; '.join(held)}. "
+            "This report's figures are this process's own (a forked child's RSS also counts the "
+            "pages it shares with this process).")
 
 
 def _unfinished(banner: model.Banner) -> str:

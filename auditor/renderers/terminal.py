@@ -53,6 +53,13 @@ def run_summary(out: Console, summary: RunSummary) -> None:
                   "and time summed over the calls; each call is in the run record)")
     where = summary.peak_where.replace("`", "")  # in stage X, after the last stage (X), ...
     _line(out, f"peak RSS {mib(summary.peak_rss)} {where}; started at {mib(summary.rss_at_start)}")
+    children = summary.children
+    if children is not None:  # never counted above: the process's own RSS
+        parts = ([f"the largest that ended peaked at {mib(children.largest_ended_peak_rss)}"]
+                 if children.largest_ended_peak_rss is not None else [])
+        if children.alive_at_end:
+            parts.append(f"{children.alive_at_end} running at the end held {mib(children.alive_rss_at_end)}")
+        _line(out, f"child processes (not audited, not in these figures): {'; '.join(parts)}")
     top = summary.top_site
     if top is not None:  # only files that exist are named
         _line(out, f"memray: top site at the high-water mark {top.location} ({mib(top.bytes)}); "

@@ -1,0 +1,81 @@
+"""Child processes of an audited script (a subprocess, DataLoader workers) are not audited: the
+record says how much memory they held, from the kernel's own figures, and the report and the
+terminal say it beside the process's own. Real children, real `auditor run`."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import auditor
+from auditor.cli import main
+
+MB = 1_000_000
+
+# A child interpreter that touches 300 MB and ends; the script's own process stays small.
+ENDED_CHILD = """
+    import subprocess, sys
+    import auditor
+    with auditor.stage("child"):
+        subprocess.run([sys.executable, "-c", "x = bytearray(300_000_000)"], check=True)
+"""
+
+# A child still running when the script ends, holding 200 MB.
+RUNNING_CHILD = """
+    import subprocess, sys
+    child = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(200_000_000); "
+                              "print('ready', flush=True); time.sleep(120)"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    open(sys.argv[1], "w").write(str(child.pid))
+"""
+
+
+def audit(tmp_path: Path, text: str, *args: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(text).lstrip())
+    return subprocess.run([sys.executable, "-m", "auditor", "run", "--run-dir", str(tmp_path / "run"),
+                           str(script), *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+
+def test_a_child_that_ended_is_reported_with_its_peak_and_never_counted_as_the_process_s(tmp_path):
+    done = audit(tmp_path, ENDED_CHILD)
+    assert done.returncode == 0, done.stderr
+    record = auditor.load(tmp_path / "run")
+    children = record.process.children
+    assert children is not None and children.alive_at_end == 0
+    assert 300 * MB <= children.largest_ended_peak_rss <= 340 * MB  # the bytearray and an interpreter
+    assert record.peak.rss < 200 * MB  # the script's own process never held it
+    assert "child processes (not audited, not in these figures): the largest that ended peaked at" in done.stderr
+
+    assert main(["report", str(tmp_path / "run"), "-o", str(tmp_path / "report.md")]) == 0
+    banner = (tmp_path / "report.md").read_text().split("## ")[0]
+    assert "**Child processes held memory outside this record**: the largest that ended during the run peaked at" in banner
+
+
+def test_a_child_still_running_at_the_end_is_read_as_it_is(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    try:
+        done = audit(tmp_path, RUNNING_CHILD, str(pid_file))
+        assert done.returncode == 0, done.stderr
+        children = json.loads((tmp_path / "run" / "run.json").read_text())["process"]["children"]
+        assert children["alive_at_end"] == 1 and children["largest_ended_peak_rss"] is None
+        assert 200 * MB <= children["alive_rss_at_end"] <= 240 * MB
+    finally:
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_a_script_without_children_says_nothing_of_them(tmp_path):
+    done = audit(tmp_path, """
+        import auditor
+        with auditor.stage("work"):
+            data = bytearray(10_000_000)
+    """)
+    assert done.returncode == 0, done.stderr
+    assert "children" not in json.loads((tmp_path / "run" / "run.json").read_text())["process"]
+    assert "child processes" not in done.stderr
