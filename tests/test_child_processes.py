@@ -79,3 +79,27 @@ def test_a_script_without_children_says_nothing_of_them(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "children" not in json.loads((tmp_path / "run" / "run.json").read_text())["process"]
     assert "child processes" not in done.stderr
+
+
+def test_the_merged_report_names_the_rank_whose_children_held_memory(tmp_path):
+    """Two ranks as torchrun starts them (RANK, WORLD_SIZE, LOCAL_RANK in the environment): only
+    rank 1 starts a child."""
+    from auditor.analysis.ranks import merge_ranks
+    from auditor.renderers.ranks_markdown import render
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""
+        import subprocess, sys
+        import auditor
+        with auditor.stage("child"):
+            if sys.argv[1] == "1":
+                subprocess.run([sys.executable, "-c", "x = bytearray(300_000_000)"], check=True)
+    """).lstrip())
+    for rank in ("0", "1"):
+        env = {**os.environ, "RANK": rank, "WORLD_SIZE": "2", "LOCAL_RANK": rank}
+        done = subprocess.run([sys.executable, "-m", "auditor", "run", "--run-dir", str(tmp_path / "run"),
+                               str(script), rank], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+    text = render(merge_ranks(tmp_path / "run"))
+    assert "- Rank 1's child processes held memory outside its figures (not audited): the largest that ended" in text
+    assert "Rank 0's child" not in text

@@ -38,7 +38,7 @@ from auditor.analysis.components import live_tensor_high, live_tensor_peak
 from auditor.analysis.source_paths import code_root, shown_command
 from auditor.analysis.unstaged import peak_place
 from auditor.record import EVENTS_FILE, RUN_FILE, RunRecordError, load, rank_folder_name, rank_folders
-from auditor.record_schema import AtPeak, RunRecord, Stage
+from auditor.record_schema import AtPeak, Children, RunRecord, Stage
 
 COLLECTIVE_OPS = ("c10d::", "_c10d_functional::", "c10d_functional::")
 # The AsyncCollectiveTensor a functional collective returns wraps the collective's output: its
@@ -155,6 +155,7 @@ class RankSummary:
     duration_s: float | None
     open_stages: list[str]
     error: str | None = None       # the record's exit error (a failed rank's exception)
+    children: Children | None = None  # its child processes' memory, outside its figures
 
 
 @dataclass
@@ -293,7 +294,8 @@ def _rank_summary(rank: int, record: RunRecord) -> RankSummary:
         live_peak_place=high[1] if high is not None else None,
         rss_at_start=record.process.rss_at_start, duration_s=record.duration_s,
         open_stages=[s.path for s in record.stages if s.status == "open"],
-        error=record.exit.error if record.exit is not None and status != "unfinished" else None)
+        error=record.exit.error if record.exit is not None and status != "unfinished" else None,
+        children=record.process.children)
 
 
 def _stage_rows(records: dict[int, RunRecord]) -> list[MergedStage]:

@@ -30,7 +30,7 @@ from auditor.analysis.components import BEYOND_CENSUS, BEYOND_LIVE, UNSEEN_TENSO
 from auditor.analysis.run_report import MAX_STAGE_ROWS, RunReport, run_report  # MAX_STAGE_ROWS: tests read it here
 from auditor.analysis.stage_groups import StageRow
 from auditor.analysis.unstaged import PeakPlace
-from auditor.record_schema import Memray, RunRecord, Stage, Unstaged
+from auditor.record_schema import Children, Memray, RunRecord, Stage, Unstaged
 from auditor.renderers import markdown_text as md
 from auditor.renderers.projection_markdown import sections as projection_sections, unexplained
 
@@ -127,18 +127,23 @@ def _banner(banner: model.Banner) -> str:
     return "\n>\n".join(lines)
 
 
-def _children(children, audited: bool) -> str:
+def _children(children: Children, audited: bool) -> str:
     """The memory this process's children held, which no figure of the report counts."""
+    among = " (the spawned workers, audited as ranks, among them)" if audited else ""
+    return (f"> **Child processes held memory outside this record**{among}: {children_held(children)}. "
+            "This report's figures are this process's own (a forked child's RSS also counts the "
+            "pages it shares with this process).")
+
+
+def children_held(children: Children) -> str:
+    """What a record's `process.children` says, as a clause."""
     held = []
     if children.largest_ended_peak_rss is not None:
         held.append(f"the largest that ended during the run peaked at {units.size(children.largest_ended_peak_rss)} RSS")
     if children.alive_at_end:
         held.append(f"{children.alive_at_end} still running at its end held "
                     f"{units.size(children.alive_rss_at_end or 0)}")
-    among = " (the spawned workers, audited as ranks, among them)" if audited else ""
-    return (f"> **Child processes held memory outside this record**{among}: {'; '.join(held)}. "
-            "This report's figures are this process's own (a forked child's RSS also counts the "
-            "pages it shares with this process).")
+    return "; ".join(held)
 
 
 def _unfinished(banner: model.Banner) -> str:

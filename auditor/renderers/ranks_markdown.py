@@ -9,6 +9,7 @@ from pathlib import Path
 from auditor import units
 from auditor.analysis.ranks import Launcher, MergedRanks, RankSummary, Spread
 from auditor.renderers import markdown_text as md
+from auditor.renderers.markdown import children_held
 
 COMMUNICATION_NOTE = (
     "Counted: storages a c10d collective creates itself (functional collectives, "
@@ -99,6 +100,9 @@ def _ranks(merged: MergedRanks) -> str:
             "(auditor.ranks says when each is read)" if sources else "")
     note += (f"; process group backend {', '.join(backends)}." if backends else "." if note else "")
     errors = "\n".join(f"- Rank {r.rank} {r.status}: {md.text(r.error)}" for r in merged.ranks if r.error)
+    children = "\n".join(f"- Rank {r.rank}'s child processes held memory outside its figures (not audited): "
+                         f"{children_held(r.children)}." for r in merged.ranks if r.children is not None)
+    errors = "\n".join(part for part in (errors, children) if part)
     return ("## Ranks\n\n" + md.table(headers, rows, right=(0, 2, 3, 5, 7, 9, 10)) + note
             + (f"\n\n{errors}" if errors else ""))
 
