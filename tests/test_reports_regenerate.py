@@ -20,6 +20,8 @@ REPORTS = {  # report -> the record folders `auditor report` is given
     "multi-rank-cpu-4-ranks.md": ["reports/multi-rank-cpu-runs/4-ranks"],
     # examples/ddp_spawn_train.py under `auditor run`: its spawned workers as ranks, beside their launcher
     "multi-rank-spawn-cpu.md": ["reports/multi-rank-spawn-cpu-runs/run"],
+    # examples/dataloader_workers.py under `auditor run`: its DataLoader workers' memory in the banner
+    "dataloader-workers-cpu.md": ["reports/dataloader-workers-cpu-runs/run"],
     "gradprobe-tinystories-33m.md": ["reports/gradprobe-tinystories-33m-runs/audit"],  # `make audit`'s
     "example-hessian-pruner.md": ["reports/example-hessian-pruner-runs/run"],  # the README's walkthrough
 }
