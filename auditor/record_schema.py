@@ -301,6 +301,7 @@ class Children(RecordPart):
     largest_ended_peak_rss: Bytes | None = None  # the largest that ended in the run: its peak
     alive_at_end: Count | None = None
     alive_rss_at_end: Bytes | None = None
+    alive_uss_at_end: Bytes | None = None  # of it, their own pages (USS); None: not readable
 
 
 @dataclass(kw_only=True, eq=False)

@@ -65,9 +65,44 @@ def test_a_child_still_running_at_the_end_is_read_as_it_is(tmp_path):
         children = json.loads((tmp_path / "run" / "run.json").read_text())["process"]["children"]
         assert children["alive_at_end"] == 1 and children["largest_ended_peak_rss"] is None
         assert 200 * MB <= children["alive_rss_at_end"] <= 240 * MB
+        assert 200 * MB <= children["alive_uss_at_end"] <= children["alive_rss_at_end"]
     finally:
         if pid_file.exists():
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+# A forked worker (as a DataLoader's) that holds 100 MB of its own beside its parent's 300 MB.
+FORKED_WORKER = """
+    import multiprocessing, time
+
+    def hold(ready):
+        mine = bytearray(100_000_000)
+        for i in range(0, len(mine), 4096):
+            mine[i] = 1
+        ready.set()
+        time.sleep(120)
+
+    if __name__ == "__main__":
+        parents = bytearray(300_000_000)
+        for i in range(0, len(parents), 4096):
+            parents[i] = 1
+        context = multiprocessing.get_context("fork")
+        ready = context.Event()
+        context.Process(target=hold, args=(ready,), daemon=True).start()  # ended at exit
+        assert ready.wait(60)
+"""
+
+
+def test_a_forked_worker_s_own_memory_is_told_from_the_pages_it_shares(tmp_path):
+    done = audit(tmp_path, FORKED_WORKER)
+    assert done.returncode == 0, done.stderr
+    children = auditor.load(tmp_path / "run").process.children
+    assert children.alive_at_end == 1
+    assert children.alive_rss_at_end >= 400 * MB  # the parent's pages count in its RSS
+    assert 100 * MB <= children.alive_uss_at_end <= 130 * MB  # its own: what it added
+    assert "of it their own (USS)" in done.stderr
+    # terminated at exit as a daemon, it ends by SIGTERM as it does without the auditor: no traceback
+    assert "Traceback" not in done.stderr, done.stderr
 
 
 def test_a_script_without_children_says_nothing_of_them(tmp_path):

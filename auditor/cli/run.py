@@ -258,7 +258,11 @@ class _Sigterm:
     def interrupting(self):
         from auditor.audit import Interrupted
 
+        audited = os.getpid()
+
         def interrupt(signum, frame):
+            if os.getpid() != audited:  # a child the script forked inherited it: act as without us
+                return self._as_before(signum, frame)
             raise Interrupted(signum)
         try:
             before = signal.signal(signal.SIGTERM, interrupt)
@@ -287,6 +291,17 @@ class _Sigterm:
 
     def _defer(self, signum, frame):
         self.received = True
+
+    def _as_before(self, signum, frame):
+        """The signal in a forked child, as the handler before the audit takes it: a DataLoader
+        worker that its parent terminates ends by the signal, with no traceback of ours."""
+        before = self.before
+        signal.signal(signum, before)
+        if callable(before):
+            return before(signum, frame)
+        if before != signal.SIG_IGN:
+            signal.raise_signal(signum)  # the default: ended by it
+        return None
 
 
 def _print_script_traceback(error: BaseException, script: Path) -> None:

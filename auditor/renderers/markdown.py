@@ -141,8 +141,10 @@ def children_held(children: Children) -> str:
     if children.largest_ended_peak_rss is not None:
         held.append(f"the largest that ended during the run peaked at {units.size(children.largest_ended_peak_rss)} RSS")
     if children.alive_at_end:
+        own = children.alive_uss_at_end
         held.append(f"{children.alive_at_end} still running at its end held "
-                    f"{units.size(children.alive_rss_at_end or 0)}")
+                    f"{units.size(children.alive_rss_at_end or 0)} RSS"
+                    + (f", {units.size(own)} of it their own (USS)" if own is not None else ""))
     return "; ".join(held)
 
 

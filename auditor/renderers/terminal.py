@@ -58,7 +58,9 @@ def run_summary(out: Console, summary: RunSummary) -> None:
         parts = ([f"the largest that ended peaked at {mib(children.largest_ended_peak_rss)}"]
                  if children.largest_ended_peak_rss is not None else [])
         if children.alive_at_end:
-            parts.append(f"{children.alive_at_end} running at the end held {mib(children.alive_rss_at_end)}")
+            own = children.alive_uss_at_end
+            parts.append(f"{children.alive_at_end} running at the end held {mib(children.alive_rss_at_end)}"
+                         + (f", {mib(own)} of it their own (USS)" if own is not None else ""))
         _line(out, f"child processes (not audited, not in these figures): {'; '.join(parts)}")
     top = summary.top_site
     if top is not None:  # only files that exist are named
