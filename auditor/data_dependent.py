@@ -147,6 +147,8 @@ class SizeRecorder(MeasuringMode):
     """A real run's data-dependent sizes, per (site, operator). Does work for `WATCHED` only:
     one set lookup for every other operator."""
 
+    observes_only = True
+
     def __init__(self) -> None:
         super().__init__()
         self.sites: dict[tuple[str, str], SiteSizes] = {}

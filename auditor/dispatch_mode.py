@@ -12,13 +12,29 @@ through `torch._dynamo.disable` from then on, as torch would.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
+class _Forked:
+    """Whether this process is a fork of the one the modes were entered in: a forked child
+    (a DataLoader worker) inherits the dispatch mode stack with the rest of its memory."""
+    child = False
+
+
+os.register_at_fork(after_in_child=lambda: setattr(_Forked, "child", True))
+
+
 class MeasuringMode(TorchDispatchMode):
-    """A TorchDispatchMode that keeps dynamo out of its frames without loading dynamo."""
+    """A TorchDispatchMode that keeps dynamo out of its frames without loading dynamo.
+
+    A mode that only observes (`observes_only`) lets a forked child's operators pass straight
+    through: the child is not audited, and its copy of the mode's lock may be held by a thread
+    the fork did not copy."""
+
+    observes_only = False
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -37,6 +53,8 @@ def _skipped_by_dynamo_once_loaded(raw):
     @functools.wraps(raw)
     def dispatch(self, func, types, args=(), kwargs=None):
         nonlocal disabled
+        if _Forked.child and self.observes_only:
+            return func(*args, **(kwargs or {}))
         if disabled is None:
             dynamo = sys.modules.get("torch._dynamo")
             if getattr(dynamo, "disable", None) is None:  # not loaded (or still loading)

@@ -98,13 +98,48 @@ def test_a_wrapper_subclass_counts_its_inner_tensors_only(tmp_path):
     from auditor.probes.live_tensors import LiveTensorMeter
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
-        mesh = DeviceMesh("cpu", [0])
+        distributed = distribute_tensor(torch.randn(1000, 100), DeviceMesh("cpu", [0]), [Shard(0)])
+        gc.collect()  # distribute_tensor's temporaries, which a reference cycle can keep, gone before
         meter = LiveTensorMeter()
         with meter:
-            local = torch.randn(1000, 100)
-            doubled = distribute_tensor(local, mesh, [Shard(0)]) * 2
-            gc.collect()  # DTensor's first dispatch leaves the distributed temporary in a reference cycle
-        assert meter.live == 2 * 400_000  # the input and the product's local shard
+            doubled = distributed * 2
+        assert meter.live == 400_000  # the product's local shard; its wrapper (400,000 B too) holds nothing
         assert doubled.to_local().untyped_storage().nbytes() == 400_000
     finally:
         dist.destroy_process_group()
+
+
+def test_a_forked_child_s_operators_pass_through_the_meter():
+    """A forked child (a DataLoader worker) inherits the dispatch mode with its memory; it is not
+    audited, so its operators go straight through while the parent's are still counted."""
+    import os
+    import time
+
+    from auditor.probes.live_tensors import LiveTensorMeter
+    meter = LiveTensorMeter()
+    with meter:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                before = meter.live
+                kept = torch.ones(1000)  # below the grain of torch's thread pool, which a fork does not copy
+                os.write(write, str(meter.live - before).encode())
+                del kept
+            finally:
+                os._exit(0)
+        os.close(write)
+        for _ in range(600):  # 30 s at most: a child stuck in a copied lock must not hang the suite
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        counted_in_child = int(os.read(read, 64) or b"-1")
+        os.close(read)
+        before = meter.live
+        kept = torch.ones(1000)
+        counted_in_parent = meter.live - before
+    assert counted_in_child == 0
+    assert counted_in_parent == 4000

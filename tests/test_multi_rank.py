@@ -2,7 +2,9 @@
 and torch.multiprocessing spawn, one merged report, killed ranks, reused folders refused."""
 from __future__ import annotations
 
+import gc
 import json
+import mmap
 import os
 import subprocess
 import sys
@@ -188,13 +190,14 @@ def test_a_rank_writes_its_own_folder_beside_the_other_ranks(tmp_path, as_rank):
 
 def test_a_peak_after_the_last_stage_is_placed_as_its_rank_s_report_places_it(tmp_path, as_rank):
     shared = tmp_path / "run"
+    gc.collect()  # earlier tests' garbage, freed between the two "ranks" of this one process, lowers RSS
     for rank in (0, 1):
         as_rank(rank)
         with auditor.Audit(out=shared, name="r"):
             with auditor.stage("work"):
                 bytearray(1 << 20)
-            held = bytearray(64 << 20 if rank == 1 else 1)  # rank 1's peak: after its only stage
-            held[::4096] = b"x" * len(held[::4096])  # touched, so resident
+            held = mmap.mmap(-1, 96 << 20 if rank == 1 else 4096)  # rank 1's peak: after its only stage
+            held[::4096] = b"x" * len(held[::4096])  # fresh pages, touched: resident
     merged = merge_ranks(shared)
     assert merged.peak.rank == 1 and merged.peak.stage is None
     assert merged.peak.place == "after the last stage (`work`)" == peak_place(load(shared / "rank-1")).phrase

@@ -69,6 +69,8 @@ class LiveTensorMeter(MeasuringMode):
     the audit: the innermost stage open on the thread the meter counts (a dispatch mode sees
     that thread's operators only), recorded as each storage's `created_in`."""
 
+    observes_only = True
+
     def __init__(self, at_peak: bool = True) -> None:
         super().__init__()
         self.live = 0
