@@ -11,20 +11,19 @@ import os
 import re
 import shlex
 
+from auditor.allocation_sites import is_auditor_code
 from auditor.record_schema import RunRecord
 
 _LIBRARY = re.compile(r".*?/(?:site|dist)-packages/")
 _STDLIB = re.compile(r".*?/lib/python\d+\.\d+/")
 
 
-_AUDITOR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
-_AUDITOR_JOBS = os.path.join(_AUDITOR, "jobs", "")
 _CONSOLE_SCRIPT = re.compile(r".*/bin/auditor$")
 
 
 def _auditors_own(path: str) -> bool:
     """A frame of the auditor's measuring code (its jobs/ are workloads) or its console script."""
-    return bool(_CONSOLE_SCRIPT.match(path)) or (path.startswith(_AUDITOR) and not path.startswith(_AUDITOR_JOBS))
+    return bool(_CONSOLE_SCRIPT.match(path)) or is_auditor_code(path)
 
 
 def code_root(record: RunRecord) -> str | None:

@@ -26,8 +26,6 @@ from auditor import main_script
 from auditor.cli import UsageError, check_script, examples
 from auditor.record_schema import RunRecord, RunRecordError
 
-AUDITOR_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -321,9 +319,10 @@ def _print_script_traceback(error: BaseException, script: Path) -> None:
 def _without_auditor_frames(tb):
     """The traceback `tb` without the auditor's frames between the script's (the wrappers of
     staged functions and of torch.multiprocessing's start_processes): as python shows it."""
+    from auditor.allocation_sites import is_auditor_code
     kept = []
     while tb is not None:
-        if not os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(AUDITOR_PACKAGE):
+        if not is_auditor_code(os.path.abspath(tb.tb_frame.f_code.co_filename)):
             kept.append(tb)
         tb = tb.tb_next
     for outer, inner in zip(kept, kept[1:] + [None]):

@@ -38,10 +38,10 @@ def at_end(ended_peak_before: int) -> dict | None:
     alive = _alive()
     if ended <= ended_peak_before and not alive:
         return None
-    uss = [own for _, own in alive]
+    uss = [own for _, own in alive if own is not None]
     return {"largest_ended_peak_rss": ended if ended > ended_peak_before else None,
             "alive_at_end": len(alive), "alive_rss_at_end": sum(rss for rss, _ in alive),
-            "alive_uss_at_end": None if None in uss else sum(own for own in uss if own is not None)}
+            "alive_uss_at_end": sum(uss) if len(uss) == len(alive) else None}
 
 
 def _alive() -> list[tuple[int, int | None]]:
