@@ -1,4 +1,5 @@
-# Two entry points: `make audit` (the main job) and `make test`. Both set up .venv first.
+# Two entry points: `make audit` (the main job, into out/) and `make test`. Both set up .venv first.
+# `make reports` makes the committed main report again.
 PYTHON ?= python3
 VENV := .venv
 # The local CPU build; override on a GPU machine, e.g. `make test TORCH=torch`.
@@ -10,18 +11,28 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[test]'
 	touch $@
 
-.PHONY: setup audit test
+.PHONY: setup audit reports test
 setup: $(VENV)/.installed
 
-# The main job: audit GradProbe on the TinyStories-33M architecture (CPU), project it to
-# Mistral-7B (scaled and traced) and write the report. Its run record is kept beside the report
-# (replaced each time), so `auditor report reports/gradprobe-tinystories-33m-runs/audit` makes
-# the same report again.
-AUDIT_RUN := reports/gradprobe-tinystories-33m-runs/audit
+# The job both targets run: audit GradProbe on the TinyStories-33M architecture (CPU), project it
+# to Mistral-7B (scaled and traced), write the report (its PNGs beside it) and keep the run record,
+# so that `auditor report RUN_DIR` makes the same report again.
+GRADPROBE_AUDIT := $(VENV)/bin/auditor gradprobe --arch tinystories-33m --target mistral-7b
+
+# The main job, into out/ (ignored by git): a fresh clone stays clean. Replaced each time.
+OUT := out
 audit: setup
+	rm -rf $(OUT)/gradprobe-tinystories-33m-run
+	$(GRADPROBE_AUDIT) --run-dir $(OUT)/gradprobe-tinystories-33m-run -o $(OUT)/gradprobe-tinystories-33m.md
+	@echo "make audit wrote $(OUT)/gradprobe-tinystories-33m.md (report and PNGs) and its run record" \
+		"$(OUT)/gradprobe-tinystories-33m-run/ (ignored by git; reports/ holds the committed one, made by make reports)"
+
+# The committed main report and its run record (tests/test_reports_regenerate.py makes the
+# report again from that record alone). Rewrites tracked files: commit what it changes.
+AUDIT_RUN := reports/gradprobe-tinystories-33m-runs/audit
+reports: setup
 	rm -rf $(AUDIT_RUN)
-	$(VENV)/bin/auditor gradprobe --arch tinystories-33m --target mistral-7b \
-		--run-dir $(AUDIT_RUN) -o reports/gradprobe-tinystories-33m.md
+	$(GRADPROBE_AUDIT) --run-dir $(AUDIT_RUN) -o reports/gradprobe-tinystories-33m.md
 	$(VENV)/bin/python -m auditor.portable_paths $(AUDIT_RUN)  # committed: no folder of this machine
 
 # The suite runs in two worker processes (pytest-xdist), a test file to a worker: about 11 minutes

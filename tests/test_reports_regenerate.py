@@ -22,7 +22,7 @@ REPORTS = {  # report -> the record folders `auditor report` is given
     "multi-rank-spawn-cpu.md": ["reports/multi-rank-spawn-cpu-runs/run"],
     # examples/dataloader_workers.py under `auditor run`: its DataLoader workers' memory in the banner
     "dataloader-workers-cpu.md": ["reports/dataloader-workers-cpu-runs/run"],
-    "gradprobe-tinystories-33m.md": ["reports/gradprobe-tinystories-33m-runs/audit"],  # `make audit`'s
+    "gradprobe-tinystories-33m.md": ["reports/gradprobe-tinystories-33m-runs/audit"],  # `make reports`'
     "example-hessian-pruner.md": ["reports/example-hessian-pruner-runs/run"],  # the README's walkthrough
 }
 COMPARISONS = {  # report -> its comparison record, rendered again by `auditor compare --from`
