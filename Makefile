@@ -22,7 +22,7 @@ GRADPROBE_AUDIT := $(VENV)/bin/auditor gradprobe --arch tinystories-33m --target
 # The main job, into out/ (ignored by git): a fresh clone stays clean. Replaced each time.
 OUT := out
 audit: setup
-	rm -rf $(OUT)/gradprobe-tinystories-33m-run
+	rm -rf $(OUT)/gradprobe-tinystories-33m-run && mkdir -p $(OUT)
 	$(GRADPROBE_AUDIT) --run-dir $(OUT)/gradprobe-tinystories-33m-run -o $(OUT)/gradprobe-tinystories-33m.md
 	@echo "make audit wrote $(OUT)/gradprobe-tinystories-33m.md (report and PNGs) and its run record" \
 		"$(OUT)/gradprobe-tinystories-33m-run/ (ignored by git; reports/ holds the committed one, made by make reports)"
