@@ -10,7 +10,8 @@ and milliseconds, before anything is imported, built or written.
     add_threads_argument(parser)      --threads N
     finite_float                      the type of every float option: nan and inf are refused
     check_model_options(args)         ValueError (one line) for anything the run could not take
-    HelpFormatter, examples           every command's help: defaults shown, an example block
+    HelpFormatter, epilog             every command's help: defaults shown one way, examples and
+                                      exit statuses below the options
     installed_version()               the installed distribution's version, for --version
 """
 from __future__ import annotations
@@ -43,19 +44,19 @@ def size_overrides(args, prefix: str = "") -> dict[str, int]:
 def add_sequence_arguments(parser, many: bool = False) -> None:
     if many:
         parser.add_argument("--seq-len", nargs="+", type=int, default=[128], metavar="N",
-                            help="sequence lengths to sweep (default 128)")
+                            help="sequence lengths to sweep")
     else:
         parser.add_argument("--seq-len", type=int, default=128, metavar="N",
-                            help="tokens per sequence (default 128)")
+                            help="tokens per sequence")
     parser.add_argument("--batch-size", type=int, default=1, metavar="N", help="sequences per batch")
 
 
 def add_seed_argument(parser, help: str = "seed of the random weights and tokens") -> None:
-    parser.add_argument("--seed", type=int, default=0, help=help)
+    parser.add_argument("--seed", type=int, default=0, metavar="N", help=help)
 
 
 def add_device_argument(parser) -> None:
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
 
 
 def add_threads_argument(parser) -> None:
@@ -136,7 +137,8 @@ def check_device(device: str | None) -> None:
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Descriptions and examples as written; every option's default shown where it has one
-    (not for flags, and not where its help already says it)."""
+    (not for flags, and not where its help already says it), always as `(default: VALUE)`, a
+    list as its items the way they are typed (`(default: 2 4 8)`)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -144,13 +146,24 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         shown = not (default is None or isinstance(default, bool) or default == []
                      or default is argparse.SUPPRESS)
         if action.option_strings and "default" not in text and shown:
-            text += " (default: %(default)s)"
+            typed = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
+            text += f" (default: {typed.replace('%', '%%')})"
         return text
 
 
 def examples(*lines: str) -> str:
     """An epilog's examples block: each line a command as typed."""
     return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def exit_statuses(*rows: tuple[int | str, str]) -> str:
+    """An epilog's exit status block: (status, what it means) per row."""
+    return "exit status:\n" + "\n".join(f"  {str(status):<4}{meaning}" for status, meaning in rows)
+
+
+def epilog(examples_: list[str], statuses: list[tuple[int | str, str]], notes: str = "") -> str:
+    """A command's epilog: its examples, its exit statuses, then any notes."""
+    return "\n\n".join(part for part in (examples(*examples_), exit_statuses(*statuses), notes) if part)
 
 
 def installed_version() -> str:

@@ -4,6 +4,11 @@ changes to add one.
 
 Errors in what the user typed: a subcommand raises UsageError and the user sees one line,
 `auditor: error: ...`, exit status 2, no traceback.
+
+One meaning per option name across the subcommands, each defined once here: a run folder is
+always `--run-dir DIR`, a file the command writes always `-o/--output FILE`, the program's
+callables `--stage` and `--model-from`. Spellings an option had before stay as hidden aliases
+(`old=`), so old command lines keep working.
 """
 from __future__ import annotations
 
@@ -14,7 +19,8 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from architectures.options import HelpFormatter, examples, installed_version  # noqa: F401 (the commands' shared help)
+from architectures.options import (HelpFormatter, epilog, examples,  # noqa: F401 (the commands' shared help)
+                                   installed_version)
 
 SUBCOMMANDS = ["run", "gradprobe", "train_step", "report", "rebuild", "compare", "validate_projection", "project_ranks", "export"]
 
@@ -74,8 +80,52 @@ def check_script(text: str) -> Path:
     return script
 
 
+BAD_INPUT = (2, "bad input: one line on stderr saying what is wrong, before any work")
+INTERRUPTED = (130, "Ctrl-C; what finished is kept")
+
+
+def add_run_dir_argument(parser, help: str, old: tuple[str, ...] = ()) -> None:
+    """--run-dir DIR (args.run_dir): the folder the command writes its run records into."""
+    parser.add_argument("--run-dir", metavar="DIR", help=help)
+    _hidden_aliases(parser, old, "run_dir", "DIR")
+
+
+def add_output_argument(parser, help: str, metavar: str = "FILE", old: tuple[str, ...] = ()) -> None:
+    """-o/--output FILE (args.output): the file the command writes."""
+    parser.add_argument("-o", "--output", metavar=metavar, help=help)
+    _hidden_aliases(parser, old, "output", metavar)
+
+
+def _hidden_aliases(parser, old: tuple[str, ...], dest: str, metavar: str) -> None:
+    """Deprecated spellings of an option: they still work, and help shows only the new name."""
+    for spelling in old:
+        parser.add_argument(spelling, dest=dest, metavar=metavar, help=argparse.SUPPRESS)
+
+
+def add_stage_argument(parser) -> None:
+    """--stage TARGET (args.stages), repeatable."""
+    parser.add_argument("--stage", metavar="TARGET", action="append", default=[], dest="stages",
+                        help="stage every call of module:function or module:Class.method "
+                             "(__main__:function for the program's own; repeatable)")
+
+
+def add_model_from_argument(parser, runs: str) -> None:
+    """--model-from MODULE:FUNCTION: where the program builds its model; `runs` says which runs
+    get the target's model there."""
+    parser.add_argument("--model-from", metavar="MODULE:FUNCTION",
+                        help=f"the program's function that builds its model; {runs} get the target's "
+                             "model there (the program runs unmodified)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="auditor", description="Stage-by-stage memory audits of Python code.")
+    parser = _Parser(prog="auditor", description="Stage-by-stage memory audits of Python code.",
+                     formatter_class=HelpFormatter,
+                     epilog=epilog(["auditor run --stage mylib.prune:prune_layer prune.py",
+                                    "auditor report runs/20250101-120000-prune",
+                                    "auditor COMMAND --help"],
+                                   [(0, "done (auditor run: the program's own exit status)"),
+                                    (1, "a run failed, or a check the command makes did not pass"),
+                                    BAD_INPUT, INTERRUPTED]))
     parser.add_argument("--version", action="version", version=f"auditor {installed_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                        parser_class=partial(_Parser, formatter_class=HelpFormatter))

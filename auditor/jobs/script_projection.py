@@ -33,20 +33,29 @@ NO_STAGES = ("the real run has no stages, and a projection is made stage by stag
 
 @dataclass
 class Program:
-    """A script (`python SCRIPT ARGS` in `cwd`) or a function called with no arguments
-    (`module:function`, imported with `path` first on sys.path)."""
+    """A script, module or code string (`python SCRIPT ARGS`, `python -m MODULE ARGS`, `python -c
+    CODE ARGS` in `cwd`) or a function called with no arguments (`module:function`), run with
+    `path` first on sys.path."""
     script: str | None = None
     args: list[str] = field(default_factory=list)
     function: str | None = None
     cwd: str = "."
     path: list[str] = field(default_factory=list)
+    module: str | None = None
+    code: str | None = None
+
+    def main(self):
+        """What runs as __main__ (auditor.main_script.Main), or None for a function."""
+        if self.script is None and self.module is None and self.code is None:
+            return None
+        from auditor.main_script import Main
+        return Main(script=self.script, module=self.module, code=self.code)
 
     def run(self) -> None:
-        if self.script is not None:
-            from auditor import main_script
-            sys.argv = [self.script, *self.args]
+        main = self.main()
+        if main is not None:
             try:
-                main_script.run(self.script)
+                main.run(self.args)
             except SystemExit as done:
                 if done.code not in (None, 0):
                     raise
@@ -159,9 +168,8 @@ def _main(plan: Plan, folder: Path) -> None:
     sys.path[0:0] = program.path
     label = resolve_hook(plan.label) if plan.label else None
     target = plan.target
-    if program.script is not None:  # its own functions may be named (auditor.main_script)
-        from auditor import main_script
-        main_script.declare(program.script)
+    if program.main() is not None:  # its own functions may be named (auditor.main_script)
+        program.main().declare()
     with _as_rank(plan), ModelFrom(plan.model_from, target, plan.observed):  # before the stages wrap it
         with Audit(folder, plan.name, census=True, live_tensors=True, traced=plan.traced,
                    stage_targets=plan.stages, stage_label=label, command=shlex_join(program),
@@ -208,8 +216,9 @@ def _already_joined(init_process_group):
 
 def shlex_join(program: Program) -> str:
     import shlex
-    if program.script is not None:
-        return shlex.join(["python", program.script, *program.args])
+    main = program.main()
+    if main is not None:
+        return shlex.join(["python", *main.command(), *program.args])
     return f"{program.function}()"
 
 
