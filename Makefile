@@ -24,8 +24,7 @@ OUT := out
 audit: setup
 	rm -rf $(OUT)/gradprobe-tinystories-33m-run && mkdir -p $(OUT)
 	$(GRADPROBE_AUDIT) --run-dir $(OUT)/gradprobe-tinystories-33m-run -o $(OUT)/gradprobe-tinystories-33m.md
-	@echo "make audit wrote $(OUT)/gradprobe-tinystories-33m.md (report and PNGs) and its run record" \
-		"$(OUT)/gradprobe-tinystories-33m-run/ (ignored by git; reports/ holds the committed one, made by make reports)"
+	@echo "make audit: report, PNGs and run record in $(OUT)/ (ignored by git); make reports remakes the committed one"
 
 # The committed main report and its run record (tests/test_reports_regenerate.py makes the
 # report again from that record alone). Rewrites tracked files: commit what it changes.
