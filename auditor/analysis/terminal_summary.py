@@ -1,21 +1,28 @@
-"""What `auditor run` says on the terminal, computed from the record: a line as each stage
-ends, the summary when the script is over (the stage table with repeated calls folded, the
-peak, where memray's flamegraph, the profiler's trace and the run record are), and the traced
-projection's headline.
+"""What `auditor run` says on the terminal, computed from the record: each distinct stage as
+its calls end (calls folded: a function staged 5,000 times is one tally, not 5,000 lines), the
+summary when the script is over (the stage table with repeated calls folded, the peak, where
+memray's flamegraph, the profiler's trace and the run record are), and the traced projection's
+headline.
 
+    tallies = StageTallies(); tally = tallies.add(stage_end(entry))  # tally.calls, tally.peak
     summary = run_summary(record, folder, run_json=None)   # None: run.json not written
-    summary.rows[0].calls, summary.peak_rss, summary.flamegraph, ...
+    summary.rows[0].calls, summary.peak_rss, summary.flamegraph, summary.more_rows, ...
 
 auditor.renderers.terminal formats them. The table is the report's rows (stage_groups) without
-its unstaged rows and its row limit: a terminal shows the stages the script opened, all of them.
+its unstaged rows, at most MAX_ROWS of them (the highest peaks, with their parents): the rest
+are counted under it, and each is in the report.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from auditor.record import EVENTS_FILE
 from auditor.record_schema import Call, Children, RunRecord, Site, Stage
+
+MAX_ROWS = 30  # the stage table's rows on a terminal: a screenful
+_CALL_NUMBERS = re.compile(r"#\d+(?=/|$)")
 
 
 @dataclass
@@ -27,6 +34,47 @@ class StageEnd:
     rss_change: int                # end - start
     rss_peak: int
     seconds: float
+    key: str = ""                  # the distinct stage: the path without call numbers (`g/f`)
+
+    def __post_init__(self) -> None:
+        self.key = self.key or _CALL_NUMBERS.sub("", self.path)
+
+
+@dataclass
+class StageTally:
+    """The calls of one distinct stage so far, as the live audit ends them."""
+    key: str
+    calls: int = 0
+    failed: int = 0
+    rss_end: int = 0               # the last call's
+    rss_change: int = 0            # the last call's
+    rss_peak: int = 0              # the highest of any call
+    peak_call: int = 1             # which call had it, counting from 1
+    seconds: float = 0.0           # summed over the calls
+    last: StageEnd | None = field(default=None, repr=False)
+
+
+class StageTallies:
+    """Distinct stages in the order their first call ended; each call folded into its tally."""
+
+    def __init__(self):
+        self.by_key: dict[str, StageTally] = {}
+
+    def add(self, end: StageEnd) -> StageTally:
+        tally = self.by_key.get(end.key)
+        if tally is None:
+            tally = self.by_key[end.key] = StageTally(end.key)
+        tally.calls += 1
+        tally.failed += not end.ok
+        tally.rss_end, tally.rss_change, tally.seconds = end.rss_end, end.rss_change, tally.seconds + end.seconds
+        if tally.calls == 1 or end.rss_peak > tally.rss_peak:
+            tally.rss_peak, tally.peak_call = end.rss_peak, tally.calls
+        tally.last = end
+        return tally
+
+    @property
+    def calls(self) -> int:
+        return sum(tally.calls for tally in self.by_key.values())
 
 
 @dataclass
@@ -61,6 +109,8 @@ class RunSummary:
     event_log: Path | None         # kept when run.json was not written
     event_log_complete: bool
     children: Children | None = None  # child processes' memory, outside the record's figures
+    more_rows: int = 0             # rows left out of `rows` (lower peaks), and their stages
+    more_stages: int = 0
 
 
 @dataclass
@@ -81,6 +131,30 @@ def stage_end(entry: dict) -> StageEnd:
                     rss["peak"], entry["end_s"] - entry["start_s"])
 
 
+def shown_rows(rows: list[SummaryRow], limit: int = MAX_ROWS) -> list[SummaryRow]:
+    """At most `limit` rows, in reading order: the highest peaks first chosen, each with the
+    rows it sits under, so that an indented name always has its parent above it."""
+    if len(rows) <= limit:
+        return rows
+    parents: list[int | None] = []
+    open_at: list[int] = []  # the index of the last row seen at each depth
+    for i, row in enumerate(rows):
+        del open_at[row.depth:]
+        parents.append(open_at[-1] if open_at else None)
+        open_at.append(i)
+    chosen: set[int] = set()
+    for i in sorted(range(len(rows)), key=lambda i: -(rows[i].rss_peak or 0)):  # stable: earlier first on a tie
+        line = []
+        at: int | None = i
+        while at is not None and at not in chosen:
+            line.append(at)
+            at = parents[at]
+        if len(chosen) + len(line) > limit:
+            continue
+        chosen.update(line)
+    return [row for i, row in enumerate(rows) if i in chosen]
+
+
 def run_summary(record: RunRecord, folder: Path, run_json: Path | None) -> RunSummary:
     """`folder`: the run folder, where the files the record names are; `run_json`: None when
     run.json could not be written (the event log then says what the run did)."""
@@ -92,8 +166,11 @@ def run_summary(record: RunRecord, folder: Path, run_json: Path | None) -> RunSu
     flamegraph = folder / (memray.flamegraph or "-") if memray is not None else None
     trace = (record.files or {}).get("torch_profiler")
     events = folder / EVENTS_FILE
+    rows = [_row(row.stages, row.depth, fold_key(row.stages[0])) for row in stage_rows(record)]
+    shown = shown_rows(rows)
     return RunSummary(
-        name=record.name, rows=[_row(row.stages, row.depth, fold_key(row.stages[0])) for row in stage_rows(record)],
+        name=record.name, rows=shown, more_rows=len(rows) - len(shown),
+        more_stages=sum(row.calls for row in rows) - sum(row.calls for row in shown),
         stages=len(record.stages), peak_rss=record.peak.rss, peak_where=peak_place(record).phrase,
         rss_at_start=record.process.rss_at_start, top_site=top,
         flamegraph=flamegraph if flamegraph is not None and flamegraph.is_file() else None,

@@ -1,11 +1,14 @@
-"""`auditor run [options] SCRIPT [ARGS...]`: run a script as `python SCRIPT ARGS` would,
-under audit, and write DIR/run.json (default DIR: a new folder under runs/).
+"""`auditor run [options] (SCRIPT | -m MODULE | -c CODE) [ARGS...]`: run a program as python
+would (`python SCRIPT ARGS`, `python -m MODULE ARGS`, `python -c CODE ARGS`: sys.argv and
+sys.path[0] as python sets them, auditor.main_script), under audit, and write DIR/run.json
+(default DIR: a new folder under runs/).
 
-Everything the user typed is checked before anything is created: the script, the output
-folder, each --stage target and the --label function (resolved with the script's folder on
-sys.path, as the script itself would import it). The command exits with the script's own status; the audit
-never changes it (a record that cannot be written is a warning). SIGTERM while the script
-runs ends it as Ctrl-C does, through an exception (unless the script installed its own
+Everything the user typed is checked before anything is created: the program (the script a
+file, the module found), the output folder, each --stage target and the --label function
+(resolved with python's sys.path[0] for the program, as the program itself would import them).
+The command exits with the program's own status; the audit never changes it (a record that
+cannot be written is a warning). SIGTERM while the program runs ends it as Ctrl-C does, through
+an exception (unless the program installed its own
 handler), so its stages close and the record says "interrupted"; the command then exits
 with 143 (128 + SIGTERM), the status a shell shows for a process SIGTERM ended.
 """
@@ -22,29 +25,32 @@ import warnings
 from pathlib import Path
 
 from architectures.options import add_size_arguments, size_overrides
-from auditor import main_script
-from auditor.cli import UsageError, check_script, examples
+from auditor.cli import (BAD_INPUT, UsageError, add_model_from_argument, add_run_dir_argument,
+                         add_stage_argument, epilog)
+from auditor.main_script import Main
 from auditor.record_schema import RunRecord, RunRecordError
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "run", help="run a Python script under audit",
-        description="Run SCRIPT as `python SCRIPT ARGS` would, under audit; write DIR/run.json. "
-                    "Under torchrun each rank writes DIR/rank-N/; workers the script starts with "
+        "run", help="run a Python script, module (-m) or code (-c) under audit",
+        usage="auditor run [options] (SCRIPT | -m MODULE | -c CODE) [ARGS...]",
+        description="Run a program as python would (`python SCRIPT ARGS`, `python -m MODULE ARGS`, "
+                    "`python -c CODE ARGS`), under audit; write DIR/run.json. "
+                    "Under torchrun each rank writes DIR/rank-N/; workers the program starts with "
                     "torch.multiprocessing.spawn audit themselves there too (`auditor report DIR` merges them).",
-        epilog=examples("auditor run --live-tensors --stage mylib.prune:prune_layer prune.py --sparsity 0.5",
-                        "auditor run --memray --run-dir runs/prune-1 prune.py",
-                        "auditor run --target llama-2-7b --model-from mylib.models:get_llm "
-                        "--stage mylib.prune:prune_layer prune.py") + "\n\n"
-               "Exit status: the script's own (a record that cannot be written is a warning);\n"
-               "130 after Ctrl-C and 143 after SIGTERM (128 + the signal, as a shell shows a\n"
-               "process that signal ended), with a record saying 'interrupted'.")
-    parser.add_argument("--run-dir", "--out", dest="out", metavar="DIR",
-                        help="run folder (default: a new folder under runs/)")
-    parser.add_argument("--stage", metavar="TARGET", action="append", default=[], dest="stages",
-                        help="stage every call of module:function or module:Class.method "
-                             "(repeatable)")
+        epilog=epilog(["auditor run --live-tensors --stage mylib.prune:prune_layer prune.py --sparsity 0.5",
+                       "auditor run --memray --run-dir runs/prune-1 -m mylib.prune --sparsity 0.5",
+                       "auditor run --stage __main__:step -c 'import torch; ...' ARG",
+                       "auditor run --target llama-2-7b --model-from mylib.models:get_llm "
+                       "--stage mylib.prune:prune_layer prune.py"],
+                      [("N", "the program's own exit status (a record that cannot be written is a warning)"),
+                       BAD_INPUT,
+                       (130, "Ctrl-C, with a record saying 'interrupted'"),
+                       (143, "SIGTERM (128 + the signal, as a shell shows a process it ended), "
+                             "with a record saying 'interrupted'")]))
+    add_run_dir_argument(parser, "run folder (default: a new folder under runs/)", old=("--out",))
+    add_stage_argument(parser)
     parser.add_argument("--label", metavar="MODULE:FUNCTION",
                         help="name each staged call with FUNCTION(target_name, args, kwargs) -> "
                              "str | None (None: the default label, the module the call worked on)")
@@ -59,22 +65,26 @@ def register(subparsers) -> None:
     parser.add_argument("--torch-profiler", action="store_true",
                         help="record a torch.profiler trace with memory, stages as ranges, in "
                              "DIR/profiler (tensorboard --logdir DIR/profiler)")
-    parser.add_argument("--name", help="run name (default: the script's name)")
+    parser.add_argument("--name", help="run name (default: the script's stem, the module's name, or "
+                                       "'code' for -c)")
     projection = parser.add_argument_group(
-        "projection to a target model (traced: the script again, on fake tensors)")
+        "projection to a target model (traced: the program again, on fake tensors)")
     projection.add_argument("--target", metavar="ARCH",
                             help="project the run to this architecture (a name, or a checkpoint "
                                  "folder's config); needs --model-from; turns on --census and "
                                  "--live-tensors")
     add_size_arguments(projection, prefix="target-", scale="target: ")
     projection.add_argument("--target-dtype", choices=("float32", "bfloat16", "float16"),
-                            help="the target model's dtype (default: the dtype the script built)")
-    projection.add_argument("--model-from", metavar="MODULE:FUNCTION",
-                            help="the script's function that builds its model: in the projection "
-                                 "it returns the target model instead (the script is unmodified)")
-    parser.add_argument("script", nargs="?", metavar="SCRIPT", help="the Python script to run")
-    parser.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
-                        help="the script's own arguments (options after SCRIPT are the script's)")
+                            help="the target model's dtype (default: the dtype the program built)")
+    add_model_from_argument(projection, "the traced runs")
+    program = parser.add_argument_group("the program (exactly one; what follows it is its own arguments)")
+    program.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE",
+                         help="run library module MODULE as __main__, as python -m does")
+    program.add_argument("-c", dest="code", nargs=argparse.REMAINDER, metavar="CODE",
+                         help="run the code string CODE, as python -c does")
+    program.add_argument("script", nargs="?", metavar="SCRIPT", help="the Python script to run")
+    program.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
+                         help="the program's own arguments (options after the program are its own)")
     parser.set_defaults(handler=main)
 
 
@@ -86,29 +96,29 @@ def main(args) -> int:
     from auditor.model_from import ModelFrom
     from auditor.renderers import terminal
     from auditor.spawned_ranks import carry_into_spawn
-    if args.script is None:
-        raise UsageError("run needs a script: auditor run [options] SCRIPT [ARGS...]")
-    script = check_script(args.script)
-    if args.out is not None and not args.out.strip():  # Path("") is the current folder
+    program, program_args = _program(args)
+    if args.run_dir is not None and not args.run_dir.strip():  # Path("") is the current folder
         raise UsageError("--run-dir is empty; give a folder for the run record, or leave --run-dir out")
-    name = args.name or script.stem
+    name = args.name or program.name()
     target = _target_model(args)
     console = terminal.console()  # rich is imported with it, before the audit, not inside a stage
+    lines = terminal.StageLines(console)  # a line per distinct stage, calls folded
     saved_path, saved_argv = list(sys.path), list(sys.argv)
-    script_folder = str(script.resolve().parent)
-    sys.path[0:1] = [script_folder]  # what `python SCRIPT` puts first
-    sys.argv = [args.script, *args.args]
-    main_script.declare(script)  # targets may name its own functions (SCRIPT_STEM:fn, __main__:fn)
+    path_entry = program.path_entry()
+    sys.path[0:1] = [path_entry]  # what python puts first for it
     try:
         try:
+            program.check()  # a module is looked for as python -m looks, with that sys.path
+            filename = program.filename()
+            program.declare()  # targets may name its own functions (SCRIPT_STEM:fn, MODULE:fn, __main__:fn)
             stage_label = resolve_hook(args.label) if args.label is not None else None
             model_from = ModelFrom(args.model_from) if args.model_from else contextlib.nullcontext()
-            audit = Audit(args.out, name, memray=args.memray, tracemalloc=args.tracemalloc,
+            audit = Audit(args.run_dir, name, memray=args.memray, tracemalloc=args.tracemalloc,
                           census=args.census or target is not None,
                           live_tensors=args.live_tensors or target is not None,
                           cuda_history=args.cuda_history, torch_profiler=args.torch_profiler,
                           stage_targets=args.stages, command=shlex.join(args.command_line),
-                          on_stage_end=lambda entry: terminal.stage_ended(console, stage_end(entry)),
+                          on_stage_end=lambda entry: lines.stage_ended(stage_end(entry)),
                           stage_label=stage_label, record_sizes=target is not None)
         except ValueError as error:
             raise UsageError(str(error)) from None
@@ -116,7 +126,7 @@ def main(args) -> int:
                                                               "cuda_history", "torch_profiler")}
         with _one_line_warnings(console), model_from:  # patched before the stages wrap it
             with carry_into_spawn(audit, worker_options, args.label) as spawns:
-                status = _run_script(audit, script)
+                status = _run_script(audit, program, program_args, filename, lines.close)
     finally:
         sys.path[:], sys.argv = saved_path, saved_argv
     record = _typed_record(console, audit)
@@ -126,10 +136,31 @@ def main(args) -> int:
     except (OSError, ValueError):  # the script closed stderr: nowhere left to print
         pass
     if target is not None:
-        program = Program(script=str(script.resolve()), args=list(args.args), cwd=os.getcwd(),
-                          path=[script_folder])
-        _project(console, audit, record, status, target, program, args)
+        again = Program(script=str(Path(program.script).resolve()) if program.script is not None else None,
+                        module=program.module, code=program.code, args=program_args, cwd=os.getcwd(),
+                        path=[path_entry])
+        _project(console, audit, record, status, target, again, args)
     return status
+
+
+def _program(args) -> tuple[Main, list[str]]:
+    """The program to run and its own arguments; UsageError unless exactly one is given."""
+    given = [what for what, value in (("SCRIPT", args.script), ("-m", args.module), ("-c", args.code))
+             if value is not None]
+    if not given:
+        raise UsageError("run needs a program: auditor run [options] SCRIPT [ARGS...], or -m MODULE, "
+                         "or -c CODE")
+    if len(given) > 1:  # argparse gives what follows the program to it, so only in odd spellings
+        raise UsageError(f"give one program, not {' and '.join(given)}: SCRIPT, -m MODULE or -c CODE")
+    if args.module is not None:
+        if not args.module or not args.module[0].strip():
+            raise UsageError("-m needs a module name: auditor run [options] -m MODULE [ARGS...]")
+        return Main(module=args.module[0]), args.module[1:]
+    if args.code is not None:
+        if not args.code:
+            raise UsageError("-c needs the code to run: auditor run [options] -c CODE [ARGS...]")
+        return Main(code=args.code[0]), args.code[1:]
+    return Main(script=args.script), list(args.args)
 
 
 def _typed_record(console, audit) -> RunRecord | None:
@@ -197,8 +228,10 @@ def _project(console, audit, record: RunRecord | None, status: int, target, prog
     terminal.projection_summary(console, projection_summary(projection, audit.folder))
 
 
-def _run_script(audit, script: Path) -> int:
-    """The script's exit status, as the interpreter would give it."""
+def _run_script(audit, program: Main, program_args: list[str], filename: str, lines_done=lambda: None) -> int:
+    """The program's exit status, as the interpreter would give it; `filename`: its code's file
+    name, where its traceback starts. `lines_done`: once the audit
+    has ended, before the script's traceback is printed (the stage lines end first)."""
     try:
         audit.__enter__()
     except FileExistsError:
@@ -210,17 +243,18 @@ def _run_script(audit, script: Path) -> int:
     error, cwd, sigterm = None, os.getcwd(), _Sigterm()
     try:
         with sigterm.interrupting():
-            main_script.run(script)
+            program.run(program_args)
     except BaseException as raised:  # the script's own ending: the record says how it ended
         error = raised
     finally:
         with sigterm.deferred():
             os.chdir(cwd)  # a script that changed folder: the paths the user gave mean what they did
             audit.__exit__(type(error) if error else None, error, error.__traceback__ if error else None)
-    return _status(error, script)
+            _quietly(lines_done)
+    return _status(error, filename)
 
 
-def _status(error: BaseException | None, script: Path) -> int:
+def _status(error: BaseException | None, filename: str) -> int:
     from auditor.audit import Interrupted
     if error is None:
         return 0
@@ -235,7 +269,7 @@ def _status(error: BaseException | None, script: Path) -> int:
     if isinstance(error, Interrupted):
         print(f"Terminated ({error})", file=sys.stderr)
         return 128 + error.signum
-    _print_script_traceback(error, script)  # the script's own failure: show it as python would
+    _print_script_traceback(error, filename)  # the program's own failure: show it as python would
     return 1
 
 
@@ -302,14 +336,19 @@ class _Sigterm:
         return None
 
 
-def _print_script_traceback(error: BaseException, script: Path) -> None:
-    """The traceback from the script's first frame on, without the auditor's frames, printed by
-    sys.excepthook as python prints it (torch.distributed's, for one, prefixes `[rankN]:`)."""
-    target = os.path.abspath(script)
+def _print_script_traceback(error: BaseException, filename: str) -> None:
+    """The traceback from the program's first frame on (its code's `filename`), without the
+    auditor's frames, printed by sys.excepthook as python prints it (torch.distributed's, for
+    one, prefixes `[rankN]:`). An error before its first line ran (a SyntaxError) has no frame
+    of it: python shows none of its own either."""
+    target = os.path.abspath(filename)
     tb = error.__traceback__
     while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != target:
         tb = tb.tb_next
-    error.with_traceback(_without_auditor_frames(tb) or error.__traceback__)  # the hook prints its own
+    if tb is None:  # no frame of the program: a SyntaxError, shown without frames; else all of it
+        error.with_traceback(None if isinstance(error, SyntaxError) else error.__traceback__)
+    else:
+        error.with_traceback(_without_auditor_frames(tb) or error.__traceback__)  # the hook prints its own
     try:
         sys.excepthook(type(error), error, error.__traceback__)
     except Exception:  # a hook that fails itself: python then prints the error plainly
@@ -332,6 +371,13 @@ def _without_auditor_frames(tb):
 
 # -- what the user sees ------------------------------------------------------------------
 
+def _quietly(show) -> None:
+    try:
+        show()
+    except (OSError, ValueError):  # the script closed stderr: nowhere left to print
+        pass
+
+
 @contextlib.contextmanager
 def _one_line_warnings(console):
     from auditor.audit import AuditorWarning
@@ -339,7 +385,7 @@ def _one_line_warnings(console):
 
     def show(message, category, filename, lineno, file=None, line=None):
         if issubclass(category, AuditorWarning):
-            console.print(f"auditor: warning: {message}", markup=False)
+            console.print(f"auditor: warning: {message}", markup=False, soft_wrap=True)
         else:
             original(message, category, filename, lineno, file, line)
     warnings.showwarning = show

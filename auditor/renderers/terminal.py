@@ -1,26 +1,37 @@
-"""What the commands print on the terminal (rich): the line as each stage ends and the summary
-of `auditor run`, compare's runs and table, validate-projection's tables, the steps of long
+"""What the commands print on the terminal (rich): the lines of the stages as they end and the
+summary of `auditor run`, compare's runs and table, validate-projection's tables, the steps of long
 commands. Each formats a model made by analysis (auditor.analysis.terminal_summary,
 comparison_report, validation_report); nothing here reads a record.
 
 Progress and summaries go to stderr, so stdout keeps only the command's results. rich is
 imported with this module: `auditor run` imports it before the audit, not inside a stage.
+
+The stage lines stay a screenful whatever the call count (StageLines): one line per distinct
+stage, its calls folded into it. On a terminal the lines are redrawn in place (a rich Live,
+refreshed at most every REDRAW_S, that leaves the program's own stdout and stderr alone); in a
+log, a repeated stage gets an update line only after a wait that doubles each time, and each
+repeated stage one final line with its count.
 """
 from __future__ import annotations
 
+import os
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from auditor.units import MiB, mib, signed_mib
 
 if TYPE_CHECKING:
     from auditor.analysis.comparison_report import ComparisonReport, Spread
-    from auditor.analysis.terminal_summary import ProjectionSummary, RunSummary, StageEnd, SummaryRow
+    from auditor.analysis.terminal_summary import ProjectionSummary, RunSummary, StageEnd, StageTally, SummaryRow
     from auditor.analysis.validation_report import ValidationReport
 
 def console(*, stdout: bool = False, highlight: bool = False, piped_width: int | None = None) -> Console:
@@ -38,19 +49,148 @@ def step(out: Console, text: str) -> None:
 
 # -- auditor run ---------------------------------------------------------------------------
 
+MAX_STAGE_LINES = 40   # distinct stages with a line of their own; the rest share one
+MAX_FAILURE_LINES = 10  # failed calls printed on a line of their own (each stage's first)
+REDRAW_S = 0.2         # a terminal's lines are redrawn at most this often
+FIRST_WAIT_S, LONGEST_WAIT_S = 5.0, 300.0  # a log's update lines: the wait doubles between them
+
+
 def stage_ended(out: Console, stage: StageEnd) -> None:
+    """One call's line, as it ended."""
+    out.print(stage_markup(stage), soft_wrap=True)
+
+
+def stage_markup(stage: StageEnd) -> str:
     mark = "[green]ok[/]" if stage.ok else "[red]FAILED[/]"
-    out.print(f"[dim]auditor:[/] {mark} {escape(stage.path)}  rss {mib(stage.rss_end)} "
-              f"({signed_mib(stage.rss_change)}), peak {mib(stage.rss_peak)}, "
-              f"{stage.seconds:.2f} s", soft_wrap=True)
+    return (f"[dim]auditor:[/] {mark} {escape(stage.path)}  rss {mib(stage.rss_end)} "
+            f"({signed_mib(stage.rss_change)}), peak {mib(stage.rss_peak)}, {stage.seconds:.2f} s")
+
+
+def tally_markup(tally: StageTally) -> str:
+    """A distinct stage's calls so far, on one line: `ok g/f  5,000 calls, peak 27.7 MiB (#38), ...`."""
+    mark = "[green]ok[/]" if not tally.failed else f"[red]{tally.failed:,} FAILED[/]"
+    return (f"[dim]auditor:[/] {mark} {escape(tally.key)}  {tally.calls:,} calls, peak "
+            f"{mib(tally.rss_peak)} (#{tally.peak_call}), rss {mib(tally.rss_end)} at the last, "
+            f"{tally.seconds:.2f} s in all")
+
+
+class StageLines:
+    """The stage lines of `auditor run`: `lines.stage_ended(stage_end(entry))` as each stage
+    ends (from the audited program, any thread), `lines.close()` once the program is over.
+
+    Only the process that made it prints: a child the program forks inherits it silently."""
+
+    def __init__(self, out: Console, clock=time.monotonic):
+        from auditor.analysis.terminal_summary import StageTallies
+        self.out, self.clock = out, clock
+        self.tallies = StageTallies()
+        self.live = out.is_terminal and not out.is_dumb_terminal
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._display: Live | None = None
+        self._drawn_at = float("-inf")
+        self._shown: dict[str, int] = {}  # distinct stage -> the calls its last printed line counted
+        self._failures = 0                # failed calls printed on their own line
+        self._wait, self._updated_at = FIRST_WAIT_S, clock()
+        self._closed = False
+
+    def stage_ended(self, stage: StageEnd) -> None:
+        if os.getpid() != self._pid:
+            return
+        with self._lock:
+            if self._closed:
+                return
+            tally = self.tallies.add(stage)
+            if not stage.ok and tally.failed == 1 and self._failures < MAX_FAILURE_LINES:
+                self._failures += 1  # a failure is never only folded into a count
+                stage_ended(self.out, stage)
+                if not self.live:
+                    self._shown[tally.key] = tally.calls
+                    return
+            if self.live:
+                self._redraw()
+            else:
+                self._log(tally)
+
+    def close(self) -> None:
+        """The lines' final state: on a terminal the last drawing stays; in a log each stage whose
+        last line did not count all of its calls gets one more."""
+        with self._lock:
+            if self._closed or os.getpid() != self._pid:
+                return
+            self._closed = True
+            if self._display is not None:
+                self._display.update(self._renderable(), refresh=True)
+                self._display.stop()
+                return
+            shown = list(self.tallies.by_key.values())[:MAX_STAGE_LINES]
+            for tally in shown:
+                if self._shown.get(tally.key, 0) < tally.calls:
+                    self.out.print(tally_markup(tally), soft_wrap=True)
+            self._more_line()
+
+    # -- a terminal: the lines redrawn in place
+
+    def _redraw(self) -> None:
+        now = self.clock()
+        if now - self._drawn_at < REDRAW_S:
+            return
+        self._drawn_at = now
+        if self._display is None:  # no refresh thread, no redirection: the program's streams stay its own
+            self._display = Live(self._renderable(), console=self.out, auto_refresh=False,
+                                 redirect_stdout=False, redirect_stderr=False)
+            self._display.start(refresh=True)
+        else:
+            self._display.update(self._renderable(), refresh=True)
+
+    def _renderable(self) -> Group:
+        room = max(3, min(MAX_STAGE_LINES, self.out.size.height - 4))
+        tallies = list(self.tallies.by_key.values())
+        lines = [Text.from_markup(tally_markup(t) if t.calls > 1 else stage_markup(t.last))  # type: ignore[arg-type]
+                 for t in tallies[:room]]
+        rest = tallies[room:]
+        if rest:
+            lines.append(Text.from_markup(_more_markup(rest)))
+        for line in lines:
+            line.no_wrap, line.overflow = True, "ellipsis"
+        return Group(*lines)
+
+    # -- a log: a line for a stage's first call, then update lines ever further apart
+
+    def _log(self, tally: StageTally) -> None:
+        if tally.calls == 1:
+            if len(self._shown) < MAX_STAGE_LINES:
+                self._shown[tally.key] = 1
+                stage_ended(self.out, tally.last)  # type: ignore[arg-type]
+            return
+        now = self.clock()
+        if tally.key not in self._shown or now - self._updated_at < self._wait:
+            return
+        self._updated_at, self._wait = now, min(self._wait * 2, LONGEST_WAIT_S)
+        self._shown[tally.key] = tally.calls
+        self.out.print(tally_markup(tally) + " [dim](so far)[/]", soft_wrap=True)
+
+    def _more_line(self) -> None:
+        rest = list(self.tallies.by_key.values())[MAX_STAGE_LINES:]
+        if rest:
+            self.out.print(_more_markup(rest), soft_wrap=True)
+
+
+def _more_markup(rest: list[StageTally]) -> str:
+    top = max(rest, key=lambda t: t.rss_peak)
+    return (f"[dim]auditor:[/] {len(rest):,} more stages, {sum(t.calls for t in rest):,} calls "
+            f"(the highest peak {mib(top.rss_peak)} in {escape(top.key)}): each is in the summary and the record")
 
 
 def run_summary(out: Console, summary: RunSummary) -> None:
     """The stage table, then where the peak was and where the run's files are."""
     out.print(_stage_table(summary))
-    if len(summary.rows) < summary.stages:
-        out.print(f"({summary.stages} stages in {len(summary.rows)} rows: repeated calls folded, delta "
-                  "and time summed over the calls; each call is in the run record)")
+    if summary.more_rows:
+        _line(out, f"... {summary.more_rows:,} more rows ({summary.more_stages:,} stages) with lower peaks: "
+                   f"auditor report {summary.folder} lists them")
+    if len(summary.rows) + summary.more_rows < summary.stages:
+        _line(out, f"({summary.stages:,} stages in {len(summary.rows) + summary.more_rows:,} rows: repeated "
+                   "calls folded, delta and time summed over the calls; each call is in the run record)")
     where = summary.peak_where.replace("`", "")  # in stage X, after the last stage (X), ...
     _line(out, f"peak RSS {mib(summary.peak_rss)} {where}; started at {mib(summary.rss_at_start)}")
     children = summary.children
@@ -81,12 +221,12 @@ def run_summary(out: Console, summary: RunSummary) -> None:
 
 def _stage_table(summary: RunSummary) -> Table:
     table = Table(title=f"auditor: {summary.name}", title_justify="left")
-    table.add_column("stage", overflow="fold")
+    table.add_column("stage", no_wrap=True)  # a name is never cut mid-word; the last column gives way
     for column in ("calls", "RSS end", "delta", "peak inside", "time"):
         table.add_column(column, justify="right", no_wrap=True)
-    table.add_column("highest peak in", overflow="fold")
+    table.add_column("at call", overflow="fold")  # which call had the highest peak
     for row in summary.rows:  # a stage is its name indented under its parent, as in a profiler
-        table.add_row(escape("  " * row.depth + row.name + _not_ok(row)), str(row.calls), mib(row.rss_end),
+        table.add_row(escape("  " * row.depth + row.name + _not_ok(row)), f"{row.calls:,}", mib(row.rss_end),
                       signed_mib(row.rss_change), mib(row.rss_peak), f"{row.seconds:.2f} s",
                       escape(_which_call(row)))
     return table
