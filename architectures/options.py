@@ -150,6 +150,11 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
             text += f" (default: {typed.replace('%', '%%')})"
         return text
 
+    def _format_args(self, action: argparse.Action, default_metavar: str) -> str:
+        if action.nargs == argparse.REMAINDER and action.option_strings and action.metavar:
+            return f"{action.metavar} [ARGS...]"  # an option whose value is followed by its own arguments
+        return super()._format_args(action, default_metavar)
+
 
 def examples(*lines: str) -> str:
     """An epilog's examples block: each line a command as typed."""
@@ -158,7 +163,7 @@ def examples(*lines: str) -> str:
 
 def exit_statuses(*rows: tuple[int | str, str]) -> str:
     """An epilog's exit status block: (status, what it means) per row."""
-    return "exit status:\n" + "\n".join(f"  {str(status):<4}{meaning}" for status, meaning in rows)
+    return "exit status:\n" + "\n".join(f"  {str(status):<5}{meaning}" for status, meaning in rows)
 
 
 def epilog(examples_: list[str], statuses: list[tuple[int | str, str]], notes: str = "") -> str:

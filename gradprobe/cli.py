@@ -23,12 +23,14 @@ import time
 
 from architectures.options import (HelpFormatter, add_device_argument, add_seed_argument,
                                    add_sequence_arguments, add_size_arguments, add_threads_argument,
-                                   check_model_options, examples, finite_float, installed_version,
+                                   check_model_options, epilog, finite_float, installed_version,
                                    size_overrides)
 
 from . import settings
 
 MiB = 1 << 20
+EXIT_STATUSES = [(0, "done"), (1, "the run failed (python's traceback above)"),
+                 (2, "bad input: one line on stderr saying what is wrong, before any work")]
 # A tokenizer folder holds at least one of these (what AutoTokenizer.from_pretrained reads).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model")
 
@@ -57,10 +59,23 @@ def add_pruning_arguments(parser) -> None:
     """The calibration shape and decision settings every GradProbe command takes (checked by
     `check_pruning_arguments`)."""
     add_sequence_arguments(parser)
-    parser.add_argument("--batches", type=int, default=2, help="calibration batches per gradient pass")
-    parser.add_argument("--sparsity", type=finite_float, default=0.1, help="candidate fraction s")
-    parser.add_argument("--reduction", type=finite_float, default=0.1, help="reduction factor r")
-    parser.add_argument("--threshold", type=finite_float, default=2.0, help="gradient threshold tau")
+    parser.add_argument("--batches", type=int, default=2, metavar="N", help="calibration batches per gradient pass")
+    parser.add_argument("--sparsity", type=finite_float, default=0.1, metavar="S", help="candidate fraction s")
+    parser.add_argument("--reduction", type=finite_float, default=0.1, metavar="R", help="reduction factor r")
+    parser.add_argument("--threshold", type=finite_float, default=2.0, metavar="TAU",
+                        help="gradient threshold tau")
+
+
+def add_variant_argument(parser) -> None:
+    """--variant NAME: which GradProbe runs (checked by settings.check_variant_name)."""
+    parser.add_argument("--variant", default="baseline", metavar="NAME",
+                        help=f"GradProbe variant: {', '.join(settings.VARIANTS)}")
+
+
+def add_strategy_argument(parser) -> None:
+    """--strategy: how candidates are scored."""
+    parser.add_argument("--strategy", choices=settings.STRATEGIES, default="magnitude",
+                        help="how candidates are scored: |w| (magnitude) or |w| times input norms (wanda)")
 
 
 def check_pruning_arguments(args, architecture_option: str = "arch") -> None:
@@ -73,28 +88,27 @@ def check_pruning_arguments(args, architecture_option: str = "arch") -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrors(prog="gradprobe", description="Prune a causal LM with GradProbe or one of its variants.",
                            formatter_class=HelpFormatter,
-                           epilog=examples("gradprobe --arch tinystories-33m --variant lean",
-                                           "gradprobe --arch ./my-checkpoint --strategy wanda --masks-out masks.safetensors"))
+                           epilog=epilog(["gradprobe --arch tinystories-33m --variant lean",
+                                          "gradprobe --arch ./my-checkpoint --strategy wanda --masks-out masks.safetensors"],
+                                         EXIT_STATUSES))
     parser.add_argument("--version", action="version", version=f"gradprobe {installed_version()}")
     parser.add_argument("--arch", default="tinystories-33m",
                         help="architecture name (random weights) or local checkpoint folder")
     add_size_arguments(parser)
     add_pruning_arguments(parser)
-    parser.add_argument("--strategy", choices=settings.STRATEGIES, default="magnitude",
-                        help="how candidates are scored: |w| (magnitude) or |w| times input norms (wanda)")
+    add_strategy_argument(parser)
     parser.add_argument("--per-layer", action="store_true", help="one threshold per tensor")
     parser.add_argument("--storage-dtype", choices=settings.STORAGE_DTYPES,
                         help="dtype of the saved state and gradient records (default: the variant's, "
                              "fp32 except low-precision's bf16)")
-    parser.add_argument("--variant", default="baseline", metavar="NAME",
-                        help=f"GradProbe variant: {', '.join(settings.VARIANTS)} (default: baseline)")
+    add_variant_argument(parser)
     parser.add_argument("--masks-out", metavar="FILE",
                         help="write the final masks as safetensors: one uint8 0/1 tensor per parameter")
     parser.add_argument("--summary-json", metavar="FILE", help="write the summary as JSON (bytes, seconds)")
     add_seed_argument(parser)
     add_threads_argument(parser)
-    parser.add_argument("--text", help="calibration text file (needs --tokenizer)")
-    parser.add_argument("--tokenizer", help="local tokenizer folder for --text")
+    parser.add_argument("--text", metavar="FILE", help="calibration text file (needs --tokenizer)")
+    parser.add_argument("--tokenizer", metavar="DIR", help="local tokenizer folder for --text")
     add_device_argument(parser)
     return parser
 

@@ -41,7 +41,7 @@ def test_output_options_have_one_spelling():
             assert "--output" in options or "--run-dir" in options, name
     assert {"-o", "--output"} <= {o for a in commands["report"]._actions for o in a.option_strings}
     run = commands["run"].parse_args(["--run-dir", "runs/x", "script.py"])
-    assert run.out == "runs/x" == commands["run"].parse_args(["--out", "runs/x", "script.py"]).out
+    assert run.run_dir == "runs/x" == commands["run"].parse_args(["--out", "runs/x", "script.py"]).run_dir
 
 
 def test_gradprobe_explains_itself_too():

@@ -355,8 +355,8 @@ LOGGED = ["--baseline-cmd", "b", cmd("--log", "ran.log"), "--variant-cmd", "v", 
     ([*LOGGED, "-o", "afile/deeper/report.md"], "folder 'afile/deeper' does not exist"),
     ([*LOGGED, "-o", "missing/report.md"], "folder 'missing' does not exist"),
     ([*LOGGED, "-o", "kept"], "-o 'kept' is a folder"),
-    ([*LOGGED, "--keep-runs", "kept"], "--keep-runs folder 'kept' is not empty"),
-    ([*LOGGED, "--keep-runs", "afile"], "--keep-runs 'afile' is a file"),
+    ([*LOGGED, "--run-dir", "kept"], "--run-dir folder 'kept' is not empty"),
+    ([*LOGGED, "--keep-runs", "afile"], "--run-dir 'afile' is a file"),  # the old spelling
     (["--from", "run/run.json"], "is not a comparison record"),
 ])
 def test_bad_input_is_one_line_and_status_2(scene, capsys, args, says):

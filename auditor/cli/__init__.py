@@ -117,6 +117,15 @@ def add_model_from_argument(parser, runs: str) -> None:
                              "model there (the program runs unmodified)")
 
 
+def add_memray_switch(parser) -> None:
+    """--no-memray (args.memray False): memray's allocation trace is on by default; --memray, the
+    default, is kept for old command lines."""
+    parser.add_argument("--no-memray", dest="memray", action="store_false",
+                        help="skip memray's allocation trace, on by default (the report then lists no "
+                             "allocation sites)")
+    parser.add_argument("--memray", dest="memray", action="store_true", default=True, help=argparse.SUPPRESS)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="auditor", description="Stage-by-stage memory audits of Python code.",
                      formatter_class=HelpFormatter,

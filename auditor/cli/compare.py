@@ -3,6 +3,7 @@
     auditor compare --baseline baseline --variant lean --repeats 3 -- --arch tinystories-33m
     auditor compare --baseline-cmd big "python big.py" --variant-cmd small "python small.py"
     auditor compare --from runs/compare-....json -o report.md       (render a record again)
+    auditor compare --variant lean --run-dir runs/lean-vs-baseline   (keep every run's folder)
 
 Each side runs in fresh processes, alternating, --repeats times. A bare name is a GradProbe
 variant (`python -m gradprobe --variant NAME ...`, the arguments after `--` passed to every
@@ -17,14 +18,14 @@ or the report cannot be written); 2 for mistakes in what was typed, found before
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import shutil
 from datetime import datetime
 from pathlib import Path
 
-from auditor.cli import UsageError, check_writable_report, examples
+from auditor.cli import (BAD_INPUT, UsageError, add_output_argument, add_run_dir_argument, check_writable_report,
+                         epilog)
 from auditor.record import EVENTS_FILE, RUN_FILE
 
 GRADPROBE_USAGE_STATUS = 2  # the gradprobe CLI's status for a mistake in its arguments
@@ -35,16 +36,18 @@ def register(subparsers) -> None:
         "compare", help="validate a variant's memory saving and its result against a baseline",
         description="Run a baseline and variants in fresh processes, alternating; compare peak RSS,\n"
                     "peak over loaded, wall time and results.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=examples("auditor compare --variant lean --repeats 3 -o lean.md -- --arch tinystories-33m",
-                        "auditor compare --baseline-cmd old 'python prune.py' --variant-cmd new "
-                        "'python prune.py --lean'") + "\n\n"
-               "A bare NAME is a GradProbe variant: python -m gradprobe --variant NAME, with the arguments\n"
-               "after -- (e.g. -- --arch tinystories-33m --seq-len 128). A command may report its loaded RSS\n"
-               "and result through AUDITOR_RESULT (auditor/comparison/protocol.py).\n"
-               "A saving counts only beyond the noise measured between runs (the report states the rule).\n"
-               "Exit status: 0 pass; 1 a variant claims a saving but its result differs beyond its\n"
-               "tolerance, or a run failed; 2 bad input.")
+        epilog=epilog(["auditor compare --variant lean --repeats 3 -o lean.md -- --arch tinystories-33m",
+                       "auditor compare --baseline-cmd old 'python prune.py' --variant-cmd new "
+                       "'python prune.py --lean'",
+                       "auditor compare --from runs/compare-baseline-vs-lean.json -o lean.md"],
+                      [(0, "pass: no variant claims a saving with a result differing beyond its tolerance"),
+                       (1, "a variant claims a saving but its result differs beyond its tolerance, a run "
+                           "failed, or the report could not be written"),
+                       BAD_INPUT, (130, "Ctrl-C")],
+                      "A bare NAME is a GradProbe variant: python -m gradprobe --variant NAME, with the arguments\n"
+                      "after -- (e.g. -- --arch tinystories-33m --seq-len 128). A command may report its loaded RSS\n"
+                      "and result through AUDITOR_RESULT (auditor/comparison/protocol.py).\n"
+                      "A saving counts only beyond the noise measured between runs (the report states the rule)."))
     parser.add_argument("--baseline", metavar="NAME", help="GradProbe variant as the baseline (default: baseline)")
     parser.add_argument("--baseline-cmd", nargs=2, metavar=("NAME", "COMMAND"),
                         help="any command as the baseline, named NAME")
@@ -52,15 +55,16 @@ def register(subparsers) -> None:
                         help="GradProbe variant to compare with the baseline (repeatable)")
     parser.add_argument("--variant-cmd", nargs=2, metavar=("NAME", "COMMAND"), action="append", default=[],
                         help="any command as a variant, named NAME (repeatable)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per side (default 3)")
+    parser.add_argument("--repeats", type=int, default=3, metavar="N", help="runs per side")
     parser.add_argument("--tolerance", metavar="NAME=TOL", action="append", default=[],
                         help="differing result elements a variant may have: a count (10), a fraction "
-                             "(0.001) or a percentage (0.1%%); default exact, or what the run declares")
+                             "(0.001) or a percentage (0.1%%) (default: exact, or what the run declares)")
     parser.add_argument("--require-result", action="store_true",
                         help="fail a variant that gives no result to compare")
-    parser.add_argument("-o", "--output", "--out", dest="out", metavar="FILE.md",
-                        help="report file; FILE.png and FILE.json go beside it (default: under runs/)")
-    parser.add_argument("--keep-runs", metavar="DIR", help="keep every run's folder (output, result) in DIR")
+    add_output_argument(parser, "report file; FILE.png and FILE.json go beside it (default: under runs/)",
+                        metavar="FILE.md", old=("--out",))
+    add_run_dir_argument(parser, "keep every run's folder (output, result) in DIR, new or empty "
+                                 "(default: none kept)", old=("--keep-runs",))
     parser.add_argument("--from", dest="from_record", metavar="RECORD.json",
                         help="render a saved comparison record again instead of running anything")
     parser.add_argument("common", nargs="*", metavar="GRADPROBE_ARG",
@@ -73,28 +77,28 @@ def main(args) -> int:
     from auditor.renderers import terminal
     if args.from_record:
         if (args.baseline or args.baseline_cmd or args.variant or args.variant_cmd or args.common or args.tolerance
-                or args.keep_runs or args.require_result):
+                or args.run_dir or args.require_result):
             raise UsageError("--from renders a saved record again; it takes only -o")
         try:
             comparison = Comparison.load(args.from_record)
         except ComparisonRecordError as error:
             raise UsageError(str(error)) from None
         source = Path(args.from_record)
-        out = _output(args.out or str(source.with_suffix(".md")), source=source)
+        out = _output(args.output or str(source.with_suffix(".md")), source=source)
         return _finish(comparison, out, console=terminal.console(), source=source)
     if args.common and "--" not in args.command_line:
         raise UsageError(f"unexpected argument {args.common[0]!r}; arguments for GradProbe go after --")
     if args.repeats < 1:
         raise UsageError(f"--repeats must be at least 1, got {args.repeats}")
     baseline, variants, gradprobe_names = _sides(args)
-    out = _output(args.out or _default_out(baseline.name, [v.name for v in variants]), default=not args.out)
-    if args.keep_runs:
-        _keep_runs_folder(args.keep_runs)
+    out = _output(args.output or _default_out(baseline.name, [v.name for v in variants]), default=not args.output)
+    if args.run_dir:
+        _keep_runs_folder(args.run_dir)
     console = terminal.console()
     total = (len(variants) + 1) * args.repeats
     try:
         comparison = run_comparison(baseline, variants, args.repeats, require_result=args.require_result,
-                                    command=shlex.join(args.command_line), keep_runs=args.keep_runs,
+                                    command=shlex.join(args.command_line), keep_runs=args.run_dir,
                                     on_run=lambda run: terminal.comparison_run(console, run, total))
     except RunFailed as failure:
         if failure.side.name in gradprobe_names and failure.exit_status == GRADPROBE_USAGE_STATUS:
@@ -236,16 +240,16 @@ def _keep_runs_folder(text: str) -> None:
     """A new or empty folder, or one that can be created; creates nothing."""
     folder = Path(text)
     if folder.exists() and not folder.is_dir():
-        raise UsageError(f"--keep-runs {text!r} is a file; name a new or empty folder")
+        raise UsageError(f"--run-dir {text!r} is a file; name a new or empty folder")
     if folder.exists() and any(folder.iterdir()):
-        raise UsageError(f"--keep-runs folder {text!r} is not empty; name a new or empty folder")
+        raise UsageError(f"--run-dir folder {text!r} is not empty; name a new or empty folder")
     existing = folder
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
-        raise UsageError(f"--keep-runs {text!r}: {str(existing)!r} is a file, not a folder")
+        raise UsageError(f"--run-dir {text!r}: {str(existing)!r} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"--keep-runs {text!r}: folder {str(existing)!r} is not writable")
+        raise UsageError(f"--run-dir {text!r}: folder {str(existing)!r} is not writable")
 
 
 # -- what the user sees --------------------------------------------------------------------------

@@ -11,12 +11,11 @@ exit status 2, nothing written.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from pathlib import Path
 
-from auditor.cli import UsageError, check_file_writable, examples
+from auditor.cli import BAD_INPUT, UsageError, add_output_argument, check_file_writable, epilog
 from auditor.record_schema import RunRecord
 
 DEFAULT_NAMES = {"chrome-trace": "trace.json"}  # format -> file name in the run folder
@@ -29,15 +28,14 @@ def register(subparsers) -> None:
                     "chrome-trace: stages as nested spans per thread, RSS / live tensors / Python heap /\n"
                     "CUDA allocated as counters, marks and peaks as instant events; open the file in\n"
                     "Perfetto (ui.perfetto.dev) or chrome://tracing.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=examples("auditor export runs/20250101-120000-prune -o prune-trace.json") + "\n\n"
-               "A run folder with events.jsonl but no run.json (a killed run) is rebuilt from its\n"
-               "event log (run.json is not written); stages still open are drawn to its last known time.")
+        epilog=epilog(["auditor export runs/20250101-120000-prune -o prune-trace.json"],
+                      [(0, "the trace is written (its path is printed)"), BAD_INPUT],
+                      "A run folder with events.jsonl but no run.json (a killed run) is rebuilt from its\n"
+                      "event log (run.json is not written); stages still open are drawn to its last known time."))
     parser.add_argument("run", metavar="RUN", help="run folder, or its run.json")
     parser.add_argument("--format", choices=sorted(DEFAULT_NAMES), default="chrome-trace",
                         help="output format (default: chrome-trace, the Trace Event Format)")
-    parser.add_argument("-o", "--output", metavar="FILE",
-                        help="where to write (default: trace.json in the run folder)")
+    add_output_argument(parser, "where to write (default: trace.json in the run folder)")
     parser.set_defaults(handler=main)
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from architectures.options import (add_device_argument, add_seed_argument, add_size_arguments,
                                    add_threads_argument, check_sequence_length, size_overrides)
-from auditor.cli import UsageError, check_writable_report, examples
+from auditor.cli import (BAD_INPUT, UsageError, add_memray_switch, add_output_argument,
+                         add_run_dir_argument, check_writable_report, epilog)
 from auditor.cli.progress import StatusLine
 from auditor.cli.report_name import default_report_path, defaults_of
 from auditor.record_schema import RunRecord
@@ -23,16 +24,14 @@ DEFAULT_TARGETS = ["mistral-7b"]
 
 def add_settings_arguments(p) -> None:
     """The GradProbe settings every command that runs the job takes: gradprobe's own options."""
-    from gradprobe.cli import add_pruning_arguments
-    from gradprobe.settings import STORAGE_DTYPES, STRATEGIES, VARIANTS
-    p.add_argument("--variant", default="baseline", metavar="NAME",
-                   help=f"GradProbe variant: {', '.join(VARIANTS)} (default: baseline)")
-    p.add_argument("--strategy", default="magnitude", choices=STRATEGIES,
-                   help="how candidates are scored: |w| (magnitude) or |w| times input norms (wanda)")
+    from gradprobe.cli import add_pruning_arguments, add_strategy_argument, add_variant_argument
+    from gradprobe.settings import STORAGE_DTYPES
+    add_variant_argument(p)
+    add_strategy_argument(p)
     add_pruning_arguments(p)
     p.add_argument("--weights-dtype", choices=STORAGE_DTYPES, default="fp32",
-                   help="dtype of the weights folder a folder variant (streaming) prunes from "
-                        "(default fp32; a 7B checkpoint is usually bf16)")
+                   help="dtype of the weights folder a folder variant (streaming) prunes from; a 7B "
+                        "checkpoint is usually bf16")
     add_seed_argument(p)
 
 
@@ -63,26 +62,25 @@ def settings_from(args, overrides: dict, device: str = "cpu"):
 def register(subparsers) -> None:
     p = subparsers.add_parser("gradprobe", help="audit GradProbe and write the memory report",
                               description=__doc__.split("\n\n")[0],
-                              epilog=examples("auditor gradprobe --arch tinystories-33m --target mistral-7b",
-                                              "auditor gradprobe --variant lean --layers 2 -o lean.md"))
+                              epilog=epilog(["auditor gradprobe --arch tinystories-33m --target mistral-7b",
+                                             "auditor gradprobe --variant lean --layers 2 -o lean.md"],
+                                            [(0, "done"), (1, "a calibration or traced run failed (the report "
+                                                                 "holds what finished)"), BAD_INPUT,
+                                             (130, "Ctrl-C (the report holds what finished)")]))
     p.add_argument("--arch", default="tinystories-33m", help="architecture name or checkpoint folder")
     add_size_arguments(p)
     add_settings_arguments(p)
     add_device_argument(p)
     p.add_argument("--target", action="append", dest="targets", metavar="ARCH",
-                   help=f"architecture to project to (repeatable; default {DEFAULT_TARGETS[0]})")
+                   help=f"architecture to project to (repeatable) (default: {DEFAULT_TARGETS[0]})")
     p.add_argument("--no-trace", action="store_true",
                    help="scaled projection only: no traced run, and no calibration runs, so the scaled "
                         "figures are uncalibrated (the report says so)")
-    # memray is on by default: it costs about 2 s here and names the lines behind the peak.
-    p.add_argument("--memray", dest="memray", action="store_true", default=True,
-                   help="trace allocations with memray (the default; kept for old command lines)")
-    p.add_argument("--no-memray", dest="memray", action="store_false",
-                   help="skip the memray trace (the report then lists no allocation sites)")
+    add_memray_switch(p)  # on by default: it costs about 2 s here and names the lines behind the peak
     add_threads_argument(p)
-    p.add_argument("--run-dir", help="folder for the run record (default: a new folder under runs/)")
-    p.add_argument("-o", "--output", help="report path (default reports/gradprobe-ARCH.md, plus every "
-                                          "setting that differs from its default: -layers1-lean...)")
+    add_run_dir_argument(p, "folder for the run record (default: a new folder under runs/)")
+    add_output_argument(p, "report path (default: reports/gradprobe-ARCH.md, plus every setting that "
+                           "differs from its default: -layers1-lean...)", metavar="REPORT.md")
     p.set_defaults(handler=main)
     p.set_defaults(setting_defaults=defaults_of(p))
 

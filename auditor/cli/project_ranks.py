@@ -21,7 +21,8 @@ from pathlib import Path
 
 from architectures.options import (add_seed_argument, add_size_arguments, at_least, check_model_options,
                                    size_overrides)
-from auditor.cli import UsageError, check_writable_report, examples
+from auditor.cli import (BAD_INPUT, UsageError, add_output_argument, add_run_dir_argument, check_writable_report,
+                         epilog)
 from auditor.cli.progress import StatusLine
 
 DEFAULT_WORLD_SIZES = [2, 4, 8]
@@ -31,12 +32,14 @@ DEFAULT_DEVICE_MEMORY_GIB = [24, 40, 80]
 def register(subparsers) -> None:
     p = subparsers.add_parser("project-ranks", help="project sharded GradProbe rank by rank to a target",
                               description=__doc__.split("\n\n")[0],
-                              epilog=examples("auditor project-ranks --arch mistral-7b --layers 2 --hidden 128 "
-                                              "--heads 4 --intermediate 344 --target mistral-7b --world-size 2 4 8",
-                                              "auditor project-ranks --layers 1 --target tinystories-33m "
-                                              "--world-size 2 4 --device-memory 1",
-                                              "MALLOC_MMAP_THRESHOLD_=131072 auditor project-ranks --layers 1 "
-                                              "--target tinystories-33m   # RSS that holds for ranks run so"))
+                              epilog=epilog(["auditor project-ranks --arch mistral-7b --layers 2 --hidden 128 "
+                                             "--heads 4 --intermediate 344 --target mistral-7b --world-size 2 4 8",
+                                             "auditor project-ranks --layers 1 --target tinystories-33m "
+                                             "--world-size 2 4 --device-memory 1",
+                                             "MALLOC_MMAP_THRESHOLD_=131072 auditor project-ranks --layers 1 "
+                                             "--target tinystories-33m   # RSS that holds for ranks run so"],
+                                            [(0, "done"), (1, "a real or traced run failed"), BAD_INPUT,
+                                             (130, "Ctrl-C (the runs that finished are kept)")]))
     p.add_argument("--arch", default="tinystories-33m", help="architecture audited for real at the small size")
     add_size_arguments(p)
     p.add_argument("--target", default="mistral-7b", metavar="ARCH", help="architecture to project to")
@@ -45,14 +48,14 @@ def register(subparsers) -> None:
     add_pruning_arguments(p)
     add_seed_argument(p)
     p.add_argument("--world-size", type=int, nargs="+", default=DEFAULT_WORLD_SIZES, metavar="N",
-                   help="world sizes to project to (default: 2 4 8)")
-    p.add_argument("--ranks", type=int, default=2, help="real ranks the small size is audited on")
+                   help="world sizes to project to")
+    p.add_argument("--ranks", type=int, default=2, metavar="N", help="real ranks the small size is audited on")
     p.add_argument("--every-rank", action="store_true",
                    help="trace every rank; by default one rank per class of equal shard shapes stands for its class")
     p.add_argument("--device-memory", type=float, nargs="+", default=DEFAULT_DEVICE_MEMORY_GIB, metavar="GIB",
-                   help="device sizes in GiB the report finds the fewest ranks for (default: 24 40 80)")
-    p.add_argument("--run-dir", help="folder for every run (default: a new folder under runs/)")
-    p.add_argument("-o", "--output", help="markdown report (default: rank-projection.md in the run folder)")
+                   help="device sizes in GiB the report finds the fewest ranks for")
+    add_run_dir_argument(p, "folder for every run (default: a new folder under runs/)")
+    add_output_argument(p, "markdown report (default: rank-projection.md in the run folder)", metavar="REPORT.md")
     # the one variant that runs on ranks, and the settings it takes (auditor.cli.gradprobe.settings_from)
     p.set_defaults(handler=main, variant="sharded", strategy="magnitude", weights_dtype="fp32")
 

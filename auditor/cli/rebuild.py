@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from auditor.cli import UsageError, examples
+from auditor.cli import BAD_INPUT, UsageError, epilog
 
 
 def register(subparsers) -> None:
@@ -23,7 +23,8 @@ def register(subparsers) -> None:
         "rebuild", help="write a run folder's run.json from its event log (killed runs, full disks)",
         description="Write DIR/run.json from DIR/events.jsonl: for a run that was killed, or whose "
                     "run.json could not be written. Stages never finished are listed as open.",
-        epilog=examples("auditor rebuild runs/20250101-120000-prune && auditor report runs/20250101-120000-prune"))
+        epilog=epilog(["auditor rebuild runs/20250101-120000-prune && auditor report runs/20250101-120000-prune"],
+                      [(0, "run.json is written"), BAD_INPUT]))
     parser.add_argument("folder", metavar="DIR", help="the run folder (holding events.jsonl)")
     parser.add_argument("--force", action="store_true",
                         help="replace an existing run.json (default: keep it and stop)")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from auditor.cli import UsageError, check_file_writable, examples
+from auditor.cli import BAD_INPUT, UsageError, add_output_argument, check_file_writable, epilog
 
 DEFAULT_NAME = "report.md"
 
@@ -31,23 +31,24 @@ def register(subparsers) -> None:
         description="Render the memory report of a run from its record alone (run.json or a "
                     "run folder): summary, stages, components, timeline PNG, allocation sites, "
                     "findings, minimum, environment.",
-        epilog=examples("auditor report runs/20250101-120000-prune",
-                        "auditor report runs/20250101-120000-prune -o reports/prune.md"))
+        epilog=epilog(["auditor report runs/20250101-120000-prune",
+                       "auditor report runs/20250101-120000-prune -o reports/prune.md",
+                       "auditor report runs/train-step/*/run.json -o train-step.md"],
+                      [(0, "the report is written (its path is printed)"), BAD_INPUT]))
     parser.add_argument("runs", nargs="+", metavar="RUN",
                         help="run.json, or the run folder holding it; several train-step runs "
                              "make one training-step report")
-    parser.add_argument("-o", "--output", "--out", dest="out", metavar="REPORT.md",
-                        help=f"where to write the report (default: {DEFAULT_NAME} in the run folder); "
-                             "the PNG goes beside it")
+    add_output_argument(parser, f"where to write the report (default: {DEFAULT_NAME} in the run folder); "
+                                "the PNG goes beside it", metavar="REPORT.md", old=("--out",))
     parser.set_defaults(handler=main)
 
 
 def main(args) -> int:
     from auditor.record import RunRecordError, load
-    if args.out:
-        _check_output_name(Path(args.out), [Path(run) for run in args.runs])
+    if args.output:
+        _check_output_name(Path(args.output), [Path(run) for run in args.runs])
     if len(args.runs) == 1 and _multi_rank(Path(args.runs[0])):
-        return _ranks_report(Path(args.runs[0]), args.out)
+        return _ranks_report(Path(args.runs[0]), args.output)
     loaded = []
     for run in args.runs:
         try:
@@ -58,7 +59,7 @@ def main(args) -> int:
     if len(loaded) > 1 and not all(training):
         raise UsageError("several runs make one report only when all are `auditor train-step` runs")
     run_folder = loaded[0][1]
-    out = Path(args.out) if args.out else run_folder / DEFAULT_NAME
+    out = Path(args.output) if args.output else run_folder / DEFAULT_NAME
     _check_writable(out)
     try:
         if all(training):

@@ -18,7 +18,8 @@ from architectures.options import (add_device_argument, add_seed_argument, add_s
                                    add_size_arguments, at_least, check_model_options, finite_float,
                                    positive_number, size_overrides)
 from architectures.activation_size import PRECISIONS
-from auditor.cli import UsageError, check_writable_report, examples
+from auditor.cli import (BAD_INPUT, UsageError, add_memray_switch, add_output_argument, add_run_dir_argument,
+                         check_writable_report, epilog)
 from auditor.cli.progress import StatusLine
 from auditor.cli.report_name import default_report_path, defaults_of
 from auditor.jobs.optimizer_state import OPTIMIZERS
@@ -28,8 +29,14 @@ from auditor.jobs.optimizer_state import OPTIMIZERS
 def register(subparsers) -> None:
     p = subparsers.add_parser("train-step", help="memory of training steps: components, sweeps, leaks",
                               description=__doc__.split("\n\n")[0],
-                              epilog=examples("auditor train-step --arch tinystories-33m --seq-len 128 512",
-                                              "auditor train-step --precision fp32 amp-bf16 --optimizer sgd"))
+                              epilog=epilog(["auditor train-step --arch tinystories-33m --seq-len 128 512",
+                                             "auditor train-step --precision fp32 amp-bf16 --optimizer sgd"],
+                                            [(0, "every configuration finished"),
+                                             (1, "one did not (the report shows its finished stages and how "
+                                                 "it ended)"),
+                                             (2, BAD_INPUT[1] + "; also a --run-dir already holding a "
+                                                 "configuration's folder"),
+                                             (130, "Ctrl-C (the report holds what finished)")]))
     p.add_argument("--arch", nargs="+", default=["tinystories-33m"], metavar="ARCH",
                    help="architecture names or local checkpoint folders")
     add_size_arguments(p)
@@ -38,20 +45,17 @@ def register(subparsers) -> None:
                    help=f"precision modes to sweep: {', '.join(PRECISIONS)} (amp-*: autocast over fp32 "
                         "weights; bf16/fp16: the whole model, gradients and optimizer state in it)")
     p.add_argument("--amp", choices=("bf16", "fp16"), help="autocast: the same as --precision amp-DTYPE")
-    p.add_argument("--accumulation", type=int, default=1, help="micro-batches per optimizer step")
-    p.add_argument("--steps", type=int, default=6, help="optimizer steps (default 6)")
-    p.add_argument("--optimizer", default="adamw", metavar="NAME",
-                   help=f"one of {', '.join(OPTIMIZERS)} (default adamw)")
-    p.add_argument("--lr", type=finite_float, default=1e-4, help="learning rate (> 0)")
+    p.add_argument("--accumulation", type=int, default=1, metavar="N", help="micro-batches per optimizer step")
+    p.add_argument("--steps", type=int, default=6, metavar="N", help="optimizer steps")
+    p.add_argument("--optimizer", default="adamw", metavar="NAME", help=f"one of {', '.join(OPTIMIZERS)}")
+    p.add_argument("--lr", type=finite_float, default=1e-4, metavar="RATE", help="learning rate (> 0)")
     add_seed_argument(p)
     add_device_argument(p)
-    p.add_argument("--no-memray", action="store_true",
-                   help="skip memray's allocation trace (on by default on CPU)")
-    p.add_argument("--run-dir", help="folder for the run records (default: a new folder under runs/); "
-                                     "refused if it already holds a folder of a configuration swept: "
-                                     "a run folder is never reused")
-    p.add_argument("-o", "--output", help="report path (default reports/train-step-ARCH.md, plus every "
-                                          "setting that differs from its default: -seq-len512-sgd...)")
+    add_memray_switch(p)  # on CPU only
+    add_run_dir_argument(p, "folder for the run records (default: a new folder under runs/); refused if "
+                            "it already holds a folder of a configuration swept: a run folder is never reused")
+    add_output_argument(p, "report path (default: reports/train-step-ARCH.md, plus every setting that "
+                           "differs from its default: -seq-len512-sgd...)", metavar="REPORT.md")
     p.set_defaults(handler=main)
     p.set_defaults(setting_defaults=defaults_of(p))
 
@@ -99,7 +103,7 @@ def _sweep(args, runs, output: Path) -> int:
             for index, (settings, run) in enumerate(runs, 1):
                 advance(f"[{index}/{len(runs)}] {settings.label}, {settings.steps} steps")
                 try:
-                    record = audit_in_fresh_process(settings, run, memray=on_cpu and not args.no_memray,
+                    record = audit_in_fresh_process(settings, run, memray=on_cpu and args.memray,
                                                     cuda_history=not on_cpu,
                                                     sweep_command=shlex.join(args.command_line))
                 except RuntimeError as error:

@@ -20,18 +20,24 @@ import sys
 from pathlib import Path
 
 from architectures.options import add_size_arguments, add_threads_argument, check_model_options, size_overrides
-from auditor.cli import UsageError, check_script, check_writable_report, examples
+from auditor.cli import (BAD_INPUT, UsageError, add_model_from_argument, add_output_argument, add_run_dir_argument,
+                         add_stage_argument, check_script, check_writable_report, epilog)
 from auditor.cli.gradprobe import add_settings_arguments, check_settings_arguments, settings_from
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("validate-projection", help="check the projections against a real held-out run",
                               description=__doc__.split("\n\n")[0],
-                              epilog=examples("auditor validate-projection --arch tinystories-33m --layers 1 "
-                                              "--target tinystories-33m --target-layers 8",
-                                              "auditor validate-projection --model-from pruning.tiny_llama:build_llama "
-                                              "--stage pruning.hessian:HessianStat.add_batch --target llama-2-7b "
-                                              "--target-layers 2 --target-hidden 512 examples/prune_tiny_llama.py"))
+                              epilog=epilog(["auditor validate-projection --arch tinystories-33m --layers 1 "
+                                             "--target tinystories-33m --target-layers 8",
+                                             "auditor validate-projection --model-from pruning.tiny_llama:build_llama "
+                                             "--stage pruning.hessian:HessianStat.add_batch --target llama-2-7b "
+                                             "--target-layers 2 --target-hidden 512 examples/prune_tiny_llama.py"],
+                                            [(0, "every target met"),
+                                             (1, "a target missed, or a run failed (one line saying how it ended)"),
+                                             (2, BAD_INPUT[1] + "; also a held-out run whose traced peak "
+                                                 "would not fit in the available memory"),
+                                             (130, "Ctrl-C (the runs that finished are kept)")]))
     p.add_argument("--arch", default="tinystories-33m", help="architecture audited at the small scale")
     add_size_arguments(p, scale="small scale: ")
     p.add_argument("--target", default="tinystories-33m", metavar="ARCH", help="held-out architecture")
@@ -41,16 +47,13 @@ def register(subparsers) -> None:
     p.add_argument("--available", metavar="SIZE",
                    help="memory the held-out run may use, e.g. 8GiB (default: what the system has available)")
     p.add_argument("--margin", metavar="SIZE", default="1GiB",
-                   help="kept free below the available memory (default 1GiB)")
-    p.add_argument("--run-dir", help="folder for every run (default: a new folder under runs/)")
-    p.add_argument("-o", "--output", help="markdown report (default: validation.md in the run folder)")
+                   help="kept free below the available memory")
+    add_run_dir_argument(p, "folder for every run (default: a new folder under runs/)")
+    add_output_argument(p, "markdown report (default: validation.md in the run folder)", metavar="REPORT.md")
     program = p.add_argument_group(
         "a program of your own instead of GradProbe (SCRIPT runs unmodified; its model is swapped)")
-    program.add_argument("--model-from", metavar="MODULE:FUNCTION",
-                         help="the script's function that builds its model; the held-out runs get "
-                              "the --target model there")
-    program.add_argument("--stage", metavar="TARGET", action="append", default=[], dest="stages",
-                         help="stage every call of module:function or module:Class.method (repeatable)")
+    add_model_from_argument(program, "the held-out runs")
+    add_stage_argument(program)
     program.add_argument("script", nargs="?", metavar="SCRIPT", help="the program's Python script")
     program.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's own arguments")
     p.set_defaults(handler=main)

@@ -1,13 +1,14 @@
 """`python -m gradprobe.streaming`: write a weights folder, or prune one with one layer in memory.
 
-    python -m gradprobe.streaming write-weights --arch tinystories-33m --out weights/
-    python -m gradprobe.streaming write-weights --arch mistral-7b --generate --dtype bf16 --out /tmp/w
-    python -m gradprobe.streaming prune --weights weights/ --out pruned/ --sparsity 0.1
+    python -m gradprobe.streaming write-weights --arch tinystories-33m --output-dir weights/
+    python -m gradprobe.streaming write-weights --arch mistral-7b --generate --dtype bf16 --output-dir /tmp/w
+    python -m gradprobe.streaming prune --weights weights/ --output-dir pruned/ --sparsity 0.1
 
 `write-weights` builds the model with `architectures.build_model` (the same weights as
 `gradprobe --arch NAME --seed N`) unless `--generate`, which writes seeded random weights one
 tensor at a time, for models too big to build. Mistakes in what the user typed end with one line
-on stderr and exit status 2.
+on stderr and exit status 2. A folder written is `--output-dir` (`--out`, its old spelling,
+still works), a weights folder read is `--weights`.
 """
 from __future__ import annotations
 
@@ -17,38 +18,61 @@ import os
 import sys
 import time
 
-from architectures.options import (add_seed_argument, add_size_arguments, add_threads_argument,
-                                   check_model_options, size_overrides)
+from functools import partial
 
-from ..cli import (MiB, OneLineErrors, add_pruning_arguments, check_output_files, check_pruning_arguments,
-                   storage_dtypes)
-from ..settings import STORAGE_DTYPES, STRATEGIES
+from architectures.options import (HelpFormatter, add_seed_argument, add_size_arguments, add_threads_argument,
+                                   check_model_options, epilog, size_overrides)
+
+from ..cli import (EXIT_STATUSES, MiB, OneLineErrors, add_pruning_arguments, add_strategy_argument,
+                   check_output_files, check_pruning_arguments, storage_dtypes)
+from ..settings import STORAGE_DTYPES
+
+PROG = "python -m gradprobe.streaming"
+WRITE_EXAMPLES = [f"{PROG} write-weights --arch tinystories-33m --output-dir weights/",
+                  f"{PROG} write-weights --arch mistral-7b --generate --dtype bf16 --output-dir /tmp/w"]
+PRUNE_EXAMPLES = [f"{PROG} prune --weights weights/ --output-dir pruned/ --sparsity 0.1 --progress"]
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineErrors(prog="python -m gradprobe.streaming",
-                     description="GradProbe with the model on disk, one decoder layer in memory.")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineErrors)
-    write = commands.add_parser("write-weights", help="write a model as a streaming weights folder")
+    parser = OneLineErrors(prog=PROG, formatter_class=HelpFormatter,
+                           description="GradProbe with the model on disk, one decoder layer in memory.",
+                           epilog=epilog(WRITE_EXAMPLES + PRUNE_EXAMPLES, EXIT_STATUSES))
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                     parser_class=partial(OneLineErrors, formatter_class=HelpFormatter))
+    write = commands.add_parser("write-weights", help="write a model as a streaming weights folder",
+                                description="Write a model as a streaming weights folder (config.json + "
+                                            "safetensors).", epilog=epilog(WRITE_EXAMPLES, EXIT_STATUSES))
     write.add_argument("--arch", required=True, help="architecture name or local checkpoint folder")
     add_size_arguments(write)
-    write.add_argument("--out", required=True, help="new folder for the weights")
+    _add_output_dir(write, "new folder for the weights")
     write.add_argument("--dtype", choices=STORAGE_DTYPES, default="fp32", help="stored dtype")
     add_seed_argument(write)
     write.add_argument("--generate", action="store_true",
                        help="random weights tensor by tensor (never the whole model in memory)")
-    prune = commands.add_parser("prune", help="prune a weights folder")
+    prune = commands.add_parser("prune", help="prune a weights folder",
+                                description="Prune a weights folder with one decoder layer in memory; "
+                                            "write the pruned weights and the masks.",
+                                epilog=epilog(PRUNE_EXAMPLES, EXIT_STATUSES))
     add_prune_arguments(prune)
     return parser
 
 
+def _add_output_dir(parser: argparse.ArgumentParser, help: str) -> None:
+    """--output-dir DIR (args.output_dir), required; --out, its old spelling, still works."""
+    given = parser.add_mutually_exclusive_group(required=True)
+    given.add_argument("--output-dir", metavar="DIR", help=help)
+    given.add_argument("--out", dest="output_dir", metavar="DIR", help=argparse.SUPPRESS)
+
+
 def add_prune_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--weights", required=True, help="weights folder (config.json + safetensors)")
-    parser.add_argument("--out", required=True, help="new folder for the pruned weights")
-    parser.add_argument("--masks-out", help="masks file (default OUT/masks.safetensors)")
-    parser.add_argument("--summary-json", help="also write the summary as JSON here")
-    parser.add_argument("--scratch", help="folder for G0 between passes (default: inside OUT)")
+    parser.add_argument("--weights", required=True, metavar="DIR",
+                        help="weights folder to prune (config.json + safetensors)")
+    _add_output_dir(parser, "new folder for the pruned weights")
+    parser.add_argument("--masks-out", metavar="FILE", help="masks file (default: DIR/masks.safetensors)")
+    parser.add_argument("--summary-json", metavar="FILE", help="also write the summary as JSON here")
+    parser.add_argument("--scratch", metavar="DIR", help="folder for G0 between passes (default: inside DIR)")
     add_pruning_arguments(parser)
-    parser.add_argument("--strategy", choices=STRATEGIES, default="magnitude")
+    add_strategy_argument(parser)
     add_seed_argument(parser, help="seed of the synthetic calibration tokens")
     add_threads_argument(parser)
     parser.add_argument("--progress", action="store_true", help="one line on stderr per stage")
@@ -69,14 +93,15 @@ def check_arguments(args: argparse.Namespace) -> None:
     """Every mistake in what was typed, found without torch and before anything is written."""
     if args.command == "write-weights":
         check_model_options(args)
-        _check_new_folder(args.out, "--out")
+        _check_new_folder(args.output_dir, "--output-dir")
         return
     if not os.path.isdir(args.weights):  # a folder, never a name: say so before names are looked up
         raise ValueError(f"--weights: folder {args.weights!r} does not exist (write one with write-weights)")
     check_pruning_arguments(args, "weights")
-    _check_new_folder(args.out, "--out")
-    if os.path.abspath(args.out) == os.path.abspath(args.weights):
-        raise ValueError(f"--out {args.out!r} is the weights folder: give a new folder for the pruned weights")
+    _check_new_folder(args.output_dir, "--output-dir")
+    if os.path.abspath(args.output_dir) == os.path.abspath(args.weights):
+        raise ValueError(f"--output-dir {args.output_dir!r} is the weights folder: give a new folder for the "
+                         "pruned weights")
     check_output_files(args, ("masks_out", "summary_json"))
     if args.scratch is not None and not os.path.isdir(args.scratch):
         raise ValueError(f"--scratch: folder {args.scratch!r} does not exist")
@@ -104,11 +129,11 @@ def write_weights(args: argparse.Namespace) -> str:
     dtype = storage_dtypes()[args.dtype]
     start = time.perf_counter()
     if args.generate:
-        generate_random_weights(make_config(args.arch, **overrides), args.out, args.seed, dtype)
+        generate_random_weights(make_config(args.arch, **overrides), args.output_dir, args.seed, dtype)
     else:
-        save_model(build_model(args.arch, seed=args.seed, dtype=dtype, **overrides), args.out)
+        save_model(build_model(args.arch, seed=args.seed, dtype=dtype, **overrides), args.output_dir)
     return (f"wrote {args.arch} ({args.dtype}, seed {args.seed}, "
-            f"{'generated tensor by tensor' if args.generate else 'built with build_model'}) to {args.out} "
+            f"{'generated tensor by tensor' if args.generate else 'built with build_model'}) to {args.output_dir} "
             f"in {time.perf_counter() - start:.1f} s; peak RSS {peak_rss() / MiB:,.1f} MiB")
 
 
@@ -125,7 +150,7 @@ def prune(args: argparse.Namespace) -> str:
     pruner = StreamingGradProbe(args.weights, args.strategy, progress=_printer() if args.progress else None)
     vocab = pruner.model.config.vocab_size
     batches = synthetic_batches(vocab, args.seq_len, args.batch_size, args.batches, args.seed)
-    result = pruner.prune(batches, args.out, sparsity=args.sparsity, num_batches=args.batches,
+    result = pruner.prune(batches, args.output_dir, sparsity=args.sparsity, num_batches=args.batches,
                           reduction_factor=args.reduction, gradient_threshold=args.threshold,
                           masks_out=args.masks_out, scratch=args.scratch)
     summary = {
