@@ -148,8 +148,7 @@ def _program(args) -> tuple[Main, list[str]]:
     given = [what for what, value in (("SCRIPT", args.script), ("-m", args.module), ("-c", args.code))
              if value is not None]
     if not given:
-        raise UsageError("run needs a program: auditor run [options] SCRIPT [ARGS...], or -m MODULE, "
-                         "or -c CODE")
+        raise UsageError("run needs a script, -m MODULE or -c CODE: auditor run [options] SCRIPT [ARGS...]")
     if len(given) > 1:  # argparse gives what follows the program to it, so only in odd spellings
         raise UsageError(f"give one program, not {' and '.join(given)}: SCRIPT, -m MODULE or -c CODE")
     if args.module is not None:
