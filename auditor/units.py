@@ -1,5 +1,5 @@
 """How sizes, times and ratios are written in reports and findings (binary units, thousands
-separators): 512 B, 96.0 KiB, 2,401.3 MiB, 161.20 GiB."""
+separators): 512 B, 96.0 KiB, 901.3 MiB, 2.35 GiB, 161.20 GiB (GiB from 1 GiB on)."""
 from __future__ import annotations
 
 import re
@@ -15,7 +15,7 @@ def size(n: int | float | None) -> str:
         return f"{sign}{a:,.0f} B"
     if a < MiB:
         return f"{sign}{a / KiB:,.1f} KiB"
-    if a < 10 * GiB:
+    if a < GiB:
         return f"{sign}{a / MiB:,.1f} MiB"
     return f"{sign}{a / GiB:,.2f} GiB"
 

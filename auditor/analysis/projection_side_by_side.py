@@ -4,6 +4,8 @@ folded (`HessianStat.H`: 14 audited, 224 at the target).
 
     for side in side_by_side(record):
         side.label, side.stages, side.components, side.notes
+    for target in by_target(side_by_side(record)):   # scaled and traced of one target as columns
+        target.sides, target.stages, target.components
 
 A stage's figures are the highest over its calls (live-tensor peak, RSS peak); a component's
 are the most its instances held together at one stage end, as in the report's components
@@ -63,6 +65,35 @@ class SideBySide:
     @property
     def how(self) -> str:
         return self.method + (", uncalibrated" if self.uncalibrated else "")
+
+
+@dataclass
+class TargetSides:
+    """Every projection of one target together: a row per stage (component) with each method's
+    figures, so scaled and traced are columns of one table. A row's audited figures are the same
+    on every side (one record); `None`: that side has no such row."""
+    target: str
+    sides: list[SideBySide]
+    stages: list[tuple[StageSide, list[StageSide | None]]]
+    components: list[tuple[ComponentSide, list[ComponentSide | None]]]
+
+
+def by_target(sides: list[SideBySide]) -> list[TargetSides]:
+    """`sides` grouped by target, in their order (scaled before traced)."""
+    targets: dict[str, list[SideBySide]] = {}
+    for side in sides:
+        targets.setdefault(side.target, []).append(side)
+    return [TargetSides(target, group, _together(group, "stages"), _together(group, "components"))
+            for target, group in targets.items()]
+
+
+def _together(group: list[SideBySide], rows: str) -> list:
+    names: dict[str, object] = {}
+    for side in group:
+        for row in getattr(side, rows):
+            names.setdefault(row.name, row)
+    found = [{row.name: row for row in getattr(side, rows)} for side in group]
+    return [(first, [each.get(name) for each in found]) for name, first in names.items()]
 
 
 def folded_path(path: str) -> str:

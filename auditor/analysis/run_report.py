@@ -3,8 +3,10 @@
     report = run_report(record)
     report.summary.peak_rss, report.stages.lines, report.findings.found, ...
 
-One object per section, in the report's order: banner (how the run ended), summary, stages,
-components, projections, timeline, allocation sites, findings, theoretical minimum, environment.
+One object per section, in the report's order: banner (how the run ended), the answer (what
+was alive at the peak, here and at each target) and the fixes (auditor.analysis.report_answer),
+summary, stages, timeline, theoretical minimum; then the details: components, projections,
+allocation sites, findings, environment.
 Each holds numbers, names, the record's own parts and analysis results (`StageRow`s, `Finding`s,
 `ProjectionView`s...), never markdown: auditor.renderers.markdown only formats it, and the
 timeline and components PNGs are drawn from it (auditor.renderers.timeline_plot,
@@ -25,7 +27,8 @@ from auditor.analysis.components import (Attribution, ProjectedStage, Projection
                                          largest_weights, live_tensor_high, peak_at_start, peak_stage,
                                          projection_views, run_weights)
 from auditor.analysis.findings import SEVERITIES, Finding, Outcome, evaluate, ordered
-from auditor.analysis.projection_side_by_side import SideBySide, side_by_side
+from auditor.analysis.projection_side_by_side import SideBySide, TargetSides, by_target, side_by_side
+from auditor.analysis.report_answer import Answer, Fixes, fix_table, peak_answer
 from auditor.analysis.ranks import Spawn, spawns
 from auditor.analysis.stage_groups import StageRow
 from auditor.analysis.unstaged import PeakPlace
@@ -225,10 +228,13 @@ class Environment:
 class RunReport:
     """The memory report of one run, section by section."""
     banner: Banner
+    answer: Answer | None          # None: no census at the peak stage
+    fixes: Fixes
     summary: Summary
     stages: Stages
     components: Components
     projections: list[SideBySide]
+    targets: list[TargetSides]     # the projections above, each target's methods together
     timeline: Timeline
     sites: Sites
     findings: Findings
@@ -245,10 +251,15 @@ def run_report(record: RunRecord) -> RunReport:
     views = projection_views(record)
     place = unstaged.peak_place(record)
     time = _unstaged_time(record)
+    components = _components(record, place, views)
+    at_peak = next((c for c in components.censuses if c.moment == "at the peak stage"), None)
+    sides = side_by_side(record)
     return RunReport(
-        banner=_banner(record), summary=_summary(record, place, views, found, time),
-        stages=_stages(record, time), components=_components(record, place, views),
-        projections=side_by_side(record), timeline=_timeline(record), sites=sites(record),
+        banner=_banner(record),
+        answer=peak_answer(at_peak.attribution, at_peak.projected) if at_peak and at_peak.attribution else None,
+        fixes=fix_table(found), summary=_summary(record, place, views, found, time),
+        stages=_stages(record, time), components=components, projections=sides, targets=by_target(sides),
+        timeline=_timeline(record), sites=sites(record),
         findings=_findings(record, found, outcomes), minimum=_minimum(record), environment=environment(record))
 
 

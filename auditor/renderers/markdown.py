@@ -1,43 +1,42 @@
-"""The memory report: one markdown file (GitHub-flavoured) and its timeline PNG beside it.
+"""The memory report: one markdown file (GitHub-flavoured) and its PNGs beside it.
 
     write_report(record, "runs/x/report.md", run_folder="runs/x")
 
-Sections, in order: summary, stages (repeated calls folded into one row, unstaged time
-where it matters), components (over the whole run with their plot; what was alive at the
-high-water moments; the census at the peak stage, also just before it when its peak is at
-its start, and at the last stage when it is another), timeline, top allocation sites at the
-peak, findings (with remedies and the rules checked), theoretical minimum and gap,
-environment.
+It opens with the answer: a title line (the peak, its multiple of the weights, each target's
+projected peak), what was alive at the peak by category and component (here, x the weights,
+at each target), and the fixes (auditor.renderers.answer_markdown). Then the summary, the
+stages (repeated calls folded into one row, unstaged time where it matters), the timeline and
+the theoretical minimum; the rest is folded under `<details>`: components over the run and at
+each live-tensor high (components_markdown), each target's projection (projection_markdown),
+allocation sites (sites_markdown), each finding in full with the rules checked, environment.
 
 What the report says is computed once, by auditor.analysis.run_report (`run_report(record)`,
-one object per section); this module only formats it, section by section. Everything comes
-from the run record; the only files read are the ones it names (the flamegraph is linked, not
-read), and the PNGs are drawn from the same model by their own renderers (timeline_plot,
-components_plot).
+one object per section); these modules only format it. Everything comes from the run record;
+the only files read are the ones it names (the flamegraph is linked, not read), and the PNGs
+are drawn from the same model by their own renderers (timeline_plot, components_plot).
 """
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import quote
 
 from auditor import units
 from auditor.analysis import run_report as model
-from auditor.analysis.component_history import ComponentHistory
-from auditor.analysis.components import BEYOND_CENSUS, BEYOND_LIVE, UNSEEN_TENSORS, ProjectionView
+from auditor.analysis.components import ProjectionView
 from auditor.analysis.run_report import MAX_STAGE_ROWS, RunReport, run_report  # MAX_STAGE_ROWS: tests read it here
 from auditor.analysis.stage_groups import StageRow
 from auditor.analysis.unstaged import PeakPlace
-from auditor.record_schema import Children, Memray, RunRecord, Stage, Unstaged
-from auditor.renderers import markdown_text as md
-from auditor.renderers.projection_markdown import sections as projection_sections, unexplained
+from auditor.record_schema import Children, RunRecord
+from auditor.renderers import components_markdown, markdown_text as md
+from auditor.renderers.answer_markdown import answer_section, findings_detail, fixes_section
+from auditor.renderers.components_markdown import length as _length
+from auditor.renderers.markdown_text import INDENT, folded, phrase as _phrase
+from auditor.renderers.projection_markdown import heading as projection_heading, sections as projection_sections
+from auditor.renderers.sites_markdown import format_sites, section as sites_section_of, sites_section
 
-SITE_STACK_FRAMES = 3
-MAX_COMPONENT_ROWS = 40   # folded components over the run
-MAX_INSTANCES = 200       # instances listed under them
-INDENT = "&emsp;"
+__all__ = ["format_environment", "format_sites", "render", "sites_section", "write_report"]
 
 
 def write_report(record: RunRecord, out: str | os.PathLike, run_folder: str | os.PathLike | None = None) -> Path:
@@ -77,20 +76,43 @@ def render(record: RunRecord, *, plot: str | None = None, report_folder: Path | 
 def format_report(report: RunReport, *, plot: str | None = None, report_folder: Path | None = None,
                   run_folder: Path | None = None, components_plot: str | None = None) -> str:
     """The markdown of a report already computed (`render`'s arguments otherwise)."""
+    details = [*components_markdown.details(report.components, components_plot)]
+    if report.targets:
+        details.append(folded("Projection to " + ", ".join(t.target for t in report.targets)
+                              + ": each stage and component, and how",
+                              projection_sections(report.targets, [h.view for h in report.summary.projections])))
+    details += [folded("Allocation sites at the peak (memray)", sites_section_of(report.sites, report_folder, run_folder)),
+                folded("Each finding in full, and the rules checked", findings_detail(report.findings)),
+                folded("Environment, probes and the audit's own time", _environment(report.environment))]
     parts = [
-        f"# Memory report: {md.text(report.summary.name)}",
+        _title(report.summary),
         _banner(report.banner),
+        answer_section(report.answer, report.summary.peak_place, report.components, report.targets),
+        fixes_section(report.fixes),
         _summary(report.summary),
         _stages(report.stages),
-        _components_section(report.components, components_plot),
-        projection_sections(report.projections),
         _timeline(plot),
-        _sites(report.sites, report_folder, run_folder),
-        _findings(report.findings),
         _minimum(report.minimum),
-        _environment(report.environment),
+        "## Details\n\n" + "\n\n".join(details),
     ]
     return "\n\n".join(p for p in parts if p).rstrip() + "\n"
+
+
+def _title(summary: model.Summary) -> str:
+    """The title line: the peak, its multiple of the weights, each target's projected peak."""
+    said = [f"peak {units.size(summary.peak_rss)} RSS"]
+    if summary.weights:
+        said.append(f"{units.ratio(summary.peak_rss, summary.weights)} the weights")
+    targets: dict[str, list[str]] = {}
+    for headline in summary.projections:
+        view = headline.view
+        figure = (units.size(view.peak_rss) if view.peak_rss is not None
+                  else f"live tensors {units.size(view.live_tensor_peak)}" if view.live_tensor_peak is not None
+                  else "not projected")
+        name = view.target + (f" {view.target_dtype}" if view.target_dtype else "")
+        targets.setdefault(name, []).append(f"{figure} ({view.method})")
+    line = ", ".join(said) + "".join(f"; at {t} {', '.join(f)}" for t, f in targets.items())
+    return f"# Memory report: {md.text(summary.name)}: {md.text(line)}"
 
 
 # -- pieces --------------------------------------------------------------------------------
@@ -192,7 +214,7 @@ def _summary(summary: model.Summary) -> str:
     if summary.unstaged is not None:
         rows.append(["unstaged time", _unstaged_summary(summary.unstaged, place)])
     tally = ", ".join(f"{n} {s}" for s, n in summary.findings.items() if n) or "none"
-    rows.append(["findings", f"{tally} (see [Findings](#findings))"])
+    rows.append(["findings", f"{tally} (see [Fixes](#fixes))"])
     return "## Summary\n\n" + md.table(["measure", "value"], rows)
 
 
@@ -206,17 +228,7 @@ def _projected(headline: model.ProjectionHeadline) -> str:
         value += f"; live tensors {units.size(view.live_tensor_peak)}"
     if view.caveat:
         value += f"; **{md.text(view.caveat)}**"
-    if view.estimates:
-        value += f"; {md.text(view.estimates)}"
-    if view.basis and view.peak_rss is not None:
-        value += f" ({md.text(view.basis)})"
-    return value
-
-
-def _phrase(text: str) -> str:
-    """A phrase with `code` spans (from analysis) made safe for a table cell."""
-    pieces = text.split("`")
-    return "".join(md.code(p) if i % 2 else md.text(p) for i, p in enumerate(pieces))
+    return value + f" ([how]({md.anchor(projection_heading(view.target))}))"
 
 
 def _unstaged_summary(time: model.UnstagedTime, place: PeakPlace) -> str:
@@ -226,14 +238,8 @@ def _unstaged_summary(time: model.UnstagedTime, place: PeakPlace) -> str:
         text += f"; the run's peak is in one: {_phrase(place.phrase)}"
         if place.interval is not None:
             text += (f" ({units.seconds(_length(place.interval))}, "
-                     f"see [Components](#components))")
+                     f"see [what was alive](#what-was-alive-at-the-peak))")
     return text
-
-
-def _length(interval: Unstaged) -> float:
-    """How long an unstaged interval lasted (it is recorded at its end, so it has one)."""
-    assert interval.end_s is not None
-    return interval.end_s - interval.start_s
 
 
 def _stages(stages: model.Stages) -> str:
@@ -253,8 +259,7 @@ def _stages(stages: model.Stages) -> str:
                  "*RSS end* the last call's, *delta* from the first call's start to the last "
                  "call's end, *peak inside* the highest of any call and *peak - start* the largest "
                  "rise of any call; the last column names the call with the highest RSS peak "
-                 "and the one with the highest live-tensor peak. Every call is in the run "
-                 "record's `stages`.")
+                 "and the one with the highest live-tensor peak. Every call is in the run record.")
     if stages.unstaged_rows:
         note += (" *(unstaged)* rows are time no stage covers at that depth, shown where their "
                  "peak or length matters.")
@@ -263,7 +268,7 @@ def _stages(stages: model.Stages) -> str:
     if left:
         calls = sum(max(r.count, 1) for r in left)
         more = (f"\n\n{len(left):,} more rows ({calls:,} stages or intervals) are left out to keep "
-                f"the table to {MAX_STAGE_ROWS} rows; every stage is in the run record's `stages`. "
+                f"the table to {MAX_STAGE_ROWS} rows; every stage is in the run record. "
                 f"Shown: the row holding the peak with its parents, then the shallowest rows, "
                 f"highest peaks first within a depth, each with its parents.")
     table = md.table(headers, rows, right=set(range(2, len(headers) - folded)))
@@ -329,150 +334,7 @@ def _unstaged_note(time: model.UnstagedTime | None) -> str:
         return ""
     share = f", {time.seconds / time.run_s:.1%} of the run" if time.run_s else ""
     return (f"\n\nUnstaged time in all: {units.seconds(time.seconds)} in {time.intervals:,} intervals{share} "
-            f"(each is in the run record's `unstaged`).")
-
-
-def _components_section(components: model.Components, plot: str | None = None) -> str:
-    parts = ["## Components"]
-    if components.has_census:
-        parts.append(_over_the_run(components.over_the_run, components.census_ends, plot))
-    else:
-        parts.append("No tensor census in this record (run with census on to see which structure "
-                     "holds the memory).")
-    if components.unstaged_peak is not None:
-        parts.append(_unstaged_peak(components.unstaged_peak))
-    parts += [_live_high(high) for high in components.live_highs]
-    if not components.has_census:
-        return "\n\n".join(parts)
-    if components.peak_stage is None:
-        parts.append("No stage holds the run's peak, so there is no peak stage census to show.")
-        return "\n\n".join(parts)
-    for census in components.censuses:
-        before = census.moment == "just before the peak stage"
-        parts.append(_component_tables(census, _what_made_the_peak(components.peak_stage) if before else ""))
-    return "\n\n".join(parts)
-
-
-def _what_made_the_peak(holder: Stage) -> str:
-    """Why the census before the peak stage is shown: the peak stage frees what made the peak."""
-    rss = holder.rss  # it peaked at its start: both read
-    drop = rss.peak - rss.end if rss.peak is not None and rss.end is not None else None
-    return (f"The peak stage {md.code(holder.path)} reached its peak near its "
-            f"start and ended {units.size(drop)} "
-            f"lower, so the census taken just before it began shows what "
-            f"made the peak.")
-
-
-def _over_the_run(items: list[ComponentHistory], ends: int, plot: str | None) -> str:
-    lead = (f"Every component the census found at the {ends:,} stage ends, folded over its "
-            "instances (the state of every helper of one class: `Helper[model.layers.3.mlp].H` "
-            "and `Helper#2.H` are `Helper.H`). *Bytes per instance* is exact (the most each instance held at a "
-            "stage end), listed by distinct size; *most alive at once* is the most the instances "
-            "held together at one stage end. State made and freed inside one stage shows only "
-            "in the live-tensor compositions below.")
-    rows = []
-    for item in items[:MAX_COMPONENT_ROWS]:
-        rows.append([md.code(item.name), md.text(item.category), f"{len(item.instances):,}", _sizes(item.sizes),
-                     f"{units.size(item.most_at_once)}" + (f" ({_count(item.most_instances_at_once, 'instance')})"
-                                                          if len(item.instances) > 1 else "")
-                     + f" at the end of {md.code(item.most_at)}",
-                     md.code(item.first_stage), md.code(item.last_stage)])
-    table = md.table(["component", "category", "instances", "bytes per instance", "most alive at once",
-                    "first seen", "last seen"], rows, right={2})
-    more = (f"\n\n{len(items) - MAX_COMPONENT_ROWS:,} smaller components are left out; every "
-            f"census is in the run record." if len(items) > MAX_COMPONENT_ROWS else "")
-    image = (f"\n\n![components at each stage end]({quote(plot)})\n\nEach component's bytes at "
-             "every stage end, the largest stacked (steps: a census is taken at stage ends only)."
-             if plot else "")
-    return f"### Over the run\n\n{lead}\n\n{table}{more}\n\n{_instances(items)}{image}"
-
-
-def _count(n: int, word: str) -> str:
-    return f"{n:,} {word}" + ("" if n == 1 else "s")
-
-
-def _sizes(sizes: list[tuple[int, int]]) -> str:
-    shown = [f"{units.size(b)} ({b:,} B)" + (f" × {n:,}" if n > 1 else "") for b, n in sizes[:4]]
-    if len(sizes) > 4:
-        shown.append(f"{len(sizes) - 4} more sizes")
-    return "; ".join(shown)
-
-
-def _instances(items) -> str:
-    rows: list[list[str]] = []
-    total = sum(len(i.instances) for i in items)
-    for item in items:
-        for instance in item.instances:
-            if len(rows) >= MAX_INSTANCES:
-                break
-            rows.append([md.code(item.name), md.code(instance.name), f"{instance.bytes:,}",
-                         md.code(instance.first_stage), md.code(instance.last_stage)])
-    more = (f"\n\n{total - len(rows):,} more instances are in the run record's censuses."
-            if total > len(rows) else "")
-    table = md.table(["component", "instance", "bytes", "first stage end seen", "last stage end seen"],
-                   rows, right={2})
-    return (f"<details><summary>Each instance ({total:,})</summary>\n\n{table}{more}\n\n</details>")
-
-
-def _unstaged_peak(peak: model.UnstagedPeak) -> str:
-    place = peak.place
-    title = f"### What was alive at the run's peak, {_phrase(place.phrase)}"
-    interval = place.interval
-    if interval is None:
-        return f"{title}\n\nThe record has no interval matching the peak's place."
-    rss = interval.rss
-    lead = (f"The run's peak RSS ({units.size(rss.peak)}) fell in time no stage covers "
-            f"({units.seconds(_length(interval))}; RSS "
-            f"{units.size(rss.start)} at its start, {units.size(rss.end)} at its end).")
-    if peak.alive is not None:
-        return (f"{title}\n\n{lead} At the interval's live-tensor high (owners from the census at "
-                f"the next stage end):\n\n{_at_peak_table(peak.alive)}")
-    a = peak.census
-    if a is None:
-        return f"{title}\n\n{lead} The record has no composition for it: no live-tensor meter and no census before it."
-    rows = [[md.code(r.name), md.text(r.category), units.size(r.bytes)] for r in a.rows]
-    rows.append(["**census total**", "", f"**{units.size(a.census)}**"])
-    return (f"{title}\n\n{lead} No live-tensor composition for it; the census at the end of "
-            f"{md.code(a.stage)}, the last before it (an estimate of what was alive: the "
-            f"interval may have made more):\n\n"
-            + md.table(["component", "category", "bytes"], rows, right={2}))
-
-
-def _live_high(high: model.LiveHigh) -> str:
-    """What was alive at the high-water moment of the peak stage or of a top live peak."""
-    stage = high.stage
-    readings = stage.live_tensors
-    assert readings is not None  # a live-tensor high was read
-    which = "the peak stage" if high.is_peak_stage else "a top live-tensor peak"
-    label = f" ({md.text(high.call)})" if high.call != stage.name else ""
-    return (f"### Alive at the live-tensor high of {md.code(stage.path)}{label}, {which}\n\n"
-            f"What was alive at the moment the live-tensor meter was highest inside the stage "
-            f"({units.size(readings.peak)}; {units.size(readings.start)} at its start, "
-            f"{units.size(readings.end)} at its end): every storage alive then, by owner "
-            f"(its census component at the stage end) and category; storages freed before "
-            f"the stage ended have no owner and are named by the operator and stage that "
-            f"made them.\n\n{_at_peak_table(high.alive)}")
-
-
-def _at_peak_table(alive: model.AliveAt) -> str:
-    at_peak = alive.at_peak
-    total = at_peak.bytes
-    rows = []
-    for row in at_peak.rows:
-        owner = md.code(row.owner) if row.owner else "-"
-        rows.append([owner, md.text(row.category or "other"),
-                     md.code(row.created_in) if row.created_in else "before the audit or unstaged",
-                     md.code(row.op) if row.op else "-", f"{row.tensors:,}",
-                     units.size(row.bytes), units.share(row.bytes, total),
-                     "yes" if row.alive_at_end else "no, freed before it"])
-    if at_peak.rows_left_out:
-        rows.append([f"{at_peak.rows_left_out:,} smaller groups", "", "", "", "",
-                     units.size(at_peak.bytes_left_out), units.share(at_peak.bytes_left_out, total), ""])
-    rows.append(["**total at the high**", "", "", "", "", f"**{units.size(total)}**", "", ""])
-    table = md.table(["owner", "category", "created in", "op", "tensors", "bytes", "share", "alive at the end"],
-                   rows, right={4, 5, 6})
-    categories = "; ".join(f"{md.text(c)} {units.size(b)}" for c, b in alive.categories)
-    return f"{table}\n\nBy category: {categories or 'none'}."
+            "(each is in the run record).")
 
 
 def _deferred(view: ProjectionView, traced: ProjectionView | None) -> str:
@@ -489,241 +351,17 @@ def _deferred(view: ProjectionView, traced: ProjectionView | None) -> str:
     return f"{text}: the traced figure stands for it, {figure} in stage {md.code(traced.peak_stage or '?')}"
 
 
-def _component_tables(census: model.StageCensus, why: str = "") -> str:
-    stage, a, projected = census.stage, census.attribution, census.projected
-    title = f"### Components {census.moment}: {md.code(stage.path)}"
-    if a is None:
-        return f"{title}\n\nThis stage has no census."
-    rss = stage.rss
-    lead = (f"Census at the end of the stage, a moment after its work (for the algorithm's state "
-            f"over the run see *Over the run*; for what made a peak, the live-tensor highs): "
-            f"RSS {units.size(a.rss_end)}; the peak inside the stage "
-            f"was {units.size(a.rss_peak)} ({units.signed_size(None if a.rss_peak is None or a.rss_end is None else a.rss_peak - a.rss_end)} "
-            f"from its end: transients, see the timeline and the allocation sites). "
-            f"Share = of RSS at the stage end.")
-    if why:
-        lead = f"{why} {lead}"
-    headers = ["component", "category", "bytes", "share"] + [f"projected, {md.text(v.label)}" for v, _ in projected]
-
-    def proj(get, parts=lambda p: ()) -> list[str]:
-        """Each view's figure, or why it has none: one of `parts` its drivers do not explain."""
-        def cell(p):
-            missed = [p.unexplained[k] or 0 for k in parts(p) if k in p.unexplained]
-            return unexplained(max(missed)) if missed else units.size(get(p))
-        return [cell(p) if p is not None else "-" for _, p in projected]
-
-    def proj_component(name: str) -> list[str]:  # with the bytes that rest on estimated sizes
-        return [unexplained(p.unexplained[name]) if p is not None and name in p.unexplained else
-                units.size(p.components.get(name)) + (f" (est. {units.size(p.estimated[name])})"
-                                                      if p.estimated.get(name) else "")
-                if p is not None else "-" for _, p in projected]
-
-    rows = [[md.code(r.name), md.text(r.category), units.size(r.bytes), units.share(r.bytes, a.rss_end)]
-            + proj_component(r.name) for r in a.rows]
-    rows.append(["**census total**", "", f"**{units.size(a.census)}**", units.share(a.census, a.rss_end)]
-                + proj(lambda p: sum(v for v in p.components.values() if v is not None), lambda p: list(p.components)))
-    rows.append([md.text(BEYOND_CENSUS), "", units.size(a.beyond_census), units.share(a.beyond_census, a.rss_end)]
-                + proj(lambda p: None if p.unseen is None and p.beyond_tensors is None
-                       else (p.unseen or 0) + (p.beyond_tensors or 0), lambda p: ["unseen"]))
-    if a.unseen is not None:
-        rows.append([INDENT + "of which " + md.text(UNSEEN_TENSORS), "", units.size(a.unseen),
-                     units.share(a.unseen, a.rss_end)] + proj(lambda p: p.unseen, lambda p: ["unseen"]))
-        rows.append([INDENT + "of which " + md.text(BEYOND_LIVE), "", units.size(a.beyond_live),
-                     units.share(a.beyond_live, a.rss_end)] + proj(lambda p: p.beyond_tensors))
-    rows.append(["**RSS at the stage end**", "", f"**{units.size(a.rss_end)}**",
-                 units.share(a.rss_end, a.rss_end)] + proj(lambda p: None))
-    if a.rss_peak is not None and a.rss_end is not None:
-        rows.append(["transient inside the stage (peak - end)", "", units.size(a.rss_peak - a.rss_end), ""]
-                    + proj(lambda p: p.transient, lambda p: ["transient"]))
-        rows.append(["**peak inside the stage**", "", f"**{units.size(rss.peak)}**", ""]
-                    + proj(lambda p: p.rss_peak, lambda p: ["peak"]))
-    table = md.table(headers, rows, right=set(range(2, len(headers))))
-    cat_headers = ["category", "bytes", "share", "x weights"] + [f"projected, {md.text(v.label)}" for v, _ in projected]
-    cat_rows = []
-    for category, total in a.categories:
-        names = [r.name for r in a.rows if r.category == category]
-        cat_rows.append([md.text(category), units.size(total), units.share(total, a.rss_end),
-                         units.ratio(total, a.weights)]
-                        + proj(lambda p, ns=names: sum(p.components.get(n) or 0 for n in ns), lambda p, ns=names: ns))
-    cat_rows.append([md.text(BEYOND_CENSUS), units.size(a.beyond_census),
-                     units.share(a.beyond_census, a.rss_end), units.ratio(a.beyond_census, a.weights)]
-                    + ["" for _ in projected])
-    cat_rows.append(["**RSS at the stage end**", f"**{units.size(a.rss_end)}**",
-                     units.share(a.rss_end, a.rss_end), units.ratio(a.rss_end, a.weights)]
-                    + ["" for _ in projected])
-    categories = md.table(cat_headers, cat_rows, right=set(range(1, len(cat_headers))))
-    weights_note = (f"Weights = parameters, {units.size(a.weights)}"
-                    + (f" (module buffers, {units.size(a.buffers)}, are counted under weights "
-                       f"above but not in the ratio)." if a.buffers else "."))
-    return f"{title}\n\n{lead}\n\n{table}\n\nBy category:\n\n{categories}\n\n{weights_note}"
-
-
 def _timeline(plot: str | None) -> str:
     if not plot:
         return ""
     return ("## Timeline\n\n"
             f"![RSS over time]({quote(plot)})\n\n"
-            "RSS at each stage boundary and mark, with each stage's peak drawn inside it (at the "
-            "middle of the part of the stage no child covers: the time inside the stage is not "
-            "recorded). Top-level stages are shaded.")
+            "RSS over the run, stage by stage, each stage's peak drawn inside it (the time of a peak "
+            "inside a stage is not recorded).")
 
 
-def sites_section(record: RunRecord, report_folder: Path | None, run_folder: Path | None,
-                  head: str = "## Top allocation sites at the peak") -> str:
-    """memray's sites alive at its high-water mark (the training-step report titles it its own way)."""
-    return _sites(model.sites(record), report_folder, run_folder, head)
-
-
-def format_sites(sites: model.Sites, report_folder: Path | None, run_folder: Path | None,
-                 head: str = "## Top allocation sites at the peak") -> str:
-    """The sites section of a model already computed (the training-step report has one per configuration)."""
-    return _sites(sites, report_folder, run_folder, head)
-
-
-def _sites(sites: model.Sites, report_folder: Path | None, run_folder: Path | None,
-           head: str = "## Top allocation sites at the peak") -> str:
-    memray, probe = sites.memray, sites.probe
-    if memray is None:
-        state = probe.state if probe is not None else None
-        why = (probe.reason if probe is not None else None) or (
-            "memray was off for this run (`auditor run --memray`; `auditor gradprobe` traces unless given --no-memray)"
-            if state in (None, "off") else f"memray {state}")
-        return f"{head}\n\nNo memray trace: {md.text(why)}."
-    lead = (f"memray's high-water mark: {units.size(memray.peak_memory)} of native allocations "
-            f"({_memray_stage(memray)}), {memray.total_allocations or 0:,} allocations in the run. "
-            "Sites alive at that instant, grouped by their innermost frame in user code:")
-    if memray.auditor_bytes:
-        lead += (f" ({units.size(memray.auditor_bytes)} allocated by the auditor itself and alive "
-                 f"then are left out.)")
-    rows = []
-    for index, line in enumerate(sites.lines, 1):
-        site = line.site
-        where = f"{line.where}: {site.code}" if site.code else line.where  # the source line, read when summarized
-        rows.append([str(index), md.code(where),
-                     md.code(site.function) if site.function else "-",
-                     units.size(site.bytes), f"{site.allocations:,}", _stack(line)])
-    table = md.table(["#", "location and line", "function", "bytes", "allocations", "stack (innermost first)"],
-                   rows, right={0, 3, 4}) if rows else "No allocation was alive at the high-water mark."
-    return f"{head}\n\n{lead}\n\n{table}\n\n{_flamegraph_link(memray, report_folder, run_folder)}"
-
-
-def _memray_stage(memray: Memray) -> str:
-    """The stage memray's high-water mark belongs to, and how it was found (older records: the
-    run's RSS-peak stage, said so)."""
-    basis = memray.stage_basis
-    at = f", about {units.seconds(memray.at_s)} into the audit" if memray.at_s is not None else ""
-    if memray.stage:
-        where = f"in stage {md.code(memray.stage)}"
-    elif basis:
-        where = "in no stage (unstaged time)"
-    else:
-        return "outside any stage"
-    how = md.text(basis) if basis else "the run's RSS-peak stage (an older record: not located by time)"
-    return f"{where}{at}; stage found by: {how}"
-
-
-def _flamegraph_link(memray: Memray, report_folder: Path | None, run_folder: Path | None) -> str:
-    name = memray.flamegraph
-    if not name:
-        return "No flamegraph was written for this run."
-    if run_folder is None or report_folder is None:
-        return f"Flamegraph: {md.code(name)} in the run folder."
-    target = Path(run_folder) / name
-    if _kept_out_of_git(target):  # a link would break for everyone reading the committed report
-        folder = os.path.relpath(Path(run_folder).resolve(), Path(report_folder).resolve())
-        return (f"Flamegraph: {md.code(name)} in the run folder {md.code(folder)}, where the command wrote it; "
-                "git ignores it (megabytes), so it exists only where the command ran.")
-    if not target.exists():
-        return f"Flamegraph: {md.code(name)} was not found in the run folder {md.code(run_folder)}."
-    return f"Flamegraph of the allocations alive at the peak: [{md.text(name)}]({md.relative_link(target, report_folder)})."
-
-
-def _kept_out_of_git(path: Path) -> bool:
-    """True when `path` lies in a git work tree that ignores it (False without git)."""
-    try:
-        done = subprocess.run(["git", "check-ignore", "-q", path.name], cwd=path.parent,
-                              capture_output=True, timeout=10) if path.parent.is_dir() else None
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done is not None and done.returncode == 0
-
-
-def _stack(line: model.SiteLine) -> str:
-    shown = []
-    for frame in line.stack[:SITE_STACK_FRAMES]:
-        function = frame.function if len(frame.function) <= 60 else frame.function[:57] + "..."
-        shown.append(f"{function} ({frame.where})" if frame.where else function)
-    if not shown:
-        return "-"
-    text = " ← ".join(shown) + (" ← …" if len(line.stack) > SITE_STACK_FRAMES else "")
-    return ("native: " if line.native else "") + md.text(text)
-
-
-def _findings(findings: model.Findings) -> str:
-    head = "## Findings"
-    found, outcomes = findings.found, findings.outcomes
-    if found:
-        lines = []
-        for f in found:
-            site = f.evidence.get("memray_site")
-            shown = {**f.evidence, "memray_site": findings.shown_sites[site]} if site else f.evidence
-            evidence = ", ".join(f"{k.replace('_', ' ')} {md.code(v)}" for k, v in shown.items()
-                                 if k in ("stage", "component", "from_stage", "to_stage", "memray_site") and v)
-            lines.append(f"- **{f.severity}** ({f.rule}): {f.statement}" + (f" Evidence: {evidence}." if evidence else ""))
-            if f.remedy:
-                lines.append(f"  - Remedy: {f.remedy}{_saving(f.saving)}")
-            if f.validated:
-                lines.append(f"  - Validated: {_validated(f.validated)}")
-        body = "\n".join(lines)
-    else:
-        body = "No rule fired on this record."
-    rows = []
-    for o in outcomes:
-        result = (f"not checked: {md.text(o.not_checked)}" if o.not_checked
-                  else f"fired ({len(o.findings)})" if o.findings else "silent")
-        rows.append([md.code(o.rule.id), md.text(o.rule.title), md.text(o.rule.threshold), result])
-    rules = md.table(["rule", "looks for", "threshold", "result"], rows)
-    note = ("Each finding's remedy is the change that removes it; its saving is an upper bound: "
-            "the bytes of the evidence here and, projected, at each target in the record (what "
-            "the algorithm still needs of them comes back).")
-    return (f"{head}\n\nDetected from the record by the rules below, not written by hand. {note}"
-            f"\n\n{body}\n\nRules checked:\n\n{rules}")
-
-
-def _saving(saving: dict | None) -> str:
-    if not saving:
-        return ""
-    text = f" Saves up to {units.size(saving['bytes'])} here"
-    projected = [p for p in saving.get("projected") or []]
-    if not projected:
-        return text + " (no projection in this record)."
-    parts = [f"{units.size(p['bytes'])} at {p['target']} ({p.get('method', 'projected')})"
-             if p["bytes"] is not None else f"not projected at {p['target']} ({p.get('method', 'projected')})"
-             for p in projected]
-    return text + "; " + "; ".join(parts) + "."
-
-
-def _validated(items) -> str:
-    """The measured variants that implement the remedy, with what their comparison measured."""
-    parts = []
-    for item in items:
-        text = f"variant {md.code(item['variant'])}" + (f" ({item['what']})" if item.get("what") else "")
-        saving = item.get("peak_saving")
-        if saving is None:
-            text += ", no measured saving"
-        elif item.get("claims_saving"):
-            text += f", {units.size(saving)} less peak RSS"
-        else:
-            text += f", no saving beyond the noise ({units.signed_size(-saving)} peak RSS)"
-        if item.get("agreement"):
-            text += f", result {item['agreement']}"
-        parts.append(text)
-    first = items[0]
-    where = ", ".join(w for w in (first.get("architecture"),
-                                  f"{first['runs']} runs a side" if first.get("runs") else None) if w)
-    source = f" by {md.code(first['source'])}" if first.get("source") else ""
-    return ("; ".join(parts) + f" (whole-run peak RSS against the baseline, measured{source}"
-            + (f": {where}" if where else "") + ").")
+_OVERHEAD = {"boundaries_s": "stage starts and ends", "census_s": "tensor census", "labels_s": "naming staged calls",
+             "finish_s": "finishing (last readings, memray trace)"}  # the audit's own time, by what it was spent on
 
 
 def _minimum(minimum: model.Minimum) -> str:
@@ -777,7 +415,8 @@ def _environment(environment: model.Environment, head: str = "## Environment") -
         rows.append(["exit", md.text(exit_.status + (f": {exit_.error}" if exit_.error else ""))])
     overhead = environment.overhead_s
     if overhead:
-        rows.append(["audit overhead", ", ".join(f"{md.text(k)} {units.seconds(v)}" for k, v in overhead.items())])
+        rows.append(["audit overhead", ", ".join(f"{md.text(_OVERHEAD.get(k, k.removesuffix('_s').replace('_', ' ')))} "
+                                                 f"{units.seconds(v)}" for k, v in overhead.items())])
     probe_rows = []
     for name, probe in environment.probes.items():
         detail = probe.reason or probe.method or ""

@@ -48,3 +48,39 @@ def relative_link(target: Path, report_folder: Path) -> str:
     """A markdown link target to `target`, relative to the folder holding the report."""
     relative = Path(os.path.relpath(Path(target).resolve(), Path(report_folder).resolve())).as_posix()
     return quote(relative)
+
+
+INDENT = "&emsp;"  # a nested row's name in a table
+
+
+def phrase(value: str) -> str:
+    """A phrase with `code` spans (from analysis) made safe for a table cell."""
+    pieces = value.split("`")
+    return "".join(code(p) if i % 2 else text(p) for i, p in enumerate(pieces))
+
+
+def folded(summary: str, body: str) -> str:
+    """`body` folded under a `<details>` line that says what it holds (GitHub renders the
+    markdown inside when blank lines surround it)."""
+    return f"<details><summary>{text(summary)}</summary>\n\n{body.strip()}\n\n</details>"
+
+
+def anchor(heading: str) -> str:
+    """The link target GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens."""
+    kept = "".join(c for c in heading.lower() if c.isalnum() or c in " -_")
+    return "#" + kept.replace(" ", "-")
+
+
+def wrapped(line: str, width: int = 400, indent: str = "  ") -> str:
+    """A long line of prose (a paragraph or a list item, never a table row) broken at spaces into
+    lines of at most about `width` characters, continued with `indent`: markdown joins them again."""
+    if len(line) <= width:
+        return line
+    lines, rest = [], line
+    while len(rest) > width:
+        cut = rest.rfind(" ", 0, width)
+        if cut <= len(indent):
+            break
+        lines.append(rest[:cut])
+        rest = indent + rest[cut + 1:]
+    return "\n".join([*lines, rest])

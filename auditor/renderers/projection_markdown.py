@@ -1,10 +1,14 @@
-"""The report's projection sections: audited scale and each target side by side, per stage and
-per component (auditor.analysis.projection_side_by_side makes the rows, for the run report's
-model: its `projections`)."""
+"""The report's projection details: for each target, the audited run and every projection of it
+(scaled, traced) as columns of one stage table and one component table, with how each was made
+and what its figures rest on (auditor.analysis.projection_side_by_side makes the rows, for the run
+report's model: its `targets`)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from auditor import units
-from auditor.analysis.projection_side_by_side import SideBySide
+from auditor.analysis.components import ProjectionView
+from auditor.analysis.projection_side_by_side import ComponentSide, StageSide, TargetSides
 from auditor.renderers import markdown_text as md
 
 MOST_COMPONENTS = 20
@@ -17,29 +21,52 @@ _HOW = {
 }
 
 
-def sections(sides: list[SideBySide]) -> str:
-    """The sections of projections already set side by side (the run report's model holds them)."""
-    return "\n\n".join(_section(side) for side in sides)
+def heading(target: str) -> str:
+    """The heading of a target's projection details (the answer's caveats link to it)."""
+    return f"Projection to {target}"
 
 
-def _section(side: SideBySide) -> str:
-    lead = f"How: {_HOW.get(side.method, md.text(side.method))}."
-    notes = "".join(f"\n\n> **{md.text(note)}**" for note in side.notes)
-    return (f"## Projection to {md.text(side.target)} ({md.text(side.how)})\n\n{lead}{notes}\n\n"
-            f"### Stages\n\n{_stage_table(side)}\n\n### Components\n\n{_component_table(side)}")
+def sections(targets: list[TargetSides], views: Sequence[ProjectionView] = ()) -> str:
+    """Each target's projection details; `views` (the record's projections) say what each
+    method's figures rest on."""
+    return "\n\n".join(_section(target, views) for target in targets)
 
 
-def _stage_table(side: SideBySide) -> str:
-    rows = [["&emsp;" * s.depth + md.text(s.name.rsplit("/", 1)[-1]), _calls(s.audited_calls),
-             _calls(s.target_calls), units.size(s.audited_tensor_peak),
-             *([unexplained(s.target_miss), "", units.size(s.audited_rss_peak), unexplained(s.target_miss)]
-               if s.target_miss is not None else
-               [units.size(s.target_tensor_peak), units.ratio(s.target_tensor_peak, s.audited_tensor_peak),
-                units.size(s.audited_rss_peak), units.size(s.target_rss_peak)])] for s in side.stages]
-    head = ["stage", "calls audited", "calls at target", "live tensors peak, audited",
-            "projected", "growth", "RSS peak, audited", "projected"]
-    return ("Each stage's highest call on each side; repeated calls are one row.\n\n"
-            + md.table(head, rows, right=range(1, 8)))
+def _section(target: TargetSides, views: Sequence[ProjectionView]) -> str:
+    lines = []
+    for side in target.sides:
+        view = next((v for v in views if v.method == side.method and v.target == side.target), None)
+        rests = [md.text(t) for t in (view.estimates, view.basis) if t] if view is not None else []
+        rests += [f"**{md.text(note)}**" for note in side.notes]
+        lines.append(md.wrapped(f"- {md.text(side.how)}: {_HOW.get(side.method, md.text(side.method))}."))
+        lines += [md.wrapped(f"  - {r[0].upper()}{r[1:]}." if not r.startswith("**") else f"  - {r}.", indent="    ")
+                  for r in rests]
+    return (f"### {md.text(heading(target.target))}\n\nHow each projection was made, and what its figures rest on:"
+            f"\n\n" + "\n".join(lines) + f"\n\n{_stage_table(target)}\n\n{_component_table(target)}")
+
+
+def _stage_table(target: TargetSides) -> str:
+    head = ["stage", "calls audited", "calls at target", "live tensors peak, audited", "RSS peak, audited"]
+    for side in target.sides:
+        head += [f"live tensors, {md.text(side.how)}", f"RSS, {md.text(side.how)}"]
+    rows = []
+    for first, each in target.stages:
+        row = ["&emsp;" * first.depth + md.text(first.name.rsplit("/", 1)[-1]), _calls(first.audited_calls),
+               _calls_each(s.target_calls if s else 0 for s in each),
+               units.size(first.audited_tensor_peak), units.size(first.audited_rss_peak)]
+        for s in each:
+            row += _stage_cells(s)
+        rows.append(row)
+    return ("Each stage's highest call, audited and at the target; repeated calls are one row.\n\n"
+            + md.table(head, rows, right=range(1, len(head))))
+
+
+def _stage_cells(s: StageSide | None) -> list[str]:
+    if s is None:
+        return ["-", "-"]
+    if s.target_miss is not None:
+        return [unexplained(s.target_miss), unexplained(s.target_miss)]
+    return [units.size(s.target_tensor_peak), units.size(s.target_rss_peak)]
 
 
 def unexplained(miss: int | None) -> str:
@@ -51,15 +78,31 @@ def _calls(n: int) -> str:
     return f"{n:,}" if n else "-"
 
 
-def _component_table(side: SideBySide) -> str:
-    shown = side.components[:MOST_COMPONENTS]
-    rows = [[md.code(c.name), md.text(c.category), units.size(c.audited) if c.audited_instances else "-",
-             *([unexplained(c.target_miss), ""] if c.target_miss is not None else
-               [units.size(c.target) if c.target_instances else "-", units.ratio(c.target, c.audited)]),
-             f"{c.audited_instances:,} / {c.target_instances:,}"] for c in shown]
-    more = (f"\n\n{len(side.components) - len(shown):,} smaller components are in the record's "
-            "`projections`." if len(side.components) > len(shown) else "")
-    return ("The most each component's instances held together at one stage end, audited and "
-            "at the target.\n\n"
-            + md.table(["component", "category", "audited", "projected", "growth",
-                        "instances at once (audited / target)"], rows, right=range(2, 6)) + more)
+def _calls_each(counts) -> str:
+    shown = list(dict.fromkeys(_calls(n) for n in counts))
+    return " / ".join(shown)
+
+
+def _component_table(target: TargetSides) -> str:
+    shown = target.components[:MOST_COMPONENTS]
+    head = ["component", "category", "audited", *(f"at target, {md.text(s.how)}" for s in target.sides),
+            "instances at once (audited / target)"]
+    rows = []
+    for first, each in shown:
+        rows.append([md.code(first.name), md.text(first.category),
+                     units.size(first.audited) if first.audited_instances else "-",
+                     *(_component_cell(c) for c in each),
+                     f"{first.audited_instances:,} / "
+                     + " / ".join(dict.fromkeys(f"{c.target_instances if c else 0:,}" for c in each))])
+    more = (f"\n\n{len(target.components) - len(shown):,} smaller components are in the run record."
+            if len(target.components) > len(shown) else "")
+    return ("The most each component's instances held together at one stage end, audited and at the target.\n\n"
+            + md.table(head, rows, right=range(2, 2 + 1 + len(target.sides))) + more)
+
+
+def _component_cell(c: ComponentSide | None) -> str:
+    if c is None or not c.target_instances and c.target_miss is None:
+        return "-"
+    if c.target_miss is not None:
+        return unexplained(c.target_miss)
+    return units.size(c.target)

@@ -1,0 +1,165 @@
+"""The run report's opening sections and the findings behind them: what was alive at the peak
+(here, x the weights, at each target), the fixes (with the variants that validated them, each
+described once), and, folded, each finding in full with the rules checked. Formats
+auditor.analysis.report_answer's `Answer` and `Fixes` and the run report's `findings` only.
+"""
+from __future__ import annotations
+
+import re
+
+from auditor import units
+from auditor.analysis import run_report as model
+from auditor.analysis.projection_side_by_side import TargetSides
+from auditor.analysis.report_answer import Answer, AtTarget, Fixes, Variant
+from auditor.analysis.unstaged import PeakPlace
+from auditor.renderers import markdown_text as md
+from auditor.renderers.components_markdown import unstaged_peak
+from auditor.renderers.markdown_text import INDENT
+from auditor.renderers.projection_markdown import heading as projection_heading, unexplained
+
+FINDINGS = "Findings"  # the folded section's heading, linked from the fixes and the summary
+
+
+def answer_section(answer: Answer | None, place: PeakPlace, components: model.Components,
+                   targets: list[TargetSides]) -> str:
+    head = "## What was alive at the peak"
+    if components.unstaged_peak is not None:  # the peak fell between stages: what was alive there
+        return f"{head}\n\n{unstaged_peak(components.unstaged_peak)}"
+    if answer is None:
+        why = ("no tensor census in this record (run with census on to see which structure holds the memory)"
+               if not components.has_census else "the stage holding the peak has no census")
+        return f"{head}\n\nNot known: {why}."
+    columns = [f"at {md.text(_target(v.target, v.target_dtype))} ({md.text(v.method)})" for v in answer.views]
+    rows = []
+    for row in answer.rows:
+        ratio = units.ratio(row.bytes, answer.weights)
+        cells = [_cell(c) for c in row.at_targets]
+        if row.kind == "category":
+            rows.append([f"**{md.text(row.name)}**", f"**{units.size(row.bytes)}**", ratio, *cells])
+        elif row.kind == "component":
+            rows.append([INDENT + md.code(row.name), units.size(row.bytes), ratio, *cells])
+        elif row.kind == "of which":
+            rows.append([INDENT + "of which " + md.text(row.name), units.size(row.bytes), ratio, *cells])
+        elif row.kind == "peak":
+            rows.append(["**peak RSS**", f"**{units.size(row.bytes)}**", f"**{ratio}**", *(f"**{c}**" for c in cells)])
+        else:
+            rows.append([md.text(row.name), units.size(row.bytes), ratio, *cells])
+    table = md.table(["category / component", "bytes here", "x the weights", *columns], rows,
+                     right=range(1, 3 + len(columns)))
+    buffers = (f" (module buffers, {units.size(answer.buffers)}, are under weights but not in the ratio)"
+               if answer.buffers else "")
+    lead = (f"The census at the end of {md.code(answer.stage)}, the stage holding the peak, with what rose "
+            f"inside the stage on top, so the rows add up to its peak; the weights are "
+            f"{units.size(answer.weights)} of parameters{buffers}.")
+    if targets:
+        lead += " At each target the same stage is projected; the title gives the target's own peak, wherever it falls."
+    return f"{head}\n\n{lead}\n\n{table}" + _caveats(targets, components)
+
+
+def _caveats(targets: list[TargetSides], components: model.Components) -> str:
+    """What the figures rest on, a sentence each, linking to the detail."""
+    lines = []
+    if any(c.moment == "just before the peak stage" for c in components.censuses):
+        lines.append("The peak came near the stage's start: the census just before it, in the details, "
+                     "shows what made it.")
+    for target in targets:
+        link = md.anchor(projection_heading(target.target))
+        for side in target.sides:
+            for note in side.notes:
+                plain = re.sub(r" \([^()]*\)", "", note)
+                lines.append(md.wrapped(f"At {md.text(target.target)} ({md.text(side.how)}): {md.text(plain)} "
+                                        f"([how]({link}))."))
+    return "".join(f"\n\n{line}" for line in lines)
+
+
+def _target(target: str, dtype: str | None) -> str:
+    return f"{target} {dtype}" if dtype else target
+
+
+def _cell(at: AtTarget) -> str:
+    if at.miss is not None:
+        return unexplained(at.miss)
+    text = units.size(at.bytes)
+    return text + (f" (est. {units.size(at.estimated)})" if at.estimated else "")
+
+
+def fixes_section(fixes: Fixes) -> str:
+    head = "## Fixes"
+    more = f"[{FINDINGS}]({md.anchor(FINDINGS)})"
+    if not fixes.rows:
+        return f"{head}\n\nNo rule fired on this record; the rules checked are in the details ({more})."
+    lead = ("One row a finding, most severe first; each saving is an upper bound, the bytes of the finding's "
+            f"evidence (what the algorithm still needs of them comes back). Each finding in full: {more}.")
+    headers = ["finding", "remedy", "saves here", *(f"at {md.text(t)}" for t in fixes.targets), "validated by"]
+    rows = []
+    for fix in fixes.rows:
+        f = fix.finding
+        what = f"**{f.severity}** {md.text(f.rule)}" + (f": {md.phrase(fix.subject)}" if fix.subject else "")
+        targets = ["-" if fix.saving is None else units.size(c.bytes) if c.bytes is not None else "not projected"
+                   for c in fix.at_targets]
+        rows.append([what, md.phrase(fix.remedy) or "-", units.size(fix.saving), *targets,
+                     ", ".join(md.code(v) for v in fix.variants) or "-"])
+    table = md.table(headers, rows, right=range(2, 3 + len(fixes.targets)))
+    return f"{head}\n\n{lead}\n\n{table}" + _variants(fixes.variants)
+
+
+def _variants(variants: list[Variant]) -> str:
+    """Each variant named in the table, described once."""
+    if not variants:
+        return ""
+    shared = {v.measured_by for v in variants}
+    lines = []
+    for v in variants:
+        if v.peak_saving is None:
+            saved = "no measured saving"
+        elif v.claims_saving:
+            saved = f"{units.size(v.peak_saving)} less peak RSS"
+        else:
+            saved = f"no saving beyond the noise ({units.signed_size(-v.peak_saving)} peak RSS)"
+        agreement = f", result {md.text(v.agreement)}" if v.agreement else ""
+        own = f" ({md.phrase(v.measured_by)})" if len(shared) > 1 else ""
+        what = f"{md.phrase(v.what)}; " if v.what else ""
+        lines.append(f"- {md.code(v.name)}: {what}{saved}{agreement}{own}.")
+    how = f", each measured as {md.phrase(next(iter(shared)))}" if len(shared) == 1 else ""
+    return f"\n\nVariants that implement a remedy{how}:\n\n" + "\n".join(lines)
+
+
+def findings_detail(findings: model.Findings) -> str:
+    """Each finding in full (statement, evidence, remedy, saving at each target) and every rule."""
+    found, outcomes = findings.found, findings.outcomes
+    if found:
+        lines = []
+        for f in found:
+            site = f.evidence.get("memray_site")
+            shown = {**f.evidence, "memray_site": findings.shown_sites[site]} if site else f.evidence
+            evidence = ", ".join(f"{k.replace('_', ' ')} {md.code(v)}" for k, v in shown.items()
+                                 if k in ("stage", "component", "from_stage", "to_stage", "memray_site") and v)
+            lines.append(md.wrapped(f"- **{f.severity}** ({f.rule}): {f.statement}"))
+            if evidence:
+                lines.append(md.wrapped(f"  - Evidence: {evidence}.", indent="    "))
+            if f.remedy:
+                lines.append(md.wrapped(f"  - Remedy: {f.remedy}{_saving(f.saving)}", indent="    "))
+        body = "\n".join(lines)
+    else:
+        body = "No rule fired on this record."
+    rows = []
+    for o in outcomes:
+        result = (f"not checked: {md.text(o.not_checked)}" if o.not_checked
+                  else f"fired ({len(o.findings)})" if o.findings else "silent")
+        rows.append([md.code(o.rule.id), md.text(o.rule.title), md.text(o.rule.threshold), result])
+    rules = md.table(["rule", "looks for", "threshold", "result"], rows)
+    return (f"## {FINDINGS}\n\nDetected from the record by the rules below, not written by hand."
+            f"\n\n{body}\n\nRules checked:\n\n{rules}")
+
+
+def _saving(saving: dict | None) -> str:
+    if not saving:
+        return ""
+    text = f" Saves up to {units.size(saving['bytes'])} here"
+    projected = list(saving.get("projected") or [])
+    if not projected:
+        return text + " (no projection in this record)."
+    parts = [f"{units.size(p['bytes'])} at {p['target']} ({p.get('method', 'projected')})"
+             if p["bytes"] is not None else f"not projected at {p['target']} ({p.get('method', 'projected')})"
+             for p in projected]
+    return text + "; " + "; ".join(parts) + "."
