@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -105,7 +106,8 @@ class StageLines:
                 self._failures += 1  # a failure is never only folded into a count
                 stage_ended(self.out, stage)
                 if not self.live:
-                    self._shown[tally.key] = tally.calls
+                    if tally.calls == 1:  # its first line; a later call's failure leaves the fold to come
+                        self._shown[tally.key] = 1
                     return
             if self.live:
                 self._redraw()
@@ -184,7 +186,15 @@ def _more_markup(rest: list[StageTally]) -> str:
 
 def run_summary(out: Console, summary: RunSummary) -> None:
     """The stage table, then where the peak was and where the run's files are."""
-    out.print(_stage_table(summary))
+    table = _stage_table(summary, whole_names=not out.is_terminal)
+    # a log has no width of its own: the table takes what its names need, never cut mid-word
+    width = out.width
+    if not out.is_terminal:
+        out.width = max(width, Measurement.get(out, out.options.update_width(10_000), table).maximum)
+    try:
+        out.print(table)
+    finally:
+        out.width = width
     if summary.more_rows:
         _line(out, f"... {summary.more_rows:,} more rows ({summary.more_stages:,} stages) with lower peaks: "
                    f"auditor report {summary.folder} lists them")
@@ -219,12 +229,14 @@ def run_summary(out: Console, summary: RunSummary) -> None:
     _line(out, f"run record: not written (see the warning above); {kept}")
 
 
-def _stage_table(summary: RunSummary) -> Table:
+def _stage_table(summary: RunSummary, whole_names: bool) -> Table:
+    """`whole_names`: the stage column never wraps (a log's table is as wide as it needs); on a
+    terminal, narrower than the table, names fold at its edge."""
     table = Table(title=f"auditor: {summary.name}", title_justify="left")
-    table.add_column("stage", no_wrap=True)  # a name is never cut mid-word; the last column gives way
+    table.add_column("stage", no_wrap=whole_names, overflow="fold")
     for column in ("calls", "RSS end", "delta", "peak inside", "time"):
         table.add_column(column, justify="right", no_wrap=True)
-    table.add_column("at call", overflow="fold")  # which call had the highest peak
+    table.add_column("at call", overflow="fold", max_width=40)  # which call had the highest peak
     for row in summary.rows:  # a stage is its name indented under its parent, as in a profiler
         table.add_row(escape("  " * row.depth + row.name + _not_ok(row)), f"{row.calls:,}", mib(row.rss_end),
                       signed_mib(row.rss_change), mib(row.rss_peak), f"{row.seconds:.2f} s",
