@@ -13,6 +13,10 @@ Series, all (seconds since the audit began, bytes):
     live_tensors   the live-tensor meter's start, end and peak per stage, when present
     memray         memray's own RSS snapshots (record `memray.snapshots`, a field this record
                    version does not know: kept in `memray.extra_fields`), when present
+
+Stages as spans: `spans` the top-level ones, `nested` the others with their depth (1: a child of
+a top-level stage), so a plot can draw a row per depth. `compositions`: each innermost stage's
+live tensors at its peak by category, for records without a census to stack.
 """
 from __future__ import annotations
 
@@ -35,6 +39,17 @@ class Span:
     end: float
     label: str
     status: str
+    path: str = ""
+    depth: int = 0           # 0: a top-level stage
+
+
+@dataclass
+class Composition:
+    """What the live-tensor meter found alive at an innermost stage's peak, by category."""
+    start: float
+    end: float
+    stage: str
+    by_category: dict[str, int]
 
 
 @dataclass
@@ -45,13 +60,17 @@ class Timeline:
     live_tensors: list[tuple[float, int]] = field(default_factory=list)
     memray: list[tuple[float, int]] = field(default_factory=list)
     spans: list[Span] = field(default_factory=list)         # top-level stages
+    nested: list[Span] = field(default_factory=list)        # stages inside another, in start order
+    compositions: list[Composition] = field(default_factory=list)  # innermost stages' at-peak tensors
     marks: list[tuple[float, str, int]] = field(default_factory=list)
     end_s: float = 0.0
 
 
 def timeline(record: RunRecord) -> Timeline:
     stages = finished(record)
-    result = Timeline(spans=[Span(s.start_s, ended(s), s.name, s.status) for s in stages if s.parent is None])
+    depth = _depths(stages)
+    spans = [Span(s.start_s, ended(s), s.name, s.status, s.path, depth[s.path]) for s in stages]
+    result = Timeline(spans=[s for s in spans if s.depth == 0], nested=[s for s in spans if s.depth > 0])
     process = record.process
     end_s = record.duration_s or max((ended(s) for s in stages), default=0.0)
     result.end_s = end_s
@@ -87,9 +106,34 @@ def timeline(record: RunRecord) -> Timeline:
             result.rss.append((mark.t_s, mark.rss))
             result.marks.append((mark.t_s, mark.name, mark.rss))
     result.memray = _memray_snapshots(record)
+    result.compositions = [c for c in (_composition(s) for s in stages if s.path not in children) if c]
     result.rss.sort(key=lambda p: p[0])
     result.live_tensors.sort(key=lambda p: p[0])
     return result
+
+
+def _depths(stages: list[Stage]) -> dict[str, int]:
+    """Each stage's nesting depth by its parent chain (a stage name may itself hold a `/`)."""
+    parents = {s.path: s.parent for s in stages}
+    depths: dict[str, int] = {}
+    for path in parents:
+        chain, at = 0, parents[path]
+        while at is not None and chain < len(parents):
+            chain, at = chain + 1, parents.get(at)
+        depths[path] = chain
+    return depths
+
+
+def _composition(entry: Stage) -> Composition | None:
+    live = entry.live_tensors
+    if live is None or live.at_peak is None or not live.at_peak.rows:
+        return None
+    by_category: dict[str, int] = {}
+    for row in live.at_peak.rows:
+        by_category[row.category or "other"] = by_category.get(row.category or "other", 0) + row.bytes
+    if live.at_peak.bytes_left_out:
+        by_category["smaller rows"] = by_category.get("smaller rows", 0) + live.at_peak.bytes_left_out
+    return Composition(entry.start_s, ended(entry), entry.path, by_category)
 
 
 def _readings(rss: Readings) -> tuple[int, int, int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from auditor.analysis.comparison_report import ComparisonReport, Spread, comparison_report
+from auditor.renderers.plot_text import fit_title
 from auditor.units import MiB
 
 LOADED_COLOUR, OVERHEAD_COLOUR, TIME_COLOUR = "#b8c4d6", "#3b6fb6", "#8c8c8c"
@@ -19,12 +20,20 @@ def render(record: dict, summary: dict, path: str | Path) -> Path:
 
 
 def render_report(report: ComparisonReport, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    draw(report).savefig(path)
+    return path
+
+
+def draw(report: ComparisonReport):
+    """The chart as a matplotlib Figure (Agg canvas), laid out so that no text leaves it."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     names = [side.name for side in report.sides]
     peak_rss, walls_s = [_read(side.peak_rss) for side in report.sides], [_read(side.wall_s) for side in report.sides]
-    figure = Figure(figsize=(4.0 + 1.6 * len(names), 4.6), dpi=110)
+    figure = Figure(figsize=(4.0 + 1.6 * len(names), 4.8), dpi=110, layout="constrained")
     FigureCanvasAgg(figure)
     memory, time = figure.subplots(1, 2, gridspec_kw={"width_ratios": [2, 1]})
     positions = range(len(names))
@@ -43,7 +52,7 @@ def render_report(report: ComparisonReport, path: str | Path) -> Path:
     _names_under(memory, names)
     memory.set_ylabel("peak RSS, MiB (median; whiskers min-max)")
     memory.set_ylim(0, max(p + h for p, h in zip(peaks, high)) * 1.12)
-    memory.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1 if len(names) <= 3 else -0.2), ncol=2,
+    figure.legend(handles=memory.get_legend_handles_labels()[0], loc="outside lower center", ncols=2,
                   fontsize=8, frameon=False)
     memory.set_title("peak RSS per side", fontsize=10)
 
@@ -55,12 +64,8 @@ def render_report(report: ComparisonReport, path: str | Path) -> Path:
     time.set_ylabel("wall time, s (median; whiskers min-max)")
     time.set_title("wall time", fontsize=10)
 
-    figure.suptitle(f"{report.name}: {report.sides[0].runs} runs per side, fresh processes", fontsize=10)
-    figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path)
-    return path
+    fit_title(figure, figure.suptitle, f"{report.name}: {report.sides[0].runs} runs per side, fresh processes")
+    return figure
 
 
 def _read(spread: Spread | None) -> Spread:

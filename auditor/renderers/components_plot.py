@@ -13,6 +13,7 @@ from pathlib import Path
 from auditor import units
 from auditor.analysis.component_history import ComponentHistory
 from auditor.analysis.run_report import RunReport
+from auditor.renderers.plot_text import fit_title
 
 TOP = 8
 COLOURS = ("#1f4e9c", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457", "#827717")
@@ -60,8 +61,8 @@ def draw(report: RunReport):
     axes.set_ylim(0, peak / scale * 1.12 or 1)
     axes.set_xlabel("seconds since the audit began (a census at each stage end)")
     axes.set_ylabel(unit)
-    axes.set_title(f"{report.summary.name}: components at each stage end "
-                   f"(largest {len(top)}, folded over instances)", fontsize=10)
+    fit_title(figure, axes.set_title, f"{report.summary.name}: components at each stage end "
+              f"(largest {len(top)}, folded over instances)")
     axes.grid(axis="y", lw=0.4, alpha=0.6)
     axes.legend(loc="upper left", fontsize=7, framealpha=0.85)
     return figure

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from auditor import units
 from auditor.analysis.train_step_report import Configuration, TrainStepReport
+from auditor.renderers.plot_text import fit_title
 
 COLOURS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer state": "#55a868",
            "saved activations": "#c44e52", "autocast weight copies": "#8172b3",
@@ -15,6 +16,12 @@ COLOURS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer state": "
 
 
 def write_png(report: TrainStepReport, path: str | Path) -> Path:
+    draw(report).savefig(path)
+    return Path(path)
+
+
+def draw(report: TrainStepReport):
+    """The chart as a matplotlib Figure (Agg canvas), its title wrapped to the figure's width."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -39,10 +46,10 @@ def write_png(report: TrainStepReport, path: str | Path) -> Path:
                   lw=1.5, ls="--", label="forward-only peak" if x == 0 else None)
     axes.set_xticks(range(len(shown)), [_label(c) for c, _ in shown], fontsize=8)
     axes.set_ylabel("MiB (live tensors)")
-    axes.set_title("Components of one training step (stacked) against the measured peaks")
+    fit_title(figure, axes.set_title, "Components of one training step (stacked) against the measured peaks",
+              fontsize=11, share=0.9)
     axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    figure.savefig(path)
-    return Path(path)
+    return figure
 
 
 def _label(configuration: Configuration) -> str:
