@@ -13,7 +13,7 @@ from pathlib import Path
 from auditor import units
 from auditor.analysis.component_history import ComponentHistory
 from auditor.analysis.run_report import RunReport
-from auditor.renderers.plot_text import fit_title
+from auditor.renderers.plot_text import component_name, fit_title
 
 TOP = 8
 COLOURS = ("#1f4e9c", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457", "#827717")
@@ -69,6 +69,6 @@ def draw(report: RunReport):
 
 
 def _label(item: ComponentHistory) -> str:
-    name = item.name if len(item.name) <= 40 else "…" + item.name[-39:]
+    name = component_name(item.name, 44)
     count = f" x{len(item.instances)}" if len(item.instances) > 1 else ""
     return f"{name}{count} (max {units.size(item.most_at_once)})"

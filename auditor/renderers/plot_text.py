@@ -3,6 +3,7 @@ a width in pixels, both measured with the figure's own renderer (a guess by char
 letters and wastes room on narrow ones)."""
 from __future__ import annotations
 
+import re
 import textwrap
 
 ELLIPSIS = "…"
@@ -47,3 +48,10 @@ def fit_title(figure, set_title, text: str, fontsize: float = 10, max_lines: int
         chars = max(int(chars * 0.9), 10)
     set_title("\n".join(textwrap.wrap(text, width=chars, max_lines=max_lines, placeholder=" " + ELLIPSIS,
                                       break_long_words=True)), fontsize=fontsize)
+
+
+def component_name(name: str, chars: int = 52) -> str:
+    """A census component's name for a legend: a source file by its own name, not its folders
+    (`allocated at examples/pruning/hessian.py:48 f` -> `allocated at hessian.py:48 f`), cut at `chars`."""
+    name = re.sub(r"(?:[\w.-]*/)+(?=[\w.-]+\.py:)", "", name)
+    return name if len(name) <= chars else name[:chars - 1] + ELLIPSIS

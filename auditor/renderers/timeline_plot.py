@@ -21,7 +21,7 @@ from pathlib import Path
 from auditor import units
 from auditor.analysis.run_report import RunReport
 from auditor.analysis.timeline import Composition, Span
-from auditor.renderers.plot_text import fit_title, shorten, text_width
+from auditor.renderers.plot_text import component_name, fit_title, shorten, text_width
 
 SPAN_COLOURS = ("#dbe9f6", "#fbe5d0")
 FAILED_COLOUR = "#f4c7c3"
@@ -135,7 +135,7 @@ def census_stack(report: RunReport) -> Stack | None:
     if not items:
         return None
     times = [t for t, _ in items[0].series]
-    bands = [(_short(item.name), [v for _, v in item.series]) for item in items[:TOP]]
+    bands = [(component_name(item.name), [v for _, v in item.series]) for item in items[:TOP]]
     rest = items[TOP:]
     if rest:
         bands.append((_rest(len(rest)), [sum(v) for v in zip(*([v for _, v in i.series] for i in rest))]))
@@ -258,9 +258,3 @@ def _with_status(span: Span, label: str | None = None) -> str:
 
 def _rest(count: int) -> str:
     return f"{count} smaller one" + ("s" if count > 1 else "")
-
-
-def _short(name: str, chars: int = 52) -> str:
-    """A component's name for the legend: a source file by its own name, not its folders."""
-    name = re.sub(r"(?:[\w.-]*/)+(?=[\w.-]+\.py:)", "", name)
-    return name if len(name) <= chars else name[:chars - 1] + "…"
