@@ -184,9 +184,15 @@ def test_a_validated_remedy_is_cited_with_its_measured_saving():
     [cycle] = fired(record, "reference-cycle")
     assert [v["variant"] for v in cycle.validated] == ["no-closure"]
     assert fired(record, "retained-at-end")[0].validated == ()
-    assert ("  - Validated: variant `no-closure` (the closure deleted before returning), 120.0 MiB less peak "
-            "RSS, result identical (whole-run peak RSS against the baseline, measured by "
-            "`reports/compare-tiny-llama.json`: tiny-llama, 3 runs a side).") in render(typed(record))
+    text = render(typed(record))
+    fixes = text.split("## Fixes", 1)[1].split("\n## ", 1)[0]
+    [cited] = [line for line in fixes.splitlines() if line.startswith("| **high** reference-cycle")]
+    assert cited.endswith("| `no-closure` |")  # named in the fix's row, described once below it
+    assert ("- `no-closure`: the closure deleted before returning; 120.0 MiB less peak RSS, result identical."
+            in fixes)
+    assert ("each measured as whole-run peak RSS against the baseline, tiny-llama, 3 runs a side, by "
+            "`reports/compare-tiny-llama.json`") in fixes
+    assert text.count("the closure deleted before returning") == 1 and "`unrelated`" not in text
 
 
 # -- the GradProbe job: validated remedies from the committed comparison -----------------------

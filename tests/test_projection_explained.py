@@ -11,7 +11,7 @@ from __future__ import annotations
 import architectures
 from auditor.analysis.drivers import shape_of
 from auditor.analysis.projection import project
-from auditor.analysis.projection_side_by_side import side_by_side
+from auditor.analysis.projection_side_by_side import by_target, side_by_side
 from auditor.jobs.calibration import perturbations
 from auditor.jobs.gradprobe import Settings
 from auditor.record_schema import RunRecord
@@ -89,13 +89,18 @@ def test_a_hessian_no_driver_explains_is_not_printed_as_a_number():
     assert "not explained by its drivers (miss" in headline and "see traced" in headline
     assert "the traced figure stands for it, 140.29 GiB peak RSS" in headline
     # every table prints the miss where the Hessians' scaled number would be, and no number
-    at_peak = text.split("### Components at the peak stage", 1)[1].split("\n## ", 1)[0]
-    rows = [line.split(" | ") for line in at_peak.splitlines() if line.startswith("| `pruner.hessians`")]
-    assert [row[4] for row in rows] == ["not explained by its drivers (miss 60.4 KiB): see traced"]
-    side = projection_sections(side_by_side(record)).split("## Projection to mistral-7b (scaled)", 1)[1].split("\n## ", 1)[0]
-    for name in ("| `pruner.hessians` |", "| prune |"):
-        row = next(line for line in side.splitlines() if line.startswith(name))
-        assert "not explained by its drivers (miss 60.4 KiB): see traced" in row and "GiB" not in row
+    at_peak = text.split("## What was alive at the peak", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split(" | ") for line in at_peak.splitlines() if line.startswith("| &emsp;`pruner.hessians`")]
+    assert [row[3] for row in rows] == ["not explained by its drivers (miss 60.4 KiB): see traced"]
+    side = projection_sections(by_target(side_by_side(record))).split("### Projection to mistral-7b", 1)[1]
+    for name in ("| `pruner.hessians` |", "| prune |"):  # scaled and traced are columns of one table
+        lines = side.splitlines()
+        at = next(i for i, line in enumerate(lines) if line.startswith(name))
+        header = next(lines[i] for i in range(at, -1, -1) if lines[i].startswith("| stage |")
+                      or lines[i].startswith("| component |")).split(" | ")
+        cells = lines[at].split(" | ")
+        scaled = [cell for title, cell in zip(header, cells) if "scaled" in title]
+        assert scaled and all(c == "not explained by its drivers (miss 60.4 KiB): see traced" for c in scaled)
 
 
 def test_a_state_the_drivers_explain_is_printed():

@@ -26,8 +26,8 @@ from auditor.renderers.markdown import render
 from test_findings import TINY_GPT_NEO, records
 from conftest import one_error_line
 
-SECTIONS = ["## Summary", "## Stages", "## Components", "## Timeline",
-            "## Top allocation sites at the peak", "## Findings", "## Theoretical minimum and gap",
+SECTIONS = ["## What was alive at the peak", "## Fixes", "## Summary", "## Stages", "## Timeline",
+            "## Theoretical minimum and gap", "## Details", "## Top allocation sites at the peak", "## Findings",
             "## Environment"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -82,7 +82,7 @@ def row(table, first_cell_contains: str) -> list[str]:
 def test_report_has_every_section_in_order(reports, built, capsys):
     for name in built:
         text = text_of(reports, name)
-        assert text.startswith(f"# Memory report: {name}\n")
+        assert text.startswith(f"# Memory report: {name}: peak ")
         positions = [text.index(heading + "\n") for heading in SECTIONS]
         assert positions == sorted(positions), name
 
@@ -225,33 +225,37 @@ def test_component_table_sums(reports, built):
     assert a.unseen + a.beyond_live == a.beyond_census
     assert sum(r.share for r in a.rows) + a.share(a.beyond_census) == pytest.approx(1.0)
 
-    text = text_of(reports, "pattern")
-    table = table_after(text, f"### Components at the peak stage: `{stage.path}`")
+    text = text_of(reports, "pattern")  # the answer table: categories, their components, the rest of the peak
+    table = table_after(text, "## What was alive at the peak")
+    assert table[0][:3] == ["category / component", "bytes here", "x the weights"]
     for component in a.rows:
-        assert row(table, f"`{component.name}`")[1:4] == [component.category, units.size(component.bytes),
-                                                          units.share(component.bytes, a.rss_end)]
-    assert row(table, "census total")[2] == f"**{units.size(a.census)}**"
-    assert row(table, BEYOND_CENSUS)[2] == units.size(a.beyond_census)
-    assert row(table, UNSEEN_TENSORS)[2] == units.size(a.unseen)
-    assert row(table, "RSS at the stage end")[2] == f"**{units.size(stage.rss.end)}**"
-    assert row(table, "peak inside the stage")[2] == f"**{units.size(stage.rss.peak)}**"
-    percentages = [float(row(table, name)[3].rstrip("%")) for name in ("census total", BEYOND_CENSUS)]
-    assert sum(percentages) == pytest.approx(100.0, abs=0.15)
-    categories = tables(text[text.index("By category:"):])[0]
+        assert row(table, f"`{component.name}`")[1:3] == [units.size(component.bytes),
+                                                          units.ratio(component.bytes, a.weights)]
     for category, total in a.categories:
-        assert row(categories, category)[1] == units.size(total)
-    assert row(categories, "gradients")[3] == "1.00x"  # .grad is exactly the parameters
+        assert row(table, f"**{category}**")[1] == f"**{units.size(total)}**"
+    assert row(table, "**gradients**")[2] == "1.00x"  # .grad is exactly the parameters
+    assert row(table, BEYOND_CENSUS)[1] == units.size(a.beyond_census)
+    if a.unseen:
+        assert row(table, UNSEEN_TENSORS)[1] == units.size(a.unseen)
+    assert row(table, "risen inside the stage")[1] == units.size(stage.rss.peak - stage.rss.end)
+    assert row(table, "**peak RSS**")[1:3] == [f"**{units.size(stage.rss.peak)}**",
+                                               f"**{units.ratio(stage.rss.peak, a.weights)}**"]
+    # the rows add up to the peak: categories, the rest of RSS at the end, what rose inside
+    assert sum(t for _, t in a.categories) + a.beyond_census + stage.rss.peak - stage.rss.end == stage.rss.peak
 
 
 def test_beyond_census_line_is_never_hidden(reports, built):
     for name in ("pattern", "clean"):
         text = text_of(reports, name)
         record = built[name][0]
-        for stage in {id(s): s for s in (peak_stage(record), final_stage(record))}.values():
-            section = text[text.index(f": `{stage.path}`"):]
-            assert row(tables(section)[0], BEYOND_CENSUS)[2] == units.size(attribute(stage).beyond_census)
+        holder, last = peak_stage(record), final_stage(record)
+        answer = table_after(text, "## What was alive at the peak")
+        assert row(answer, BEYOND_CENSUS)[1] == units.size(attribute(holder).beyond_census)
+        if last is not holder:  # the last stage's census is in the details
+            section = text[text.index(f"### Components at the last stage: `{last.path}`"):]
+            assert row(tables(section)[0], BEYOND_CENSUS)[2] == units.size(attribute(last).beyond_census)
     clean = text_of(reports, "clean")  # peak and last stage differ: both tables
-    assert "### Components at the peak stage" in clean and "### Components at the last stage" in clean
+    assert "## What was alive at the peak" in clean and "### Components at the last stage" in clean
     assert "No tensor census in this record" in text_of(reports, "failed")
 
 
@@ -262,13 +266,13 @@ def test_the_tensor_that_made_the_peak_is_shown(reports, built):
     holder = peak_stage(record)
     assert holder.path in ("hold", "release")
     text = text_of(reports, "clean")
-    title = ("### Components at the peak stage: `hold`" if holder.path == "hold"
-             else "### Components just before the peak stage: `hold`")
+    title, column = (("## What was alive at the peak", 1) if holder.path == "hold"
+                     else ("### Components just before the peak stage: `hold`", 2))
     if holder.path == "release":
         assert census_before(record, holder).path == "hold" and peak_at_start(holder)
     hold = next(s for s in record.stages if s.path == "hold")
     big = hold.components["work.big"].bytes
-    assert row(table_after(text, title), "`work.big`")[2] == units.size(big)
+    assert row(table_after(text, title), "`work.big`")[column] == units.size(big)
     assert not peak_at_start(peak_stage(built["pattern"][0]))  # a transient inside: no extra table
     assert "just before the peak stage" not in text_of(reports, "pattern")
 
@@ -282,15 +286,16 @@ def test_projection_columns_scaled_and_traced_side_by_side(built, tmp_path):
     record.annotations["projections"] = [{"method": "traced", "target": "gpt-neo-125m", "record": traced_run}, scaled]
     text = render(record)
     stage = peak_stage(record).path
-    table = table_after(text, f"### Components at the peak stage: `{stage}`")
-    header = table[0]
-    assert header[4:] == ["projected, scaled: gpt-neo-125m", "projected, traced: gpt-neo-125m"]
+    table = table_after(text, "## What was alive at the peak")  # one table, each method a column
+    assert table[0][3].startswith("at gpt-neo-125m (scaled") and table[0][4] == "at gpt-neo-125m (traced)"
     projected = next(s for s in scaled["stages"] if s["path"] == stage)
     for name, item in projected["components"].items():
-        assert row(table, f"`{name}`")[4] == units.size(item["projected"])
-        assert row(table, f"`{name}`")[5] == units.size(stage_bytes(RunRecord.from_json(traced_run), stage, name))
-    assert row(table, "peak inside the stage")[4] == units.size(projected["rss_peak"])
-    assert row(table, UNSEEN_TENSORS)[4] == units.size(projected["unseen_tensors"]["projected"])
+        assert row(table, f"`{name}`")[3] == units.size(item["projected"])
+        assert row(table, f"`{name}`")[4] == units.size(stage_bytes(RunRecord.from_json(traced_run), stage, name))
+    assert row(table, "**peak RSS**")[3] == f"**{units.size(projected['rss_peak'])}**"
+    if attribute(peak_stage(record)).unseen:
+        assert row(table, UNSEEN_TENSORS)[3] == units.size(projected["unseen_tensors"]["projected"])
+    assert text.count("### Projection to gpt-neo-125m") == 1  # not one copy of the tables a method
     summary = table_after(text, "## Summary")
     assert row(summary, "projected (scaled: gpt-neo-125m)")[1].startswith(f"{units.size(scaled['peak']['rss'])} peak RSS")
     assert row(summary, "projected (traced: gpt-neo-125m)")[1].startswith("RSS not projected")
@@ -392,9 +397,10 @@ def test_a_flamegraph_git_ignores_is_named_not_linked(built, tmp_path):
 def test_findings_section_shows_every_finding_and_every_rule(reports, built):
     for name, (record, _) in built.items():
         text = text_of(reports, name)
-        section = text[text.index("## Findings"):text.index("## Theoretical minimum")]
+        section = text[text.index("## Findings"):text.index("## Environment")]
+        joined = re.sub(r"\n {2,}(?!- )", " ", section)  # long lines are wrapped
         for finding in findings(record):
-            assert f"- **{finding.severity}** ({finding.rule}): {finding.statement}" in section
+            assert f"- **{finding.severity}** ({finding.rule}): {finding.statement}" in joined
         rules = tables(section)[0]
         assert [r[0] for r in rules[2:]] == [f"`{rule.id}`" for rule in RULES]
         for outcome in evaluate(record):

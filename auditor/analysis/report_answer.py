@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from auditor.analysis.components import (BEYOND_CENSUS, BEYOND_LIVE, UNSEEN_TENSORS, Attribution,
+from auditor.analysis.components import (BEYOND_CENSUS, BEYOND_LIVE, UNCALIBRATED, UNSEEN_TENSORS, Attribution,
                                          ProjectedStage, ProjectionView)
 from auditor.analysis.findings import Finding
 
@@ -118,6 +118,11 @@ def peak_answer(census: Attribution, projected: list[tuple[ProjectionView, Proje
     rows.append(AnswerRow("peak", "peak RSS", census.rss_peak if census.rss_peak is not None else census.rss_end,
                           each(lambda p: p.rss_peak, lambda p: ["peak"])))
     return Answer(census.stage, census.weights, census.buffers, [v for v, _ in projected], rows)
+
+
+def method_words(view: ProjectionView) -> str:
+    """How a projection was made, as its column and the title name it ("scaled, uncalibrated")."""
+    return view.method + (", uncalibrated" if view.caveat == UNCALIBRATED else "")
 
 
 def _sum(values) -> int | None:

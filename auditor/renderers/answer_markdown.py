@@ -10,7 +10,7 @@ import re
 from auditor import units
 from auditor.analysis import run_report as model
 from auditor.analysis.projection_side_by_side import TargetSides
-from auditor.analysis.report_answer import Answer, AtTarget, Fixes, Variant
+from auditor.analysis.report_answer import Answer, AtTarget, Fixes, Variant, method_words
 from auditor.analysis.unstaged import PeakPlace
 from auditor.renderers import markdown_text as md
 from auditor.renderers.components_markdown import unstaged_peak
@@ -23,13 +23,13 @@ FINDINGS = "Findings"  # the folded section's heading, linked from the fixes and
 def answer_section(answer: Answer | None, place: PeakPlace, components: model.Components,
                    targets: list[TargetSides]) -> str:
     head = "## What was alive at the peak"
+    no_census = ("\n\nNo tensor census in this record (run with census on to see which structure holds "
+                 "the memory)." if not components.has_census else "")
     if components.unstaged_peak is not None:  # the peak fell between stages: what was alive there
-        return f"{head}\n\n{unstaged_peak(components.unstaged_peak)}"
+        return f"{head}\n\n{unstaged_peak(components.unstaged_peak)}{no_census}"
     if answer is None:
-        why = ("no tensor census in this record (run with census on to see which structure holds the memory)"
-               if not components.has_census else "the stage holding the peak has no census")
-        return f"{head}\n\nNot known: {why}."
-    columns = [f"at {md.text(_target(v.target, v.target_dtype))} ({md.text(v.method)})" for v in answer.views]
+        return f"{head}" + (no_census or "\n\nThe stage holding the peak has no census.")
+    columns = [f"at {md.text(_target(v.target, v.target_dtype))} ({md.text(method_words(v))})" for v in answer.views]
     rows = []
     for row in answer.rows:
         ratio = units.ratio(row.bytes, answer.weights)

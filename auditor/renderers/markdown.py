@@ -25,6 +25,7 @@ from urllib.parse import quote
 from auditor import units
 from auditor.analysis import run_report as model
 from auditor.analysis.components import ProjectionView
+from auditor.analysis.report_answer import method_words
 from auditor.analysis.run_report import MAX_STAGE_ROWS, RunReport, run_report  # MAX_STAGE_ROWS: tests read it here
 from auditor.analysis.stage_groups import StageRow
 from auditor.analysis.unstaged import PeakPlace
@@ -110,7 +111,7 @@ def _title(summary: model.Summary) -> str:
                   else f"live tensors {units.size(view.live_tensor_peak)}" if view.live_tensor_peak is not None
                   else "not projected")
         name = view.target + (f" {view.target_dtype}" if view.target_dtype else "")
-        targets.setdefault(name, []).append(f"{figure} ({view.method})")
+        targets.setdefault(name, []).append(f"{figure} ({method_words(view)})")
     line = ", ".join(said) + "".join(f"; at {t} {', '.join(f)}" for t, f in targets.items())
     return f"# Memory report: {md.text(summary.name)}: {md.text(line)}"
 
