@@ -166,3 +166,23 @@ def test_the_comparison_chart_keeps_its_text_inside(name):
         assert title.startswith(json.loads(COMPARISON.read_text())["name"] + ":")
     else:
         assert "\n" in title, "a long name is wrapped, not cut by the figure's edge"
+
+
+def test_deeper_stages_share_the_last_row_and_a_failed_stage_says_so(tmp_path):
+    try:
+        with auditor.Audit(tmp_path / "run", name="deep and failed"):
+            with auditor.stage("outer"):
+                with auditor.stage("middle"), auditor.stage("inner"), auditor.stage("innermost"):
+                    kept = bytearray(b"x" * 60_000_000)
+                    del kept
+                with auditor.stage("broken"):
+                    raise ValueError("the program's own error")
+    except ValueError:
+        pass
+    figure = timeline_plot.draw(run_report(auditor.load(tmp_path / "run")))
+    names = stage_names(figure)
+    assert names["innermost"].get_color() == PEAK_RED and names["innermost"].get_position()[1] == 2.5
+    assert "outer [failed]" in names and names["middle"].get_position()[1] == 1.5
+    assert [t.get_text() for t in figure.axes[1].get_yticklabels()] == ["stages", "nested", "nested 2+ deep"]
+    assert_names_fit_their_rows(figure)
+    assert_inside_the_figure(figure)

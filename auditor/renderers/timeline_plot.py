@@ -238,7 +238,7 @@ def _name_spans(figure, band, spans: list[Span], rows: int, run_peak) -> None:
         centre = ((span.start + span.end) / 2 - x0) * per_s
         if any(a < centre + half + PAD_PX and centre - half - PAD_PX < b for a, b in taken.get(row, [])):
             continue  # the peak's name, written beside its narrow span, is here
-        place(row, centre, label, "#333333", "normal", False)
+        place(row, centre, label, "#333333", "normal", span.status != "ok")  # over a hatched span: a ground
 
 
 def _fitted(figure, span: Span, width_px: float) -> str | None:
