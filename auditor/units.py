@@ -29,6 +29,20 @@ def signed_mib(n: int | float | None) -> str:
     return "-" if n is None else f"{n / MiB:+,.1f} MiB"
 
 
+def mib_or_gib(n: int | float | None) -> str:
+    """MiB to one decimal below 1 GiB, GiB from 1 GiB on, as the report writes them: the
+    terminal's lines ("27.7 MiB", "0.0 MiB", "59.37 GiB")."""
+    if n is not None and abs(n) >= GiB:
+        return size(n)
+    return mib(n)
+
+
+def signed_mib_or_gib(n: int | float | None) -> str:
+    if n is not None and abs(n) >= GiB:
+        return signed_size(n)
+    return signed_mib(n)
+
+
 def signed_size(n: int | float | None) -> str:
     if n is None:
         return "-"
