@@ -28,7 +28,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from auditor.units import MiB, mib, signed_mib
+from auditor.units import MiB, mib_or_gib as mib, signed_mib_or_gib as signed_mib  # GiB from 1 GiB on
 
 if TYPE_CHECKING:
     from auditor.analysis.comparison_report import ComparisonReport, Spread
