@@ -93,6 +93,17 @@ def test_the_timeline_names_nested_stages_and_the_peak_stage(gradprobe):
     assert any(name.endswith("…") for name in names), "a name too long for its span is shortened"
     assert_names_fit_their_rows(figure)
     assert_inside_the_figure(figure)
+    assert_peak_label_clear_of_the_lines(figure)
+
+
+def assert_peak_label_clear_of_the_lines(figure) -> None:
+    renderer, axes = drawn(figure), figure.axes[0]
+    label = next(t for t in axes.texts if t.get_text().startswith("peak "))
+    box = label.get_window_extent(renderer)
+    for line in axes.lines:
+        if len(line.get_xdata()) > 1:
+            assert not line.get_transform().transform_path(line.get_path()).intersects_bbox(box, filled=False), \
+                line.get_label()
 
 
 def test_the_timeline_stacks_the_census_components_under_the_rss_line(gradprobe):
@@ -119,6 +130,7 @@ def test_a_peak_stage_too_narrow_for_its_name_is_still_named():
     assert len(names) == 1, "79 stages a few pixels wide: only the peak's is named"
     assert_names_fit_their_rows(figure)
     assert_inside_the_figure(figure)
+    assert_peak_label_clear_of_the_lines(figure)
     labels = [c.get_label() for c in figure.axes[0].collections]
     assert "activations and temporaries" in labels  # no census: the live tensors at each peak, stacked
 

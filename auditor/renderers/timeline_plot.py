@@ -92,14 +92,14 @@ def draw(report: RunReport):
     if gaps:
         axes.scatter([p.t for p in gaps], [p.value / scale for p in gaps], marker="v",
                      color="#ef6c00", s=28, label="peak in unstaged time", zorder=4)
+    peak_label = None
     if line.run_peak is not None:
         p = line.run_peak
-        right = p.t > 0.6 * end  # right of the middle: write the label to the left
         where = textwrap.fill(p.stage, width=48, max_lines=2, placeholder=" …")
-        axes.annotate(f"peak {units.size(p.value)}\n{where}", (p.t, p.value / scale),
-                      xytext=(-8 if right else 8, -4), textcoords="offset points", fontsize=8,
-                      color=PEAK_COLOUR, va="top", ha="right" if right else "left", zorder=5,
-                      bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
+        peak_label = axes.annotate(f"peak {units.size(p.value)}\n{where}", (p.t, p.value / scale),
+                                   xytext=(0, 0), textcoords="offset points", fontsize=8, color=PEAK_COLOUR, zorder=5,
+                                   bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
+        _beside(peak_label, right=p.t > 0.6 * end)
     if line.marks:
         axes.plot([t for t, _, _ in line.marks], [v / scale for _, _, v in line.marks], ls="none",
                   marker="o", color="#6a1b9a", ms=3.5, label="mark", zorder=4)
@@ -126,7 +126,39 @@ def draw(report: RunReport):
     figure.draw_without_rendering()   # the layout settles: the rows' width in pixels is known
     figure.set_layout_engine("none")  # and stays as it is while the stage names are placed
     _name_spans(figure, band, spans, rows, line.run_peak)
+    if peak_label is not None:
+        _clear_of_lines(figure, axes, peak_label, right=line.run_peak is not None and line.run_peak.t > 0.6 * end)
     return figure
+
+
+PEAK_LABEL_PLACES = ((-8, -4, "right", "top"), (8, -4, "left", "top"), (-8, 6, "right", "bottom"),
+                     (8, 6, "left", "bottom"), (0, -12, "center", "top"), (0, 10, "center", "bottom"))
+
+
+def _beside(label, right: bool, place: tuple | None = None) -> None:
+    """Puts the peak's label at `place` (offset points, alignment) or, by default, below the
+    marker on the side with more room."""
+    dx, dy, ha, va = place or PEAK_LABEL_PLACES[0 if right else 1]
+    label.set_position((dx, dy))
+    label.set_horizontalalignment(ha)
+    label.set_verticalalignment(va)
+
+
+def _clear_of_lines(figure, axes, label, right: bool) -> None:
+    """Moves the peak's label to the first place around its marker (the far-from-the-edge side
+    first) where it crosses none of the plotted lines and stays inside the axes; where there is
+    none, it stays below the marker, on its white ground."""
+    renderer = figure.canvas.get_renderer()
+    paths = [line.get_transform().transform_path(line.get_path()) for line in axes.lines
+             if len(line.get_xdata()) > 1 and line.get_linestyle() not in ("None", "none", "")]
+    places = sorted(PEAK_LABEL_PLACES, key=lambda place: (place[2] == ("left" if right else "right")))
+    for place in places:
+        _beside(label, right, place)
+        box = label.get_window_extent(renderer).padded(2)
+        inside = axes.bbox.x0 <= box.x0 and box.x1 <= axes.bbox.x1 and axes.bbox.y0 <= box.y0 and box.y1 <= axes.bbox.y1
+        if inside and not any(path.intersects_bbox(box, filled=False) for path in paths):
+            return
+    _beside(label, right)
 
 
 def census_stack(report: RunReport) -> Stack | None:
