@@ -54,7 +54,7 @@ def test_runs_a_script_like_python_with_staged_targets(workdir, capsys):
     assert (sys.path, sys.argv) == (saved_path, saved_argv)
     captured = capsys.readouterr()
     assert "argv ['--flag', 'x']" in captured.out
-    assert "work/Phase.run#2" in captured.err  # progress and table
+    assert "work/Phase.run  2 calls" in captured.err  # its calls folded into one line
     assert "run record: out/run.json" in captured.err
     record = auditor.load(workdir / "out")
     assert [s.path for s in record.stages] == ["work", "work/Phase.run", "work/Phase.run#2"]

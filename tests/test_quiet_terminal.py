@@ -13,6 +13,7 @@ import textwrap
 from rich.console import Console
 
 from auditor.analysis.terminal_summary import MAX_ROWS, StageEnd, SummaryRow, shown_rows
+from auditor.cli.progress import ChildProgress, Reading, run_reader, stage_reader
 from auditor.renderers.terminal import StageLines
 
 SCRIPT = """
@@ -147,3 +148,46 @@ def test_the_stage_table_keeps_the_highest_peaks_with_their_parents():
     assert shown[at + 1].rss_peak == 100  # the run's highest peak, under its parent
     assert all(r.depth <= 1 or shown[i - 1].depth >= r.depth - 1 for i, r in enumerate(shown))
     assert shown_rows(rows[:MAX_ROWS]) == rows[:MAX_ROWS]
+
+
+def log_events(path, *events):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        for kind, stage, parent in events:
+            f.write(json.dumps({"event": kind, "stage": {"path": stage, "parent": parent}}) + "\n")
+
+
+def test_a_childs_progress_is_read_from_its_event_logs(tmp_path):
+    read = stage_reader(tmp_path, top_level=True)
+    assert read() == Reading(0, "")  # nothing written yet
+    log_events(tmp_path / "events.jsonl", ("stage_started", "step", None), ("stage_started", "step/layer", "step"),
+               ("stage_finished", "step/layer", "step"), ("stage_finished", "step", None),
+               ("stage_started", "step#2", None))
+    with open(tmp_path / "events.jsonl", "a") as f:
+        f.write('{"event": "stage_finished", "stage": {"pa')  # a line still being written: not read yet
+    assert read() == Reading(1, "step#2")
+    with open(tmp_path / "events.jsonl", "a") as f:
+        f.write('th": "step#2", "parent": null}}\n')
+    assert read() == Reading(2, "step#2")
+    log_events(tmp_path / "lower-bound" / "events.jsonl", ("stage_started", "step", None))
+    assert read() == Reading(0, "lower-bound: step")  # the second pass, counted on its own
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "compact.json").write_text("{}")
+    assert run_reader(tmp_path, "compact.json")() == Reading(1, "lower-bound: step")
+
+
+def test_a_long_childs_progress_prints_a_dozen_lines_in_a_log():
+    out, clock = io.StringIO(), Clock()
+    done = Reading()
+    progress = ChildProgress(Console(file=out, width=200), "tracing", lambda: done, expected=3600,
+                             unit="top-level stages", clock=clock)
+    progress._follow = lambda: None  # the test reads it, at its own clock
+    with progress:
+        for second in range(3600):
+            clock.now, done = second, Reading(second, f"step#{second}")
+            progress._update()
+    printed = out.getvalue().splitlines()
+    assert 5 <= len(printed) <= 20, printed
+    assert printed[1] == ("auditor: tracing: 30 of 3,600 top-level stages, 30 s, about 59 min 30 s left, "
+                          "in step#30")
+    assert printed[-1] == "auditor: tracing: 3,599 of 3,600 top-level stages, 59 min 59 s"

@@ -15,7 +15,7 @@ from architectures.options import (add_device_argument, add_seed_argument, add_s
                                    add_threads_argument, check_sequence_length, size_overrides)
 from auditor.cli import (BAD_INPUT, UsageError, add_memray_switch, add_output_argument,
                          add_run_dir_argument, check_writable_report, epilog)
-from auditor.cli.progress import StatusLine
+from auditor.cli.progress import StatusLine, run_reader, stage_reader
 from auditor.cli.report_name import default_report_path, defaults_of
 from auditor.record_schema import RunRecord
 
@@ -123,20 +123,24 @@ def _audit(args, settings, targets, folder: Path, projections: list) -> RunRecor
     with StatusLine() as advance:
         advance("auditing the real run")
         record = job.audit(settings, folder, memray=args.memray,
-                           on_stage_end=lambda entry: advance(entry["path"]))
+                           on_stage_end=advance.stage_ended)
         if not args.no_trace:  # small traced runs that let the scaled projection fit its drivers
-            from auditor.jobs.calibration import calibrate
+            from auditor.jobs.calibration import calibrate, perturbations
             advance("calibrating the scaled projection (small traced runs)")
-            record.annotations["calibration"] = calibrate(
-                settings, folder / "calibration", observed_sizes=record.annotations.get("data_dependent_sizes"))
+            with advance.follow(run_reader(folder / "calibration", "compact.json"), len(perturbations(settings)),
+                                unit="runs"):
+                record.annotations["calibration"] = calibrate(
+                    settings, folder / "calibration", observed_sizes=record.annotations.get("data_dependent_sizes"))
         for target in targets:
             advance(f"projecting to {target} (scaled)")
             projections.append(project(record, target))
             if not args.no_trace:
                 advance(f"tracing {target} on fake tensors")
-                traced = job.traced_audit(replace(settings, architecture=target, overrides={}),
-                                          folder / f"traced-{target}",
-                                          observed_sizes=record.annotations.get("data_dependent_sizes"))
+                with advance.follow(stage_reader(folder / f"traced-{target}", top_level=True),
+                                    sum(stage.parent is None for stage in record.stages), unit="top-level stages"):
+                    traced = job.traced_audit(replace(settings, architecture=target, overrides={}),
+                                              folder / f"traced-{target}",
+                                              observed_sizes=record.annotations.get("data_dependent_sizes"))
                 projections.append(project_traced(record, traced))
     return record
 

@@ -199,6 +199,7 @@ def _target_model(args):
 def _project(console, audit, record: RunRecord | None, status: int, target, program, args) -> None:
     """The traced projection after the real run; a failure is a warning, never the exit status."""
     from auditor.analysis.terminal_summary import projection_summary
+    from auditor.cli.progress import ChildProgress, stage_reader
     from auditor.jobs.script_projection import NO_STAGES, plan_for, project_program, traced_folder
     from auditor.record import write_derived
     from auditor.renderers import terminal
@@ -215,11 +216,19 @@ def _project(console, audit, record: RunRecord | None, status: int, target, prog
     if not record.stages:  # checked before the tracing, which would find nothing to pair
         console.print(f"auditor: {what} skipped: {NO_STAGES}", markup=False, soft_wrap=True)
         return
-    console.print(f"auditor: {what}: tracing the script on fake tensors", markup=False)
     plan = plan_for(record, program, args.model_from, target, args.stages, args.label)
     folder = traced_folder(audit.folder, target)
+    console.print(f"auditor: {what}: tracing the program on fake tensors", markup=False, soft_wrap=True)
+    # the traced run repeats the real run's stages; those inside may be more (a model with more
+    # layers), its top-level ones are as many: counted when there are a few, else all, roughly
+    top = sum(stage.parent is None for stage in record.stages)
+    by_top = top >= 3
+    tracing = ChildProgress(console, "tracing", stage_reader(folder, top_level=by_top),
+                            expected=top if by_top else len(record.stages), about=not by_top,
+                            unit="top-level stages" if by_top else "stages")
     try:
-        projection = project_program(record, plan, folder)
+        with tracing:
+            projection = project_program(record, plan, folder)
         write_derived(audit.folder, "projections", [projection])
     except (RuntimeError, OSError, ValueError) as error:
         console.print(f"auditor: warning: {what} failed: {error}", markup=False, soft_wrap=True)
