@@ -163,7 +163,9 @@ def examples(*lines: str) -> str:
 
 def exit_statuses(*rows: tuple[int | str, str]) -> str:
     """An epilog's exit status block: (status, what it means) per row."""
-    return "exit status:\n" + "\n".join(f"  {str(status):<5}{meaning}" for status, meaning in rows)
+    import textwrap
+    return "exit status:\n" + "\n".join(textwrap.fill(meaning, 79, initial_indent=f"  {str(status):<5}",
+                                                        subsequent_indent=" " * 7) for status, meaning in rows)
 
 
 def epilog(examples_: list[str], statuses: list[tuple[int | str, str]], notes: str = "") -> str:
