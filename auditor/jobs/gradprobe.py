@@ -125,14 +125,15 @@ def not_projected(variant: str) -> str | None:
     return getattr(audited_class(variant), "not_projected", None)
 
 
-def run_workload(settings: Settings) -> dict:
-    """Build, calibrate, prune: the audited program. Returns the pruning result's numbers."""
+def run_workload(settings: Settings, digest: bool = False) -> dict:
+    """Build, calibrate, prune: the audited program. Returns the pruning result's numbers (with
+    the masks' digest if `digest`)."""
     import architectures
     from architectures.calibration import synthetic_batches
     from gradprobe.variants import make_pruner
 
     if folder_pruner(settings.variant):
-        return run_on_folder(settings)
+        return run_on_folder(settings, digest)
     with auditor.stage("build model"):
         model = architectures.build_model(settings.architecture, seed=settings.seed,
                                           device=settings.device, **settings.overrides)
@@ -145,16 +146,22 @@ def run_workload(settings: Settings) -> dict:
         result = pruner.prune(batches, sparsity=settings.sparsity, num_batches=settings.batches,
                               reduction_factor=settings.reduction,
                               gradient_threshold=settings.threshold)
-    return result_numbers(result)
+    return result_numbers(result, digest)
 
 
-def result_numbers(result) -> dict:
-    """What the record keeps of a pruning result (in memory or from a folder)."""
-    return {"candidates": result.candidates, "pruned": result.pruned,
-            "prunable": result.prunable, "sparsity": result.sparsity}
+def result_numbers(result, digest: bool = False) -> dict:
+    """What the record keeps of a pruning result (in memory or from a folder); `digest`: also
+    gradprobe's mask digest, so runs on two devices can say whether their masks agree (a traced
+    run has no bits to digest)."""
+    numbers = {"candidates": result.candidates, "pruned": result.pruned,
+               "prunable": result.prunable, "sparsity": result.sparsity}
+    if digest:
+        from gradprobe.masks import mask_digest
+        numbers["mask_digest"] = mask_digest(result.masks)
+    return numbers
 
 
-def run_on_folder(settings: Settings) -> dict:
+def run_on_folder(settings: Settings, digest: bool = False) -> dict:
     """The folder pruner's run, as its own command line runs it: on the checkpoint folder itself
     (`--arch FOLDER` with safetensors weights, only read), or on random weights for the
     architecture written tensor by tensor in `weights_dtype` (no process holds the model, as a 7B
@@ -175,7 +182,7 @@ def run_on_folder(settings: Settings) -> dict:
             result = pruner.prune(batches, f"{scratch}/pruned", sparsity=settings.sparsity,
                                   num_batches=settings.batches, reduction_factor=settings.reduction,
                                   gradient_threshold=settings.threshold)
-    return result_numbers(result)
+        return result_numbers(result, digest)
 
 
 def _weights_folder(settings: Settings, config, scratch: str) -> str:
@@ -210,7 +217,7 @@ def audit(settings: Settings, out: Path, *, memray: bool = False, fake: bool = F
         if refused:  # the projections read it and print it instead of numbers
             run.annotate("not_projected", refused)
         if not untraceable:
-            result = run_workload(settings)
+            result = run_workload(settings, digest=not fake)
             run.annotate("result", result)
             run.annotate("minimum", minimum(settings, result["prunable"]))
             if remedies:
