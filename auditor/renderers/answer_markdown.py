@@ -28,7 +28,7 @@ def answer_section(answer: Answer | None, place: PeakPlace, components: model.Co
     if components.unstaged_peak is not None:  # the peak fell between stages: what was alive there
         return f"{head}\n\n{unstaged_peak(components.unstaged_peak)}{no_census}"
     if answer is None:
-        return f"{head}" + (no_census or "\n\nThe stage holding the peak has no census.")
+        return f"{head}" + (no_census or "\n\nThe stage holding the peak has no census.") + _live_only(components)
     columns = [f"at {md.text(_target(v.target, v.target_dtype))} ({md.text(method_words(v))})" for v in answer.views]
     rows = []
     for row in answer.rows:
@@ -54,6 +54,18 @@ def answer_section(answer: Answer | None, place: PeakPlace, components: model.Co
     if targets:
         lead += " At each target the same stage is projected; the title gives the target's own peak, wherever it falls."
     return f"{head}\n\n{lead}\n\n{table}" + _caveats(targets, components)
+
+
+def _live_only(components: model.Components) -> str:
+    """Without a census: the live tensors at the peak stage's high, by category, where metered."""
+    high = next((h for h in components.live_highs if h.is_peak_stage), None)
+    if high is None:
+        return ""
+    total = high.alive.at_peak.bytes
+    rows = [[md.text(c), units.size(b), units.share(b, total)] for c, b in high.alive.categories]
+    rows.append(["**live tensors at the high**", f"**{units.size(total)}**", ""])
+    return (f"\n\nThe live tensors at the highest moment of {md.code(high.stage.path)}, the stage holding the peak, "
+            "by category (each storage in the details):\n\n" + md.table(["category", "bytes", "share"], rows, right={1, 2}))
 
 
 def _caveats(targets: list[TargetSides], components: model.Components) -> str:

@@ -368,7 +368,7 @@ _OVERHEAD = {"boundaries_s": "stage starts and ends", "census_s": "tensor census
 def _minimum(minimum: model.Minimum) -> str:
     head = "## Theoretical minimum and gap"
     if not minimum.items:
-        return f"{head}\n\nNo minimum was declared for this run (the job that ran the algorithm puts it in the record's `minimum` field)."
+        return f"{head}\n\nNo minimum was declared for this run (the job that ran the algorithm can declare one in the run record)."
     total = minimum.total
     rows = [[md.text(i.get("name", "?")), units.size(i.get("bytes")), md.text(i.get("why", ""))] for i in minimum.items]
     rows.append(["**total**", f"**{units.size(total)}**", ""])
