@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -119,16 +120,19 @@ def test_a_terminal_redraws_the_lines_in_place_and_seldom():
     console = Console(file=out, width=120, height=30, force_terminal=True, color_system=None)
     lines = StageLines(console, clock=clock)
     assert lines.live
-    for i in range(5000):  # 5 s of calls: redrawn about 25 times, not 5,000
+    for i in range(5000):  # 5 s of calls: the fold line redrawn about 25 times, not 5,000
         clock.now = i * 0.001
         lines.stage_ended(ended("prune/add_batch" + (f"#{i + 1}" if i else "")))
     lines.stage_ended(ended("prune"))
     lines.close()
     text = out.getvalue()
     assert text.count("add_batch") <= 40, text.count("add_batch")
-    final = text.rsplit("\x1b[2K", 1)[-1]  # what stays on the screen after the last redraw
-    assert "auditor: ok prune/add_batch  5,000 calls, peak 1.0 MiB (#1)" in final
-    assert "auditor: ok prune  rss 1.0 MiB" in final
+    assert "\x1b[1A" not in text  # never a cursor up: only the bottom line is redrawn
+    assert re.search(r"auditor: ok prune/add_batch  [234],\d{3} calls", text)  # a redraw, seconds in
+    screen = text.rsplit("\x1b[2K", 1)[-1]  # what stays after the last redraw
+    assert screen.replace("\x1b[?25h", "").strip() == "auditor: ok prune/add_batch  5,000 calls, peak 1.0 MiB (#1), rss 1.0 MiB at the " \
+                             "last, 5.00 s in all"
+    assert "auditor: ok prune  rss 1.0 MiB" in text and "auditor: ok prune/add_batch  rss 1.0 MiB" in text
 
 
 def row(name: str, depth: int, peak: int) -> SummaryRow:

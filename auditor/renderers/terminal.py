@@ -6,11 +6,10 @@ comparison_report, validation_report); nothing here reads a record.
 Progress and summaries go to stderr, so stdout keeps only the command's results. rich is
 imported with this module: `auditor run` imports it before the audit, not inside a stage.
 
-The stage lines stay a screenful whatever the call count (StageLines): one line per distinct
-stage, its calls folded into it. On a terminal the lines are redrawn in place (a rich Live,
-refreshed at most every REDRAW_S, that leaves the program's own stdout and stderr alone); in a
-log, a repeated stage gets an update line only after a wait that doubles each time, and each
-repeated stage one final line with its count.
+The stage lines stay a screenful whatever the call count (StageLines): a line for each distinct
+stage's first call, its further calls folded (on a terminal into one line redrawn in place, a
+rich Live refreshed at most every REDRAW_S that leaves the program's own stdout and stderr
+alone; in a log into update lines ever further apart), and a line with all of its calls at the end.
 """
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 from rich.measure import Measurement
@@ -79,7 +78,13 @@ class StageLines:
     """The stage lines of `auditor run`: `lines.stage_ended(stage_end(entry))` as each stage
     ends (from the audited program, any thread), `lines.close()` once the program is over.
 
-    Only the process that made it prints: a child the program forks inherits it silently."""
+    A distinct stage's first call gets a line as it ends, and so does each stage's first failed
+    call. Its further calls are folded: on a terminal into one line at the bottom, redrawn in
+    place (the stage that ended last, its calls and running peak); in a log into an update line
+    now and then, the wait doubling between them. When the program is over each repeated stage
+    gets one line with all of its calls. Only one line is ever redrawn, so whatever the program
+    prints on the same terminal between two redraws is never erased. Only the process that made
+    it prints: a child the program forks inherits it silently."""
 
     def __init__(self, out: Console, clock=time.monotonic):
         from auditor.analysis.terminal_summary import StageTallies
@@ -89,6 +94,7 @@ class StageLines:
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._display: Live | None = None
+        self._live_key = ""               # the stage its line shows
         self._drawn_at = float("-inf")
         self._shown: dict[str, int] = {}  # distinct stage -> the calls its last printed line counted
         self._failures = 0                # failed calls printed on their own line
@@ -102,80 +108,59 @@ class StageLines:
             if self._closed:
                 return
             tally = self.tallies.add(stage)
-            if not stage.ok and tally.failed == 1 and self._failures < MAX_FAILURE_LINES:
+            if tally.calls == 1 and len(self._shown) < MAX_STAGE_LINES:
+                self._shown[tally.key] = 1
+                stage_ended(self.out, stage)
+            elif not stage.ok and tally.failed == 1 and self._failures < MAX_FAILURE_LINES:
                 self._failures += 1  # a failure is never only folded into a count
                 stage_ended(self.out, stage)
-                if not self.live:
-                    if tally.calls == 1:  # its first line; a later call's failure leaves the fold to come
-                        self._shown[tally.key] = 1
-                    return
-            if self.live:
-                self._redraw()
-            else:
-                self._log(tally)
+            elif tally.key in self._shown:
+                self._fold(tally)
 
     def close(self) -> None:
-        """The lines' final state: on a terminal the last drawing stays; in a log each stage whose
-        last line did not count all of its calls gets one more."""
+        """Each stage whose last line did not count all of its calls gets one that does."""
         with self._lock:
             if self._closed or os.getpid() != self._pid:
                 return
             self._closed = True
-            if self._display is not None:
-                self._display.update(self._renderable(), refresh=True)
-                self._display.stop()
-                return
-            shown = list(self.tallies.by_key.values())[:MAX_STAGE_LINES]
-            for tally in shown:
+            if self._display is not None:  # its last drawing: all the calls of the stage it shows
+                tally = self.tallies.by_key[self._live_key]
+                self._display.update(_one_line(tally_markup(tally)), refresh=True)
+                self._display.stop()  # kept: a transient one would move the cursor up, over the program's output
+                self._shown[tally.key] = tally.calls
+            for tally in list(self.tallies.by_key.values())[:MAX_STAGE_LINES]:
                 if self._shown.get(tally.key, 0) < tally.calls:
                     self.out.print(tally_markup(tally), soft_wrap=True)
-            self._more_line()
+            rest = list(self.tallies.by_key.values())[MAX_STAGE_LINES:]
+            if rest:
+                self.out.print(_more_markup(rest), soft_wrap=True)
 
-    # -- a terminal: the lines redrawn in place
-
-    def _redraw(self) -> None:
+    def _fold(self, tally: StageTally) -> None:
         now = self.clock()
-        if now - self._drawn_at < REDRAW_S:
+        if self.live:
+            if now - self._drawn_at < REDRAW_S:
+                return
+            self._drawn_at = now
+            self._live_key, line = tally.key, _one_line(tally_markup(tally))
+            if self._display is None:  # no refresh thread, no redirection: the program's streams stay its own
+                self._display = Live(line, console=self.out, auto_refresh=False,
+                                     redirect_stdout=False, redirect_stderr=False)
+                self._display.start(refresh=True)
+            else:
+                self._display.update(line, refresh=True)
             return
-        self._drawn_at = now
-        if self._display is None:  # no refresh thread, no redirection: the program's streams stay its own
-            self._display = Live(self._renderable(), console=self.out, auto_refresh=False,
-                                 redirect_stdout=False, redirect_stderr=False)
-            self._display.start(refresh=True)
-        else:
-            self._display.update(self._renderable(), refresh=True)
-
-    def _renderable(self) -> Group:
-        room = max(3, min(MAX_STAGE_LINES, self.out.size.height - 4))
-        tallies = list(self.tallies.by_key.values())
-        lines = [Text.from_markup(tally_markup(t) if t.calls > 1 else stage_markup(t.last))  # type: ignore[arg-type]
-                 for t in tallies[:room]]
-        rest = tallies[room:]
-        if rest:
-            lines.append(Text.from_markup(_more_markup(rest)))
-        for line in lines:
-            line.no_wrap, line.overflow = True, "ellipsis"
-        return Group(*lines)
-
-    # -- a log: a line for a stage's first call, then update lines ever further apart
-
-    def _log(self, tally: StageTally) -> None:
-        if tally.calls == 1:
-            if len(self._shown) < MAX_STAGE_LINES:
-                self._shown[tally.key] = 1
-                stage_ended(self.out, tally.last)  # type: ignore[arg-type]
-            return
-        now = self.clock()
-        if tally.key not in self._shown or now - self._updated_at < self._wait:
+        if now - self._updated_at < self._wait:
             return
         self._updated_at, self._wait = now, min(self._wait * 2, LONGEST_WAIT_S)
         self._shown[tally.key] = tally.calls
         self.out.print(tally_markup(tally) + " [dim](so far)[/]", soft_wrap=True)
 
-    def _more_line(self) -> None:
-        rest = list(self.tallies.by_key.values())[MAX_STAGE_LINES:]
-        if rest:
-            self.out.print(_more_markup(rest), soft_wrap=True)
+
+def _one_line(markup: str) -> Text:
+    """Never wrapped: a line redrawn in place must be one line, or its first half stays behind."""
+    line = Text.from_markup(markup, overflow="ellipsis")
+    line.no_wrap = True
+    return line
 
 
 def _more_markup(rest: list[StageTally]) -> str:
