@@ -14,7 +14,7 @@ import textwrap
 from rich.console import Console
 
 from auditor.analysis.terminal_summary import MAX_ROWS, StageEnd, SummaryRow, shown_rows
-from auditor.cli.progress import ChildProgress, Reading, run_reader, stage_reader
+from auditor.cli.progress import ChildProgress, Reading, StatusLine, run_reader, stage_reader
 from auditor.renderers.terminal import StageLines
 
 SCRIPT = """
@@ -195,3 +195,20 @@ def test_a_long_childs_progress_prints_a_dozen_lines_in_a_log():
     assert printed[1] == ("auditor: tracing: 30 of 3,600 top-level stages, 30 s, about 59 min 30 s left, "
                           "in step#30")
     assert printed[-1] == "auditor: tracing: 3,599 of 3,600 top-level stages, 59 min 59 s"
+
+
+def test_a_jobs_status_line_folds_its_stages_and_prints_failures(capsys):
+    """The gradprobe job's stage ends: none printed in a log but its first failed call each."""
+    def entry(path, status="ok"):
+        return {"path": path, "status": status, "rss": {"start": 0, "end": 1 << 20, "peak": 1 << 20},
+                "start_s": 0.0, "end_s": 0.5}
+    with StatusLine() as advance:
+        advance("auditing the real run")
+        for i in range(1000):
+            advance.stage_ended(entry(f"prune/step#{i + 1}", "failed" if i in (3, 4) else "ok"))
+        with advance.follow(lambda: Reading(2, "x"), 2, unit="runs"):
+            pass
+    assert capsys.readouterr().err.splitlines() == [
+        "auditor: auditing the real run",
+        "auditor: FAILED prune/step#4  rss 1.0 MiB (+1.0 MiB), peak 1.0 MiB, 0.50 s",
+        "auditor: auditing the real run: 2 of 2 runs, 0 s"]

@@ -57,7 +57,7 @@ class StageTally:
 class StageTallies:
     """Distinct stages in the order their first call ended; each call folded into its tally."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.by_key: dict[str, StageTally] = {}
 
     def add(self, end: StageEnd) -> StageTally:

@@ -38,9 +38,11 @@ class StatusLine:
         from auditor.analysis.terminal_summary import StageTallies
         from auditor.renderers.terminal import console
         self._console = console(highlight=True)
-        self._bar = progress_bar(self._console, transient=True)  # drawn on a terminal only
+        self._bar = progress_bar(self._console, transient=True)
         self._task = self._bar.add_task("starting", total=None, now="")
-        self._bar.start()
+        self._drawn = self._console.is_terminal and not self._console.is_dumb_terminal
+        if self._drawn:  # in a log it would draw nothing, then end with an empty line
+            self._bar.start()
         self._step = "starting"
         self._tallies = StageTallies()
         return _Advance(self)
@@ -61,7 +63,8 @@ class StatusLine:
         self._bar.update(self._task, now=f"{ended.path}" + (f" ({tally.calls:,} calls)" if tally.calls > 1 else ""))
 
     def __exit__(self, *exc) -> None:
-        self._bar.stop()
+        if self._drawn:
+            self._bar.stop()
 
 
 class _Advance:
