@@ -15,7 +15,7 @@ from rich.console import Console
 
 from auditor.analysis.terminal_summary import MAX_ROWS, StageEnd, SummaryRow, shown_rows
 from auditor.cli.progress import ChildProgress, Reading, StatusLine, run_reader, stage_reader
-from auditor.renderers.terminal import StageLines
+from auditor.renderers.terminal import MAX_STAGE_LINES, StageLines
 
 SCRIPT = """
     def accumulate_hessian_statistics(i):
@@ -107,12 +107,13 @@ def test_distinct_stages_each_get_a_line_up_to_a_screenful():
         lines.stage_ended(ended(f"block{i}#2", ok=i != 7))
     lines.close()
     printed = out.getvalue().splitlines()
-    assert len(printed) <= 2 * 40 + 2, printed
+    assert len(printed) <= 2 * MAX_STAGE_LINES + 2, printed  # a first call's line, a fold line, a failure
     assert [line for line in printed if "block7" in line] == [  # its first call, its failed call, the fold
         "auditor: ok block7  rss 1.0 MiB (+0.0 MiB), peak 1.0 MiB, 0.00 s",
         "auditor: FAILED block7#2  rss 1.0 MiB (+0.0 MiB), peak 1.0 MiB, 0.00 s",
         "auditor: 1 FAILED block7  2 calls, peak 1.0 MiB (#1), rss 1.0 MiB at the last, 0.00 s in all"]
-    assert printed[-1].startswith("auditor: 60 more stages, 120 calls")
+    more = 100 - MAX_STAGE_LINES
+    assert printed[-1].startswith(f"auditor: {more} more stages, {2 * more} calls")
 
 
 def test_a_terminal_redraws_the_lines_in_place_and_seldom():

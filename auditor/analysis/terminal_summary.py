@@ -21,7 +21,7 @@ from pathlib import Path
 from auditor.record import EVENTS_FILE
 from auditor.record_schema import Call, Children, RunRecord, Site, Stage
 
-MAX_ROWS = 30  # the stage table's rows on a terminal: a screenful
+MAX_ROWS = 24  # the stage table's rows on a terminal: with the lines above it, a screenful
 _CALL_NUMBERS = re.compile(r"#\d+(?=/|$)")
 
 

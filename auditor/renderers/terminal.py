@@ -49,7 +49,7 @@ def step(out: Console, text: str) -> None:
 
 # -- auditor run ---------------------------------------------------------------------------
 
-MAX_STAGE_LINES = 40   # distinct stages with a line of their own; the rest share one
+MAX_STAGE_LINES = 12   # distinct stages with lines of their own; the rest share one
 MAX_FAILURE_LINES = 10  # failed calls printed on a line of their own (each stage's first)
 REDRAW_S = 0.2         # a terminal's lines are redrawn at most this often
 FIRST_WAIT_S, LONGEST_WAIT_S = 5.0, 300.0  # a log's update lines: the wait doubles between them
@@ -166,7 +166,7 @@ def _one_line(markup: str) -> Text:
 def _more_markup(rest: list[StageTally]) -> str:
     top = max(rest, key=lambda t: t.rss_peak)
     return (f"[dim]auditor:[/] {len(rest):,} more stages, {sum(t.calls for t in rest):,} calls "
-            f"(the highest peak {mib(top.rss_peak)} in {escape(top.key)}): each is in the summary and the record")
+            f"(the highest peak {mib(top.rss_peak)} in {escape(top.key)}); each is in the run record")
 
 
 def run_summary(out: Console, summary: RunSummary) -> None:
@@ -184,7 +184,8 @@ def run_summary(out: Console, summary: RunSummary) -> None:
         _line(out, f"... {summary.more_rows:,} more rows ({summary.more_stages:,} stages) with lower peaks: "
                    f"auditor report {summary.folder} lists them")
     if len(summary.rows) + summary.more_rows < summary.stages:
-        _line(out, f"({summary.stages:,} stages in {len(summary.rows) + summary.more_rows:,} rows: repeated "
+        rows = len(summary.rows) + summary.more_rows
+        _line(out, f"({summary.stages:,} stages in {rows:,} row{'s' if rows > 1 else ''}: repeated "
                    "calls folded, delta and time summed over the calls; each call is in the run record)")
     where = summary.peak_where.replace("`", "")  # in stage X, after the last stage (X), ...
     _line(out, f"peak RSS {mib(summary.peak_rss)} {where}; started at {mib(summary.rss_at_start)}")
