@@ -66,6 +66,7 @@ def main(args) -> int:
     small, target, target_overrides, output = _checked(args)
     from auditor.jobs.projection_validation import NotEnoughMemory, validate
     from auditor.analysis.validation_report import validation_report
+    from auditor.cli.progress import StatusLine
     from auditor.audit import new_run_folder
     from auditor.renderers import terminal
     from auditor.renderers.validation_markdown import render_report
@@ -73,23 +74,21 @@ def main(args) -> int:
     name = Path(args.script).stem if program else args.arch
     folder = Path(args.run_dir) if args.run_dir else new_run_folder(f"validate-{name}-to-{Path(target).name}")
     output = output or folder / "validation.md"
-    console = terminal.console(piped_width=200)
     available = _size(args.available, "--available") if args.available else None
 
-    def progress(text: str) -> None:
-        terminal.step(console, text)
     try:
-        if program is not None:
-            from auditor.jobs.program_validation import validate_program
-            from auditor.model_from import TargetModel
-            result = validate_program(program, args.model_from, TargetModel(target, target_overrides),
-                                      args.stages, folder, threads=args.threads or 1,
-                                      available=available, margin=_size(args.margin, "--margin"),
-                                      progress=progress)
-        else:
-            result = validate(small, target, target_overrides, folder, threads=args.threads,
-                              available=available, margin=_size(args.margin, "--margin"),
-                              progress=progress)
+        with StatusLine() as progress:  # each step printed as it starts, the running one shown with its time
+            if program is not None:
+                from auditor.jobs.program_validation import validate_program
+                from auditor.model_from import TargetModel
+                result = validate_program(program, args.model_from, TargetModel(target, target_overrides),
+                                          args.stages, folder, threads=args.threads or 1,
+                                          available=available, margin=_size(args.margin, "--margin"),
+                                          progress=progress)
+            else:
+                result = validate(small, target, target_overrides, folder, threads=args.threads,
+                                  available=available, margin=_size(args.margin, "--margin"),
+                                  progress=progress)
     except NotEnoughMemory as error:
         raise UsageError(str(error)) from None
     except KeyboardInterrupt:
