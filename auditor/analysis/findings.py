@@ -27,6 +27,7 @@ from auditor import units
 from auditor.allocation_sites import DDP_BUCKETS, communication_buffer
 from auditor.allocator_retention import MMAP_THRESHOLD_START, threshold_fixed
 from auditor.analysis import source_paths, unstaged
+from auditor.analysis.noise_band import BORDERLINE, RSS_BAND, Band, rss_band, tensor_band
 from auditor.analysis.components import (BEYOND_CENSUS, UNCALIBRATED, attribute, census_order, finished, growers,
                                          is_traced, largest_weights, live_tensor_high, live_tensor_peak, peak_stage,
                                          projection_views, weights_bytes)
@@ -47,7 +48,7 @@ DDP_BUCKETS_REMEDY = ("DDP keeps a bucket copy of every gradient for its all-red
                       "views into the buckets, so the two are one buffer with the same values (code that "
                       "calls `detach_()` on a gradient cannot use it, torch's documentation says).")
 
-SEVERITIES = ("high", "medium", "low")
+SEVERITIES = ("high", "medium", "low", BORDERLINE)  # borderline: inside its threshold's noise band
 PER_PARAMETER = frozenset({"weights", "gradients", "gradient records"})  # rules (a) and (b) own these
 GRADIENT_CATEGORIES = ("gradients", "gradient records")
 ACTIVATIONS = "activations and temporaries"
@@ -129,7 +130,7 @@ def _full_copies(record: RunRecord) -> list[Finding]:
             item = (stage.components or {}).get(name)
             weights = weights_bytes(stage)
             if (item and item.category not in PER_PARAMETER and weights
-                    and item.bytes >= FULL_COPY_RATIO * weights):
+                    and _exact(FULL_COPY_RATIO * weights, item.bytes)):
                 current.append((stage, item.bytes, item.bytes / weights, item.category))
             elif current:
                 runs.append(current)
@@ -167,7 +168,7 @@ def _dense_gradients(record: RunRecord) -> list[Finding]:
             item = (stage.components or {}).get(name)
             weights = weights_bytes(stage)
             if (item and item.category in GRADIENT_CATEGORIES and weights
-                    and item.bytes >= DENSE_GRADIENT_RATIO * weights):
+                    and _exact(DENSE_GRADIENT_RATIO * weights, item.bytes)):
                 hits.append((stage, item.bytes, item.bytes / weights, item.category))
         if not hits:
             continue
@@ -201,18 +202,29 @@ def _transients(record: RunRecord) -> list[Finding]:
         rss = stage.rss
         assert rss.start is not None and rss.end is not None and rss.peak is not None, "a finished stage's RSS"
         transient = rss.peak - max(rss.start, rss.end)
-        if transient <= TRANSIENT_SHARE * run_peak:
+        band = rss_band(record, TRANSIENT_SHARE * run_peak, f"{TRANSIENT_SHARE:.0%} of the peak")
+        side = band.side(transient)
+        if side == "below":
             continue
         if rss.peak in child_peaks.get(stage.path, ()):
             continue  # the child holding the same peak reports it, more precisely
         holds_peak = rss.peak == run_peak
+        holding = _holds_peak(record, stage, stages)
         statement = (f"Transient spike of {units.size(transient)} in stage `{stage.path}`"
                      f"{_own_time(record, stage)} "
                      f"({transient / run_peak:.0%} of peak): RSS rose to {units.size(rss.peak)} "
                      f"inside it, against {units.size(rss.start)} at its start and "
                      f"{units.size(rss.end)} at its end")
         evidence = {"stage": stage.path, "transient": transient, "rss_peak": rss.peak,
-                    "share_of_peak": round(transient / run_peak, 4), "holds_run_peak": holds_peak}
+                    "share_of_peak": round(transient / run_peak, 4), "holds_run_peak": holds_peak,
+                    "band": band.evidence()}
+        if side == "inside":
+            statement += band.borderline("the transient")
+        elif holding.side(rss.peak) == "inside":
+            statement += holding.borderline("its peak (which stage holds the run's peak)")
+            evidence["peak_band"] = holding.evidence()
+        else:
+            statement += band.beyond()
         statement += _what_grew(record, stage, evidence)
         sites = memray.sites if memray is not None else []
         if sites and memray is not None and memray.stage == stage.path:
@@ -222,9 +234,22 @@ def _transients(record: RunRecord) -> list[Finding]:
             statement += (f"; memray's largest site alive at its high-water mark is {where} "
                           f"({units.size(site.bytes)})")
             evidence["memray_site"] = site.location
-        found.append(Finding("transient-spike", "high" if holds_peak else "medium",
-                             statement + ".", evidence))
+        severity = (BORDERLINE if "inside" in (side, holding.side(rss.peak))
+                    else "high" if holds_peak else "medium")
+        found.append(Finding("transient-spike", severity, statement + ".", evidence))
     return found
+
+
+def _holds_peak(record: RunRecord, stage: Stage, stages: list[Stage]) -> Band:
+    """The band that says whether the stage holds the run's peak RSS under noise: its peak is
+    compared with the run's (or, holding it, the highest other stage's not nested with it),
+    within the RSS band: "inside" when another run could put the peak elsewhere."""
+    run_peak = record.peak.rss or 0
+    others = [s.rss.peak for s in stages if s.rss.peak is not None and s is not stage
+              and not s.path.startswith(stage.path + "/") and not stage.path.startswith(s.path + "/")]
+    rival = max(others, default=0) if stage.rss.peak == run_peak else run_peak
+    return rss_band(record, rival, "the peak of the stage holding the run's peak"
+                    if stage.rss.peak != run_peak else "the highest peak of another stage")
 
 
 def _own_time(record: RunRecord, stage: Stage) -> str:
@@ -277,7 +302,10 @@ def _retained(record: RunRecord) -> list[Finding]:
                    if c.category != "weights" and n != CYCLES and c.category != CYCLE_CATEGORY),
                   key=lambda kv: -kv[1].bytes)
     total = sum(c.bytes for _, c in kept)
-    if total < RETAINED_RATIO * base:
+    label = f"{RETAINED_RATIO:.0%} of {base_words}"
+    band = tensor_band(RETAINED_RATIO * base, label) if weights else rss_band(record, RETAINED_RATIO * base, label)
+    side = band.side(total)
+    if side == "below":
         return []
     listed = [(n, c) for n, c in kept if c.bytes >= 0.01 * total]
     left_by = {n: _left_by(record, ends, n) for n, _ in listed}
@@ -289,10 +317,14 @@ def _retained(record: RunRecord) -> list[Finding]:
     rss = (f"; RSS at the end is {units.size(end)} against {units.size(start)} at the start "
            f"({units.signed_size(end - start)})" if start is not None and end is not None else "")
     severity = "high" if weights and total >= weights else "medium"
+    if side == "inside":
+        severity, rss = BORDERLINE, rss + band.borderline("what stays alive")
+    else:
+        rss += band.beyond()
     return [Finding("retained-at-end", severity,
                     f"After the last stage (`{last.path}`) {units.size(total)} of tensors beyond "
                     f"the weights stay alive ({total / base:.2f}x {base_words}): {parts}{rss}.",
-                    {"stage": last.path, "bytes": total,
+                    {"stage": last.path, "bytes": total, "band": band.evidence(),
                      "ratio_to_weights": round(total / weights, 4) if weights else None,
                      "components": {n: c.bytes for n, c in listed},
                      "left_by": {n: s for n, s in left_by.items() if s},
@@ -327,7 +359,7 @@ def _cycles(record: RunRecord) -> list[Finding]:
     how = "returned" if first.call is not None else "ended"
     span = ("seen at that stage end only" if first is last
             else f"seen from that stage end {_until(last, ends)}")
-    severity = "high" if weights and top.bytes >= RETAINED_RATIO * weights else "medium"
+    severity = "high" if weights and _exact(RETAINED_RATIO * weights, top.bytes) else "medium"
     return [Finding("reference-cycle", severity,
                     f"{units.size(top.bytes)} of tensors stay alive after `{first.path}` {how} "
                     f"only through a reference cycle (`{CYCLES}`, {span}): freed only by the cycle collector, "
@@ -346,7 +378,9 @@ def _untracked(record: RunRecord) -> list[Finding]:
     if not run_peak or attribution is None or attribution.beyond_census is None:
         return []
     beyond = attribution.beyond_census
-    if beyond <= UNTRACKED_SHARE * run_peak:
+    band = rss_band(record, UNTRACKED_SHARE * run_peak, f"{UNTRACKED_SHARE:.0%} of the peak")
+    side = band.side(beyond)
+    if side == "below":
         return []
     start = record.process.rss_at_start
     detail = ""
@@ -354,13 +388,15 @@ def _untracked(record: RunRecord) -> list[Finding]:
         detail = (f"; {units.size(attribution.unseen)} of it are tensors the census cannot reach "
                   f"(held by autograd) and {units.size(attribution.beyond_live)} is beyond live tensors")
     before = f"; the process held {units.size(start)} when the audit began" if start is not None else ""
-    return [Finding("untracked-rss", "medium",
+    where = (band.borderline("RSS beyond the census") if side == "inside"
+             else band.beyond())
+    return [Finding("untracked-rss", BORDERLINE if side == "inside" else "medium",
                     f"{units.size(beyond)} of RSS at the end of the peak stage `{attribution.stage}` is "
-                    f"beyond the census ({beyond / run_peak:.0%} of peak {units.size(run_peak)}): "
+                    f"beyond the census ({beyond / run_peak:.1%} of peak {units.size(run_peak)}): "
                     f"allocator retention, the interpreter and libraries, or memory no tensor "
-                    f"census sees{detail}{before}.",
+                    f"census sees{detail}{before}{where}.",
                     {"stage": attribution.stage, "component": BEYOND_CENSUS, "bytes": beyond,
-                     "share_of_peak": round(beyond / run_peak, 4)})]
+                     "share_of_peak": round(beyond / run_peak, 4), "band": band.evidence()})]
 
 
 # -- (f) peak RSS against the live-tensor peak ---------------------------------------------
@@ -373,22 +409,27 @@ def _tensor_gap(record: RunRecord) -> list[Finding]:
     live, where = high
     stage = metered[1] if metered is not None else None
     gap = run_peak - live
-    if gap <= TENSOR_GAP_SHARE * run_peak:
+    band = rss_band(record, TENSOR_GAP_SHARE * run_peak, f"{TENSOR_GAP_SHARE:.0%} of the peak")
+    side = band.side(gap)
+    if side == "below":
         return []
+    severity = BORDERLINE if side == "inside" else "low"
     evidence = {"stage": stage, "rss_peak": run_peak, "live_tensor_peak": live, "gap": gap,
-                "share_of_peak": round(gap / run_peak, 4)}
+                "share_of_peak": round(gap / run_peak, 4), "band": band.evidence()}
     statement = (f"Peak RSS {units.size(run_peak)} ({unstaged.peak_place(record).phrase}) "
-                 f"is {units.size(gap)} ({gap / run_peak:.0%}) above the live-tensor peak "
+                 f"is {units.size(gap)} ({gap / run_peak:.1%}) above the live-tensor peak "
                  f"{units.size(live)} ({where}): RSS also holds the interpreter, "
                  f"libraries and freed memory the allocator keeps")
+    noise = band.borderline("the gap") if side == "inside" else band.beyond()
     risen = _risen_threshold(record)
     grown = max(gap, risen[3]) - risen[2] if risen is not None else 0
-    if risen is None or grown <= RETENTION_SHARE * run_peak:
-        return [Finding("rss-above-live-tensors", "low", statement + ", so size machines by RSS and "
-                        "count savings in live tensors.", evidence)]
+    # named when its growth is not below the band (inside it too: the same words either way)
+    if risen is None or rss_band(record, RETENTION_SHARE * run_peak, "").side(grown) == "below":
+        return [Finding("rss-above-live-tensors", severity, statement + ", so size machines by RSS and "
+                        f"count savings in live tensors{noise}.", evidence)]
     threshold, in_stage = risen[:2]
-    return [Finding("rss-above-live-tensors", "low",
-                    f"{statement}. glibc's malloc ran with its defaults, its mmap threshold rose to "
+    return [Finding("rss-above-live-tensors", severity,
+                    f"{statement}{noise}. glibc's malloc ran with its defaults, its mmap threshold rose to "
                     f"{units.size(threshold)} in `{in_stage}` (it follows the largest block freed), and "
                     f"RSS beyond live tensors grew by {units.size(grown)} from that stage's start: blocks "
                     f"below the threshold come from the heap, which keeps the space they leave.",
@@ -442,6 +483,11 @@ def _failures(record: RunRecord) -> list[Finding]:
                              + ": later stages and the final readings may be missing.",
                              {"exit": exit_.status, "error": exit_.error}))
     return found
+
+
+def _exact(threshold: float, value: int) -> bool:
+    """A tensor-bytes rule's ">=": exact bytes, the same in identical runs, so no noise band."""
+    return tensor_band(threshold, "").side(value) == "above"
 
 
 def _component_names(snapshots: list[Stage]) -> list[str]:
@@ -563,30 +609,34 @@ def _validated(finding: Finding, record: RunRecord) -> tuple:
     return tuple(found)
 
 
+_EXACT = " (tensor bytes: exact, no noise band)"
+_RSS_NOISE = (f"; within ± the larger of {RSS_BAND:.0%} of the peak (measured over identical runs) and "
+              "what glibc may keep between runs: borderline")
+
 RULES: tuple[Rule, ...] = (
     Rule("full-copy", "A component holds a full copy of the weights",
          f"bytes >= {FULL_COPY_RATIO:.0%} of the weights at >= {FULL_COPY_MIN_STAGES} consecutive "
-         "stage ends (categories other than weights, gradients, gradient records)",
+         "stage ends (categories other than weights, gradients, gradient records)" + _EXACT,
          ("census",), _full_copies, REMEDIES["full-copy"]),
     Rule("dense-gradients", "Dense gradients or gradient records for the whole model",
          f"a gradients / gradient records component >= {DENSE_GRADIENT_RATIO:.0%} of the weights "
-         "at a stage end", ("census",), _dense_gradients, REMEDIES["dense-gradients"]),
+         "at a stage end" + _EXACT, ("census",), _dense_gradients, REMEDIES["dense-gradients"]),
     Rule("transient-spike", "Transient spike inside a stage",
          f"peak inside - max(start, end) > {TRANSIENT_SHARE:.0%} of the run's peak RSS "
-         "(reported at the deepest stage holding it)", ("real rss",), _transients,
+         "(reported at the deepest stage holding it; high when it holds the run's peak)" + _RSS_NOISE, ("real rss",), _transients,
          REMEDIES["transient-spike"]),
     Rule("retained-at-end", "Memory retained after the algorithm returns",
          f"tensors other than weights at the last stage end >= {RETAINED_RATIO:.0%} of the weights "
-         "(the most any census saw; of the peak RSS when no census saw weights)",
+         "(the most any census saw, exact; of the peak RSS when no census saw weights" + _RSS_NOISE + ")",
          ("census",), _retained, REMEDIES["retained-at-end"]),
     Rule("reference-cycle", "Tensors kept alive only by a reference cycle",
          f"`{CYCLES}` present at a stage end (the census checks unowned storages of 1 MiB or more)",
          ("census",), _cycles, REMEDIES["reference-cycle"]),
     Rule("untracked-rss", "RSS beyond the census",
-         f"RSS at the end of the peak stage minus its census > {UNTRACKED_SHARE:.0%} of the peak",
+         f"RSS at the end of the peak stage minus its census > {UNTRACKED_SHARE:.0%} of the peak" + _RSS_NOISE,
          ("census", "peak census", "real rss"), _untracked, REMEDIES["untracked-rss"]),
     Rule("rss-above-live-tensors", "Peak RSS above the live-tensor peak",
-         f"peak RSS - live-tensor peak > {TENSOR_GAP_SHARE:.0%} of the peak",
+         f"peak RSS - live-tensor peak > {TENSOR_GAP_SHARE:.0%} of the peak" + _RSS_NOISE,
          ("live_tensors", "real rss"), _tensor_gap, REMEDIES["rss-above-live-tensors"]),
     Rule("failed-stage", "Failed or unfinished stages", "any stage failed or open, or the run "
          "did not end ok", (), _failures, REMEDIES["failed-stage"]),
