@@ -37,6 +37,9 @@ RENDERED = {  # report -> (the benchmark script's arguments that render it again
                                          "reports/projection-validation-matrix.json"],
                                         ["reports/projection-validation-matrix.json"]),
     "reliability.md": (["benchmarks/reliability.py", "--from", "reports/reliability.json"], ["reports/reliability.json"]),
+    # identical runs of one workload: the spread of each figure a finding's rule compares, the findings per run
+    "findings-stability.md": (["benchmarks/findings_stability.py", "--from", "reports/findings-stability.json"],
+                              ["reports/findings-stability.json"]),
     "peak-composition-overhead.md": (["benchmarks/peak_composition_overhead.py", "--from",
                                       "reports/peak-composition-overhead.json"], ["reports/peak-composition-overhead.json"]),
     # the streaming column's 7B figure comes from the streaming report's record
