@@ -218,13 +218,6 @@ def _transients(record: RunRecord) -> list[Finding]:
         evidence = {"stage": stage.path, "transient": transient, "rss_peak": rss.peak,
                     "share_of_peak": round(transient / run_peak, 4), "holds_run_peak": holds_peak,
                     "band": band.evidence()}
-        if side == "inside":
-            statement += band.borderline("the transient")
-        elif holding.side(rss.peak) == "inside":
-            statement += holding.borderline("its peak (which stage holds the run's peak)")
-            evidence["peak_band"] = holding.evidence()
-        else:
-            statement += band.beyond()
         statement += _what_grew(record, stage, evidence)
         sites = memray.sites if memray is not None else []
         if sites and memray is not None and memray.stage == stage.path:
@@ -234,6 +227,13 @@ def _transients(record: RunRecord) -> list[Finding]:
             statement += (f"; memray's largest site alive at its high-water mark is {where} "
                           f"({units.size(site.bytes)})")
             evidence["memray_site"] = site.location
+        if side == "inside":  # the band last: what the transient is comes first
+            statement += band.borderline("the transient")
+        elif holding.side(rss.peak) == "inside":
+            statement += holding.borderline("its peak (which stage holds the run's peak)")
+            evidence["peak_band"] = holding.evidence()
+        else:
+            statement += band.beyond()
         severity = (BORDERLINE if "inside" in (side, holding.side(rss.peak))
                     else "high" if holds_peak else "medium")
         found.append(Finding("transient-spike", severity, statement + ".", evidence))
