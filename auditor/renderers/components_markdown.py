@@ -1,7 +1,7 @@
 """The run report's component details, folded under `<details>`: every component over the run
 (with each instance and the components plot), what was alive at each live-tensor high, and the
 census just before the peak stage and at the last stage (the peak stage's own census is the
-report's answer table, auditor.renderers.answer_markdown). Formats auditor.analysis.run_report's
+report's answer table unless the run's peak fell between stages, auditor.renderers.answer_markdown). Formats auditor.analysis.run_report's
 `components` only.
 """
 from __future__ import annotations
@@ -31,7 +31,9 @@ def details(components: model.Components, plot: str | None = None) -> list[str]:
     if highs:
         blocks.append(folded(f"What was alive at each live-tensor high ({len(highs)} stages)",
                              "\n\n".join(_live_high(high) for high in highs)))
-    others = [c for c in components.censuses if c.moment != "at the peak stage"]
+    # the peak stage's census is the answer table, unless the run's peak fell between stages
+    others = [c for c in components.censuses
+              if c.moment != "at the peak stage" or components.unstaged_peak is not None]
     if others and components.peak_stage is not None:
         holder = components.peak_stage
         blocks.append(folded("Census " + " and ".join(c.moment for c in others),
