@@ -1,8 +1,9 @@
 """What long commands show while they work, on stderr (stdout keeps only the command's results).
 
 - StatusLine: the steps of a job, each printed as it starts, the one running shown with its
-  time on a terminal; stage ends reported to it are folded (one line per distinct stage, as
-  `auditor run` shows them, auditor.renderers.terminal.StageLines).
+  time on a terminal; the stages an in-process audit ends named in that line as they end, none
+  printed but each distinct stage's first failed call (`auditor run` prints more of them:
+  auditor.renderers.terminal.StageLines).
 - ChildProgress: a child process that writes run records (a traced run on fake tensors, the
   calibration runs), followed from its event logs while the parent waits: how many stages
   (or runs) it finished of how many expected, the stage it is in, the time spent and left.
