@@ -158,6 +158,8 @@ def fix_table(found: list[Finding]) -> Fixes:
 def subject(finding: Finding) -> str:
     """What a finding is about, in a few words with `code` spans."""
     evidence = finding.evidence
+    if evidence.get("component") in (BEYOND_CENSUS, BEYOND_LIVE):  # not a component: said in words
+        return str(evidence["component"])
     if evidence.get("component"):
         category = f" ({evidence['category']})" if evidence.get("category") else ""
         return f"`{evidence['component']}`{category}"
