@@ -3,11 +3,12 @@
 # it and how to commit what comes back):
 #   1. a venv over the machine's own CUDA torch (it cannot reach a registry), the project in it;
 #   2. the CUDA tests: `pytest -m cuda`, then the tests that skip without CUDA;
-#   3. `auditor gradprobe` for the baseline and lean, projected to Mistral-7B, on cuda then on the
-#      same machine's CPU, and the side by side of the four records (benchmarks/cuda_side_by_side.py);
-#   4. `auditor train-step --device cuda` on TinyStories-33M and GPT-Neo-125M, sequence 128, 512,
+#   3. `auditor gradprobe --device cuda` for the baseline and lean, projected to Mistral-7B;
+#      `auditor train-step --device cuda` on TinyStories-33M and GPT-Neo-125M, sequence 128, 512,
 #      2048, fp32 and amp-bf16 (forward only against the full step; a memory_viz pickle per run);
-#   5. everything packed under $OUT: cuda-check.log, summary.md, side-by-side.md,
+#      the same GradProbe runs on the machine's CPU, and the side by side of the four records
+#      (benchmarks/cuda_side_by_side.py);
+#   4. everything packed under $OUT: cuda-check.log, summary.md, side-by-side.md,
 #      train-step-cuda.md and results.tar.gz (split in 15 MiB parts if larger: results.tar.gz.partNN).
 # Each step runs under `timeout -s INT` (the auditor writes a partial report on SIGINT); a failed
 # step is logged and the script goes on; the whole stays within BUDGET_S (default 480 s).
@@ -19,7 +20,7 @@
 # Settings (environment): DEVICE (cuda), PYTHON (python3: the interpreter holding torch),
 # WHEELS (.whl: wheels installed into the venv first, e.g. memray, which the image lacks),
 # BUDGET_S (480), WORK (runs/cuda-check: run folders, relative so records name no machine),
-# VENV (/tmp/cuda-check-venv), TARGET (mistral-7b).
+# VENV (/tmp/cuda-check-venv), TARGET (the projection's; mistral-7b, tinystories-33m in the dry run).
 set -u
 cd "$(dirname "$0")/.."
 DEVICE=${DEVICE:-cuda}
@@ -28,7 +29,7 @@ WHEELS=${WHEELS:-.whl}
 BUDGET_S=${BUDGET_S:-480}
 WORK=${WORK:-runs/cuda-check}
 VENV=${VENV:-/tmp/cuda-check-venv}
-TARGET=${TARGET:-mistral-7b}
+TARGET=${TARGET:-}
 if [ -z "${OUT:-}" ]; then OUT=$(mktemp -d); fi
 export PYTHONUNBUFFERED=1
 case "$DEVICE" in
@@ -135,11 +136,13 @@ if [ "$DRY" = 1 ]; then
   TINY=(--layers 1 --hidden 64 --heads 2 --intermediate 128 --vocab 512)
   GP_ARGS=(--arch tinystories-33m "${TINY[@]}" --seq-len 32 --threads 2)
   TS_ARGS=(--arch tinystories-33m "${TINY[@]}" --seq-len 32 64 --precision fp32 amp-bf16 --steps 2 --accumulation 1)
+  TARGET=${TARGET:-tinystories-33m}  # the full-size model: tracing Mistral-7B takes minutes on a small CPU
   GP_LIMIT=400; TS_LIMIT=400; TEST_LIMIT=300
 else
   GP_ARGS=(--arch tinystories-33m --seq-len 128)
   TS_ARGS=(--arch tinystories-33m gpt-neo-125m --seq-len 128 512 2048 --precision fp32 amp-bf16 --steps 6 --accumulation 2)
-  GP_LIMIT=75; TS_LIMIT=180; TEST_LIMIT=90
+  TARGET=${TARGET:-mistral-7b}
+  GP_LIMIT=120; TS_LIMIT=180; TEST_LIMIT=90
 fi
 
 # -- 2. the CUDA tests ---------------------------------------------------------------------------
@@ -155,35 +158,43 @@ else
   skip "CUDA tests" "no CUDA torch"
 fi
 
-# -- 3. GradProbe on the GPU, then on this machine's CPU -----------------------------------------
+# -- 3. GradProbe on the GPU, training steps on the GPU, then GradProbe on this machine's CPU ------
 GP_RUNS=()
-gradprobe() {  # gradprobe SIDE DEVICE VARIANT
-  local dir=$WORK/gradprobe-$1-$3
-  step "gradprobe $3 on $2 ($1 side)" "$GP_LIMIT" "${AUDITOR[@]}" gradprobe "${GP_ARGS[@]}" --variant "$3" \
-    --device "$2" --target "$TARGET" "${MEMRAY[@]}" --run-dir "$dir" -o "$WORK/gradprobe-$1-$3.md"
+gradprobe() {  # gradprobe SIDE DEVICE VARIANT [EXTRA...]
+  local side=$1 device=$2 variant=$3 dir=$WORK/gradprobe-$1-$3; shift 3
+  step "gradprobe $variant on $device ($side side)" "$GP_LIMIT" "${AUDITOR[@]}" gradprobe "${GP_ARGS[@]}" \
+    --variant "$variant" --device "$device" --target "$TARGET" "${MEMRAY[@]}" "$@" --run-dir "$dir" \
+    -o "$WORK/gradprobe-$side-$variant.md"
   [ -f "$dir/run.json" ] && GP_RUNS+=("$dir")
   return 0
 }
 for variant in baseline lean; do
   if [ "$GPU_READY" = 1 ]; then gradprobe gpu "$DEVICE" "$variant"; else skip "gradprobe $variant on cuda" "no CUDA torch"; fi
 done
-for variant in baseline lean; do gradprobe cpu cpu "$variant"; done
+
+# training steps (memory_viz snapshots on CUDA); 100 s of the budget stay for the CPU side
+if [ "$GPU_READY" = 1 ]; then
+  limit=$(( $(left) - 100 )); [ "$limit" -gt "$TS_LIMIT" ] && limit=$TS_LIMIT; [ "$limit" -lt 15 ] && limit=15
+  step "train-step on $DEVICE" "$limit" "${AUDITOR[@]}" train-step "${TS_ARGS[@]}" --device "$DEVICE" \
+    --run-dir "$WORK/train-step-runs" -o "$WORK/train-step-cuda.md"
+else
+  skip "train-step on cuda" "no CUDA torch"
+fi
+
+# the CPU side: the same GradProbe runs (same workload settings), without the traced projection,
+# which the GPU runs made and which would cost minutes more here
+for variant in baseline lean; do gradprobe cpu cpu "$variant" --no-trace; done
 if [ "${#GP_RUNS[@]}" -gt 0 ]; then
   step "side by side" 60 "$PY" benchmarks/cuda_side_by_side.py "${GP_RUNS[@]}" -o "$WORK/side-by-side.md"
 else
   skip "side by side" "no gradprobe run left a record"
 fi
 
-# -- 4. training steps on the GPU (memory_viz snapshots) -----------------------------------------
-if [ "$GPU_READY" = 1 ]; then
-  step "train-step on $DEVICE" "$TS_LIMIT" "${AUDITOR[@]}" train-step "${TS_ARGS[@]}" --device "$DEVICE" \
-    --run-dir "$WORK/train-step-runs" -o "$WORK/train-step-cuda.md"
-else
-  skip "train-step on cuda" "no CUDA torch"
-fi
-
-# -- 5. summary and packing ------------------------------------------------------------------------
+# -- 4. summary and packing ------------------------------------------------------------------------
+# the venv's and the machine's interpreter folders both become <python> (the libraries live in the latter)
 "$PY" -m auditor.portable_paths "$WORK" >>"$LOG" 2>&1 || log "portable_paths failed: records keep this machine's folders"
+PYTHONPATH=$PWD "$PYTHON" -m auditor.portable_paths "$WORK" >>"$LOG" 2>&1 \
+  || log "portable_paths under $PYTHON failed: records may name its folder"
 {
   echo "# cuda_check.sh: DEVICE=$DEVICE$([ "$DRY" = 1 ] && echo ' (dry run, tiny sizes)')"
   echo

@@ -78,12 +78,14 @@ def test_the_report_sets_each_run_s_own_figures_side_by_side(cpu_runs, tmp_path)
     report = device_side_by_side(records, runs)
     text = render(report, "the command")
     table = text.split("## Memory and time")[1].split("\n\n")[1].splitlines()
-    assert table[0].startswith("| device | variant | peak RSS | peak RSS in | CUDA peak allocated |")
+    assert table[0].startswith("| run | device | variant | peak RSS | peak RSS in | CUDA peak allocated |")
     stages = len(records[0].stages)
-    for line, record in zip(table[2:], records):
-        cells = [cell.strip() for cell in line.strip("|").split("|")]
+    for line, record, run in zip(table[2:], records, runs):
+        name, *cells = [cell.strip() for cell in line.strip("|").split("|")]
+        assert name == f"`{Path(run).name}`"
         settings = record.annotations["workload"]["settings"]
-        assert cells[:4] == [settings["device"], settings["variant"], mib(record.peak.rss), f"`{record.peak.stage}`"]
+        place = record.peak.stage or f"after {record.peak.where.after} (unstaged)"
+        assert cells[:4] == [settings["device"], settings["variant"], mib(record.peak.rss), f"`{place}`"]
         if settings["device"] == "cpu":
             assert cells[4:7] == ["no CUDA"] * 3
         else:  # the highest peak, the largest reserved, the allocated of the stage that ends last
@@ -104,7 +106,7 @@ def test_masks_that_differ_within_a_device_are_said(cpu_runs, tmp_path):
     records = [load(run) for run in runs]
     records[3].annotations["result"]["mask_digest"] = "0" * 64  # cuda lean pruned other weights
     text = render(device_side_by_side(records, runs))
-    assert "masks identical within cpu; masks DIFFER within cuda." in text
+    assert "Masks identical within cpu; masks DIFFER within cuda." in text
     assert "- cuda: **DIFFER**: baseline, lean gave 2 different masks." in text
     assert "- across devices: different masks." in text
 

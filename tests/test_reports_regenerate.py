@@ -45,6 +45,11 @@ RENDERED = {  # report -> (the benchmark script's arguments that render it again
     # the streaming column's 7B figure comes from the streaming report's record
     "variants-at-mistral-7b.md": (["benchmarks/variants_at_7b.py", "--from", "reports/variants-at-mistral-7b.json"],
                                   ["reports/variants-at-mistral-7b.json", "reports/gradprobe-streaming.json"]),
+    # benchmarks/cuda_check.sh's dry run (DEVICE=cpu): its GradProbe side by side (docs/cuda.md)
+    "cuda-check-dry-run.md": (["benchmarks/cuda_side_by_side.py",
+                               *(f"reports/cuda-check-dry-run-runs/gradprobe-{side}-{variant}"
+                                 for side in ("gpu", "cpu") for variant in ("baseline", "lean"))],
+                              ["reports/cuda-check-dry-run-runs"]),
 }
 FILLED = {  # hand-written report -> (the scripts' arguments that fill its measured blocks, the records they read)
     "multi-rank-cpu.md": ([["benchmarks/multi_rank_cpu.py"]], ["reports/multi-rank-cpu-runs"]),

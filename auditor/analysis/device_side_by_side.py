@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from auditor.analysis.components import scaled_caveat
 from auditor.record_schema import RunRecord
 
 # Settings that may differ between the runs compared: what the report sets side by side.
@@ -32,7 +33,7 @@ class DeviceRun:
     variant: str
     status: str                 # the run's exit status
     peak_rss: int | None
-    peak_stage: str | None
+    peak_place: str | None      # the stage path holding the peak RSS, or "after STAGE (unstaged)"
     cuda_peak_allocated: int | None   # highest over the stages; None: no CUDA readings
     cuda_reserved: int | None         # largest reserved at any stage end
     cuda_allocated_end: int | None    # allocated at the end of the last stage
@@ -41,6 +42,7 @@ class DeviceRun:
     mask_digest: str | None           # None: the record has none (an older job, or a failed run)
     pruned: int | None
     projected_peak: dict[str, int] = field(default_factory=dict)  # "traced mistral-7b" -> live tensors
+    projection_caveats: dict[str, str] = field(default_factory=dict)  # what a projection rests on
 
     @property
     def side(self) -> str:
@@ -108,20 +110,30 @@ def _run(record: RunRecord, source: str, settings: dict) -> DeviceRun:
     ended = [stage for stage in record.stages if stage.cuda is not None and stage.end_s is not None]
     prune = next((stage for stage in record.stages if stage.path == "prune"), None)
     result = record.annotations.get("result") or {}
-    projected = {}
+    projected, caveats = {}, {}
     for projection in record.annotations.get("projections") or []:
         if isinstance(projection, dict) and projection.get("live_tensor_peak") is not None:
-            projected[f"{projection.get('method')} {projection.get('target')}"] = projection["live_tensor_peak"]
+            key = f"{projection.get('method')} {projection.get('target')}"
+            projected[key] = projection["live_tensor_peak"]
+            if scaled_caveat(projection):
+                caveats[key] = str(scaled_caveat(projection))
     return DeviceRun(
         source=source, device=settings["device"], device_name=record.device, variant=settings["variant"],
         status=record.exit.status if record.exit is not None else "unfinished",
-        peak_rss=record.peak.rss, peak_stage=record.peak.stage,
+        peak_rss=record.peak.rss, peak_place=_peak_place(record),
         cuda_peak_allocated=_most(c.peak_allocated for c in cuda),
         cuda_reserved=_most(c.reserved_end for c in cuda),
         cuda_allocated_end=max(ended, key=lambda s: s.end_s or 0.0).cuda.allocated_end if ended else None,  # type: ignore[union-attr]
         prune_s=(prune.end_s - prune.start_s) if prune is not None and prune.end_s is not None else None,
         duration_s=record.duration_s, mask_digest=result.get("mask_digest"), pruned=result.get("pruned"),
-        projected_peak=projected)
+        projected_peak=projected, projection_caveats=caveats)
+
+
+def _peak_place(record: RunRecord) -> str | None:
+    where = record.peak.where
+    if record.peak.stage is None and where is not None and where.kind == "unstaged":
+        return f"after {where.after} (unstaged)" if where.after else "outside any stage"
+    return record.peak.stage
 
 
 def _most(values) -> int | None:

@@ -5,6 +5,8 @@
 """
 from __future__ import annotations
 
+from pathlib import PurePath
+
 from auditor.analysis.device_side_by_side import DeviceMasks, DeviceRun, DeviceSideBySide
 from auditor.renderers import markdown_text as md
 from auditor.units import mib
@@ -74,13 +76,13 @@ def _configuration(config: dict) -> str:
 
 
 def _runs_table(runs: list[DeviceRun]) -> str:
-    headers = ["device", "variant", "peak RSS", "peak RSS in", "CUDA peak allocated", "CUDA reserved (most)",
+    headers = ["run", "device", "variant", "peak RSS", "peak RSS in", "CUDA peak allocated", "CUDA reserved (most)",
                "CUDA allocated at end", "prune", "whole run", "pruned", "mask digest"]
-    rows = [[md.text(run.device), md.text(run.variant), mib(run.peak_rss), md.code(run.peak_stage or "-"),
+    rows = [[md.code(PurePath(run.source).name), md.text(run.device), md.text(run.variant), mib(run.peak_rss), md.code(run.peak_place or "-"),
              _cuda(run, run.cuda_peak_allocated), _cuda(run, run.cuda_reserved), _cuda(run, run.cuda_allocated_end),
              _seconds(run.prune_s), _seconds(run.duration_s), "-" if run.pruned is None else f"{run.pruned:,}",
              md.code(run.mask_digest[:12]) if run.mask_digest else "not recorded"] for run in runs]
-    return md.table(headers, rows, right=[2, 4, 5, 6, 7, 8, 9])
+    return md.table(headers, rows, right=[3, 5, 6, 7, 8, 9, 10])
 
 
 def _cuda(run: DeviceRun, value: int | None) -> str:
@@ -113,11 +115,17 @@ def _across_line(report: DeviceSideBySide) -> str:
             "agreement within a device is a property of the variants.")
 
 
+def _projected(run: DeviceRun, method: str) -> str:
+    caveat = run.projection_caveats.get(method)  # its first words in the cell, in full below the table
+    return mib(run.projected_peak.get(method)) + (f" ({md.text(caveat.split(':')[0])})" if caveat else "")
+
+
 def _projection_table(runs: list[DeviceRun]) -> str:
     methods = list(dict.fromkeys(key for run in runs for key in run.projected_peak))
     if not methods:
         return ""
-    rows = [[md.text(run.device), md.text(run.variant), *[mib(run.projected_peak.get(m)) for m in methods]]
-            for run in runs]
-    return md.table(["device", "variant", *[f"{md.text(m)}: peak live tensors" for m in methods]], rows,
-                    right=range(2, 2 + len(methods)))
+    rows = [[md.text(run.device), md.text(run.variant), *[_projected(run, m) for m in methods]] for run in runs]
+    table = md.table(["device", "variant", *[f"{md.text(m)}: peak live tensors" for m in methods]], rows,
+                     right=range(2, 2 + len(methods)))
+    caveats = dict.fromkeys(c for run in runs for c in run.projection_caveats.values())
+    return "\n\n".join([table, *[f"({md.text(caveat.split(':')[0])}) {md.text(caveat)}" for caveat in caveats]])
