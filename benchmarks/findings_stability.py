@@ -1,16 +1,13 @@
 """Do identical runs give the same findings? The spread of every figure a finding's rule compares
-with a threshold, over identical audits of one workload, and the findings each run gets.
+with a threshold, over identical audits of a workload, and the findings each run gets.
 
-The workload is the main job's GradProbe audit on TinyStories-33M, without its projection runs
-(they do not change the audited run's figures) and without memray; each run is its own process:
+Two workloads (WORKLOADS), each run --runs times, each run its own process: the main job's
+GradProbe audit on TinyStories-33M without its projection runs (they do not change the audited
+run's figures) and without memray, and the committed Hessian-pruner example's `auditor run`
+without memray. The committed main record (made by `make reports`, memray on) is read beside the
+GradProbe runs. The noise band of auditor.analysis.noise_band is set from what this measures.
 
-    auditor gradprobe --arch tinystories-33m --no-memray --no-trace --run-dir RUN_DIR/run-N -o RUN_DIR/run-N.md
-
-The committed main record (reports/gradprobe-tinystories-33m-runs/audit, made by `make reports`
-with the projection runs) is read beside them as one more run of the same audited workload. The
-noise bands of auditor.analysis.noise_band are set from what this measures.
-
-    .venv/bin/python benchmarks/findings_stability.py [--runs 5] [--run-dir runs/findings-stability]
+    .venv/bin/python benchmarks/findings_stability.py [--runs 4] [--run-dir runs/findings-stability]
     .venv/bin/python benchmarks/findings_stability.py --from reports/findings-stability.json
 """
 from __future__ import annotations
@@ -33,8 +30,22 @@ from auditor.analysis.components import attribute, census_order, finished, live_
 from auditor.analysis.findings import findings  # noqa: E402
 from auditor.record import load  # noqa: E402
 
-COMMAND = ["auditor", "gradprobe", "--arch", "tinystories-33m", "--no-memray", "--no-trace"]
-COMMITTED = "reports/gradprobe-tinystories-33m-runs/audit"
+WORKLOADS = {  # name -> (what it is, its command: {run} is the run folder, the committed record read beside)
+    "gradprobe": ("GradProbe on TinyStories-33M, the audited run of `make audit` without its projection runs "
+                  "and memray",
+                  ["auditor", "gradprobe", "--arch", "tinystories-33m", "--no-memray", "--no-trace",
+                   "--run-dir", "{run}", "-o", "{run}.md"],
+                  "reports/gradprobe-tinystories-33m-runs/audit"),
+    "hessian": ("a Hessian pruner with a leaky feature cache on a random tiny Llama (the committed example's "
+                "command without memray), examples/prune_tiny_llama.py",
+                ["auditor", "run", "--run-dir", "{run}", "--census", "--live-tensors",
+                 "--stage", "pruning.hessian:prune_with_hessians", "--stage", "pruning.hessian:HessianStat.add_batch",
+                 "--stage", "pruning.leaky:collect_features", "examples/prune_tiny_llama.py", "--method", "hessian",
+                 "--leak", "--eval", "--vocab", "32000", "--layers", "2", "--hidden", "256", "--intermediate", "688",
+                 "--samples", "16", "--length", "128"],
+                None),
+}
+COMMITTED_NOTE = "the committed main record (`make reports`: memray on, projection runs after it)"
 REPORT = ROOT / "reports" / "findings-stability.md"
 
 
@@ -43,107 +54,121 @@ def figures(folder: Path) -> dict:
     record = load(folder / "run.json")
     peak = record.peak.rss
     holder = peak_stage(record)
-    beyond = attribute(holder).beyond_census if holder is not None else None
+    attribution = attribute(holder) if holder is not None else None
     high = live_tensor_high(record)
     slack = noise_band.allocator_slack(record)
     return {
         "peak_rss": peak,
-        "beyond_census": beyond,
+        "beyond_census": attribution.beyond_census if attribution is not None else None,
         "above_live_tensors": peak - high[0] if high is not None else None,
         "transients": {s.path: s.rss.peak - max(s.rss.start, s.rss.end) for s in finished(record)},
-        "components": {s.path: {n: c.bytes for n, c in (s.components or {}).items()} for s in census_order(record)},
         "allocator_slack": slack[0] if slack is not None else None,
         "findings": sorted(f"{f.rule}: {f.severity}" for f in findings(record)),
     }
 
 
+def tensor_bytes_apart(folders: list[Path]) -> int | None:
+    """The most two runs' census put apart one component at one stage end (None: no census)."""
+    censuses = [{(s.path, n): c.bytes for s in census_order(load(f / "run.json")) for n, c in (s.components or {}).items()}
+                for f in folders]
+    if not censuses[0]:
+        return None
+    keys = set().union(*censuses)
+    return max(max(c.get(k, 0) for c in censuses) - min(c.get(k, 0) for c in censuses) for k in keys)
+
+
 def measure(args) -> dict:
-    run_dir = Path(args.run_dir)
-    runs = []
-    for n in range(1, args.runs + 1):
-        folder = run_dir / f"run-{n}"
-        if not (folder / "run.json").exists():
-            command = [str(Path(sys.executable).parent / COMMAND[0]), *COMMAND[1:],
-                       "--run-dir", str(folder), "-o", str(run_dir / f"run-{n}.md")]
-            subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-        runs.append({"run": f"run-{n}", **figures(folder)})
-    runs.append({"run": "committed main record", **figures(ROOT / COMMITTED)})
-    return {"command": " ".join(COMMAND + ["--run-dir", "RUN_DIR/run-N", "-o", "RUN_DIR/run-N.md"]),
-            "benchmark": f".venv/bin/python benchmarks/findings_stability.py --runs {args.runs}",
+    workloads = []
+    for name, (what, command, committed) in WORKLOADS.items():
+        folders = []
+        for n in range(1, args.runs + 1):
+            folder = Path(args.run_dir) / name / f"run-{n}"
+            if not (folder / "run.json").exists():
+                line = [c.replace("{run}", str(folder)) for c in command]
+                line[0] = str(Path(sys.executable).parent / line[0])
+                subprocess.run(line, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+            folders.append(folder)
+        runs = [{"run": f"run-{n}", **figures(f)} for n, f in enumerate(folders, 1)]
+        if committed:
+            runs.append({"run": COMMITTED_NOTE, **figures(ROOT / committed)})
+        workloads.append({"name": name, "what": what, "runs": runs,
+                          "command": " ".join(c.replace("{run}", "RUN_DIR/run-N") for c in command),
+                          "tensor_bytes_most_apart": tensor_bytes_apart(folders)})
+    return {"benchmark": f".venv/bin/python benchmarks/findings_stability.py --runs {args.runs}",
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs (shared with other jobs)",
-            "bands": {"rss_share_of_peak": noise_band.RSS_BAND},
-            "runs": runs}
+            "bands": {"rss_share_of_peak": noise_band.RSS_BAND}, "workloads": workloads}
 
 
-def spreads(record: dict) -> dict:
+def spreads(workload: dict) -> dict:
     """Each figure's spread (most - least over the runs), bytes and share of the median peak."""
-    runs = record["runs"]
+    runs = workload["runs"]
     median_peak = statistics.median(r["peak_rss"] for r in runs)
 
-    def spread(values: list) -> dict:
+    def spread(values: list) -> dict | None:
         values = [v for v in values if v is not None]
+        if not values:
+            return None
         return {"least": min(values), "most": max(values), "bytes": max(values) - min(values),
                 "share_of_peak": (max(values) - min(values)) / median_peak}
 
-    stages = sorted({p for r in runs for p in r["transients"]}, key=list(runs[0]["transients"]).index)
-    tensor = max((abs(a - b) for r in runs for s in r["components"] for n in r["components"][s]
-                  for a, b in [(r["components"][s][n], runs[0]["components"].get(s, {}).get(n, -1))]), default=0)
-    same = all(r["components"] == runs[0]["components"] for r in runs)
-    return {"median_peak": median_peak, "peak_rss": spread([r["peak_rss"] for r in runs]),
-            "beyond_census": spread([r["beyond_census"] for r in runs]),
-            "above_live_tensors": spread([r["above_live_tensors"] for r in runs]),
-            "transients": {s: spread([r["transients"].get(s) for r in runs]) for s in stages},
-            "tensor_bytes_same": same, "tensor_bytes_most_apart": tensor}
+    stages = [p for p in runs[0]["transients"] if all(p in r["transients"] for r in runs)]
+    transients = {s: spread([r["transients"][s] for r in runs]) for s in stages}
+    widest = max(transients, key=lambda s: transients[s]["bytes"])
+    return {"median_peak": median_peak, "peak RSS": spread([r["peak_rss"] for r in runs]),
+            "RSS beyond the census at the peak stage's end": spread([r["beyond_census"] for r in runs]),
+            "peak RSS above the live-tensor peak": spread([r["above_live_tensors"] for r in runs]),
+            f"transient in `{widest}` (the widest spread of {len(stages)} stages)": transients[widest]}
 
 
 def render(record: dict) -> str:
-    found = spreads(record)
-    runs = record["runs"]
-    rss_most = max(found[k]["share_of_peak"] for k in ("peak_rss", "beyond_census", "above_live_tensors"))
-    transient_most = max(t["share_of_peak"] for t in found["transients"].values())
-    tallies = {tuple(r["findings"]) for r in runs}
-    lines = [
-        "# Findings stability: identical runs, the same findings",
-        "",
-        f"{len(runs)} identical audits of one workload: the findings were "
-        + ("**the same in every run**" if len(tallies) == 1 else f"**{len(tallies)} different sets**")
-        + f"; RSS figures moved by up to {rss_most:.1%} of the peak, a stage's transient by up to "
-          f"{transient_most:.1%}, tensor bytes "
-        + ("not at all" if found["tensor_bytes_same"] else f"by up to {units.size(found['tensor_bytes_most_apart'])}")
-        + ". The noise bands the rules use (auditor/analysis/noise_band.py): "
-          f"±{record['bands']['rss_share_of_peak']:.0%} of the peak for every figure from RSS readings "
-          "(or what the run says glibc may keep, if larger), none for tensor bytes.",
-        "",
-        f"Each run: `{record['command']}` (the audited workload of `make audit`, without projection runs or "
-        f"memray), plus the committed main record. Made by `{record['benchmark']}` on {record['machine']}.",
-        "",
-        "| run | peak RSS | RSS beyond the census at the peak stage's end | peak RSS above live tensors | "
-        "glibc may keep (run's own) |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for r in runs:
-        peak = r["peak_rss"]
-        lines.append(f"| {r['run']} | {units.mib(peak)} | {units.mib(r['beyond_census'])} "
-                     f"({units.share(r['beyond_census'], peak)}) | {units.mib(r['above_live_tensors'])} "
-                     f"({units.share(r['above_live_tensors'], peak)}) | {units.mib(r['allocator_slack'])} |")
-    lines += ["", "Spread over the runs (most - least), as a share of the median peak "
-              f"({units.mib(found['median_peak'])}):", "",
-              "| figure | least | most | spread | share of the peak |", "|---|---:|---:|---:|---:|"]
-    rows = [("peak RSS", found["peak_rss"]), ("RSS beyond the census", found["beyond_census"]),
-            ("peak RSS above live tensors", found["above_live_tensors"])]
-    rows += [(f"transient in `{s}`", t) for s, t in found["transients"].items()]
-    for name, s in rows:
-        lines.append(f"| {name} | {units.mib(s['least'])} | {units.mib(s['most'])} | {units.mib(s['bytes'])} | "
-                     f"{s['share_of_peak']:.1%} |")
-    lines += ["", "Findings per run (rule: severity):", ""]
-    for r in runs:
-        lines.append(f"- {r['run']}: " + ", ".join(r["findings"]))
-    return "\n".join(lines) + "\n"
+    band = record["bands"]["rss_share_of_peak"]
+    lines = ["# Findings stability: identical runs, the same findings", ""]
+    summary, body = [], []
+    for workload in record["workloads"]:
+        runs, found = workload["runs"], spreads(workload)
+        rows = {k: v for k, v in found.items() if k != "median_peak" and v is not None}
+        most = max(v["share_of_peak"] for v in rows.values())
+        same = len({tuple(r["findings"]) for r in runs}) == 1
+        apart = workload["tensor_bytes_most_apart"]
+        tensors = ("no census" if apart is None else "tensor bytes the same to the byte" if apart == 0
+                   else f"tensor bytes up to {units.size(apart)} apart")
+        summary.append(f"- {workload['name']}: {len(runs)} runs, findings "
+                       + ("**the same in every run**" if same else "**not the same in every run**")
+                       + f"; RSS figures up to {most:.1%} of the peak apart; {tensors}.")
+        body += [f"## {workload['name']}", "", f"{workload['what'][0].upper()}{workload['what'][1:]}. Each run: "
+                 f"`{workload['command']}`.", "",
+                 "| run | peak RSS | RSS beyond the census at the peak stage's end | peak RSS above live tensors | "
+                 "glibc may keep (the run's own) |", "|---|---:|---:|---:|---:|"]
+        for r in runs:
+            peak = r["peak_rss"]
+            beyond = (f"{units.mib(r['beyond_census'])} ({units.share(r['beyond_census'], peak)})"
+                      if r["beyond_census"] is not None else "no census where the peak was")
+            body.append(f"| {r['run']} | {units.mib(peak)} | {beyond} | {units.mib(r['above_live_tensors'])} "
+                        f"({units.share(r['above_live_tensors'], peak)}) | {units.mib(r['allocator_slack'])} |")
+        body += ["", f"Spread over the runs (most - least), as a share of the median peak "
+                 f"({units.mib(found['median_peak'])}):", "",
+                 "| figure | least | most | spread | share of the peak |", "|---|---:|---:|---:|---:|"]
+        for name, s in rows.items():
+            body.append(f"| {name} | {units.mib(s['least'])} | {units.mib(s['most'])} | {units.mib(s['bytes'])} | "
+                        f"{s['share_of_peak']:.1%} |")
+        tallies = {tuple(r["findings"]) for r in runs}
+        body += ["", "Findings (rule: severity), " + ("every run:" if len(tallies) == 1 else "run by run:"), ""]
+        for r in runs if len(tallies) > 1 else runs[:1]:
+            counted = {f: r["findings"].count(f) for f in dict.fromkeys(r["findings"])}
+            body.append((f"- {r['run']}: " if len(tallies) > 1 else "- ")
+                        + ", ".join(f"{f}" + (f" x{n}" if n > 1 else "") for f, n in counted.items()))
+        body.append("")
+    lines += summary + ["", f"The noise band the rules use (auditor/analysis/noise_band.py): ±{band:.0%} of the peak "
+                        "for every figure from RSS readings, or what the run's own record says glibc may keep "
+                        "between runs where that is larger; none for tensor bytes. Inside it a finding is "
+                        "\"borderline\". Made by "
+                        f"`{record['benchmark']}` on {record['machine']}.", ""] + body
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=4)
     parser.add_argument("--run-dir", default=str(ROOT / "runs" / "findings-stability"),
                         help="where the runs' records go (a run whose record is there already is read, not run again)")
     parser.add_argument("-o", "--output", default=str(REPORT), help="the report; its record is written beside it")
@@ -152,7 +177,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.runs < 2:
         benchmark_record.refuse(f"--runs must be 2 or more to measure a spread, got {args.runs}")
-    record = benchmark_record.read(args.record, ("runs", "bands")) if args.record else measure(args)
+    record = benchmark_record.read(args.record, ("workloads", "bands")) if args.record else measure(args)
     if not args.record:
         benchmark_record.write(benchmark_record.beside(args.output), record)
     Path(args.output).write_text(render(record))

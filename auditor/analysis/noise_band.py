@@ -6,12 +6,12 @@
 
 Two identical runs do not read the same RSS: glibc keeps freed blocks in its heaps or returns
 them depending on timing, so the peak RSS and everything measured from RSS readings move. Measured
-by benchmarks/findings_stability.py (reports/findings-stability.md): six identical audits of
-GradProbe on TinyStories-33M read peak RSS from 2,111 to 2,208 MiB (4.5% of the peak apart), the
-RSS above the live-tensor peak from 20.3% to 23.8% of the peak (4.5% in bytes), a stage's transient
-(its peak above its start and end) up to 3.9% of the peak apart; the fresh `make audit` issue 30
-quotes read 25.1% beyond the census. Tensor bytes (census components, the weights) were the same
-to the byte.
+by benchmarks/findings_stability.py (reports/findings-stability.md): five audits of GradProbe on
+TinyStories-33M and the committed main record read peak RSS from 2,111 to 2,208 MiB (4.5% of the
+peak apart), the RSS above the live-tensor peak from 20.3% to 23.8% of the peak (4.5% in bytes), a
+stage's transient (its peak above its start and end) up to 3.9% of the peak apart; five runs of a
+Hessian pruner moved by 1.1%. The fresh `make audit` issue 30 quotes read 25.1% beyond the census.
+Tensor bytes (census components, the weights) were the same to the byte in every run.
 
 So each rule compares its figure with its threshold and a margin (`Band`):
 - a figure from RSS readings (RSS beyond tensors, a transient, a stage's peak against the run's,
