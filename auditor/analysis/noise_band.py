@@ -1,8 +1,8 @@
 """The noise band around a finding's threshold: how far an identical run may move the figure.
 
-    band = rss_band(record, threshold=0.25 * record.peak.rss)
+    band = rss_band(record, 0.25 * record.peak.rss, "25% of the peak")
     band.side(value)     # "above" | "inside" | "below"
-    band.words()         # "25% of the peak ± 110.4 MiB (20.0%-30.0%): <why that margin>"
+    band.words()         # "25% of the peak ± 110.4 MiB, 441.6 MiB to 662.3 MiB: <why that margin>"
 
 Two identical runs do not read the same RSS: glibc keeps freed blocks in its heaps or returns
 them depending on timing, so the peak RSS and everything measured from RSS readings move. Measured
