@@ -6,8 +6,8 @@
 #   3. `auditor gradprobe --device cuda` for the baseline and lean, projected to Mistral-7B;
 #      `auditor train-step --device cuda` on TinyStories-33M and GPT-Neo-125M, sequence 128, 512,
 #      2048, fp32 and amp-bf16 (forward only against the full step; a memory_viz pickle per run);
-#      the same GradProbe runs on the machine's CPU, and the side by side of the four records
-#      (benchmarks/cuda_side_by_side.py);
+#      beside them (each on half the cores) the same GradProbe runs on the machine's CPU; then the
+#      side by side of the four records (benchmarks/cuda_side_by_side.py);
 #   4. everything packed under $OUT: cuda-check.log, summary.md, side-by-side.md,
 #      train-step-cuda.md and results.tar.gz (split in 15 MiB parts if larger: results.tar.gz.partNN).
 # Each step runs under `timeout -s INT` (the auditor writes a partial report on SIGINT); a failed
@@ -134,7 +134,7 @@ GPU_READY=$(( DRY == 1 || CUDA_OK == 1 ))
 # -- sizes: the real ones on the GPU machine, tiny ones for the dry run -------------------------
 if [ "$DRY" = 1 ]; then
   TINY=(--layers 1 --hidden 64 --heads 2 --intermediate 128 --vocab 512)
-  GP_ARGS=(--arch tinystories-33m "${TINY[@]}" --seq-len 32 --threads 2)
+  GP_ARGS=(--arch tinystories-33m "${TINY[@]}" --seq-len 32)
   TS_ARGS=(--arch tinystories-33m "${TINY[@]}" --seq-len 32 64 --precision fp32 amp-bf16 --steps 2 --accumulation 1)
   TARGET=${TARGET:-tinystories-33m}  # the full-size model: tracing Mistral-7B takes minutes on a small CPU
   GP_LIMIT=400; TS_LIMIT=400; TEST_LIMIT=300
@@ -142,7 +142,7 @@ else
   GP_ARGS=(--arch tinystories-33m --seq-len 128)
   TS_ARGS=(--arch tinystories-33m gpt-neo-125m --seq-len 128 512 2048 --precision fp32 amp-bf16 --steps 6 --accumulation 2)
   TARGET=${TARGET:-mistral-7b}
-  GP_LIMIT=120; TS_LIMIT=180; TEST_LIMIT=90
+  GP_LIMIT=120; TS_LIMIT=240; TEST_LIMIT=90
 fi
 
 # -- 2. the CUDA tests ---------------------------------------------------------------------------
@@ -158,32 +158,52 @@ else
   skip "CUDA tests" "no CUDA torch"
 fi
 
-# -- 3. GradProbe on the GPU, training steps on the GPU, then GradProbe on this machine's CPU ------
-GP_RUNS=()
-gradprobe() {  # gradprobe SIDE DEVICE VARIANT [EXTRA...]
+# -- 3. GradProbe on the GPU, then training steps on the GPU beside GradProbe on the CPU ---------
+gradprobe() {  # gradprobe SIDE DEVICE VARIANT [EXTRA...], prefixed by PIN (taskset) if set
   local side=$1 device=$2 variant=$3 dir=$WORK/gradprobe-$1-$3; shift 3
-  step "gradprobe $variant on $device ($side side)" "$GP_LIMIT" "${AUDITOR[@]}" gradprobe "${GP_ARGS[@]}" \
-    --variant "$variant" --device "$device" --target "$TARGET" "${MEMRAY[@]}" "$@" --run-dir "$dir" \
-    -o "$WORK/gradprobe-$side-$variant.md"
-  [ -f "$dir/run.json" ] && GP_RUNS+=("$dir")
-  return 0
+  step "gradprobe $variant on $device ($side side)" "$GP_LIMIT" "${PIN[@]}" "${AUDITOR[@]}" gradprobe \
+    "${GP_ARGS[@]}" --variant "$variant" --device "$device" --target "$TARGET" "${MEMRAY[@]}" "$@" \
+    --run-dir "$dir" -o "$WORK/gradprobe-$side-$variant.md"
 }
+PIN=()
 for variant in baseline lean; do
   if [ "$GPU_READY" = 1 ]; then gradprobe gpu "$DEVICE" "$variant"; else skip "gradprobe $variant on cuda" "no CUDA torch"; fi
 done
 
-# training steps (memory_viz snapshots on CUDA); 100 s of the budget stay for the CPU side
+# The CPU side (the same GradProbe workload, without the traced projection that the GPU runs made,
+# minutes more here) runs beside the training steps, each on its own half of the cores (taskset),
+# its torch threads that half: neither waits for the other, and the CPU side's time is its own.
+CORES=$(nproc)
+if command -v taskset >/dev/null && [ "$CORES" -ge 2 ]; then
+  HALF=$(( CORES / 2 ))
+  GPU_PIN=(taskset -c "0-$(( HALF - 1 ))"); CPU_PIN=(taskset -c "$HALF-$(( CORES - 1 ))"); CPU_THREADS=$(( CORES - HALF ))
+else
+  GPU_PIN=(); CPU_PIN=(); CPU_THREADS=$CORES
+fi
+cpu_side() {
+  PIN=("${CPU_PIN[@]}")
+  for variant in baseline lean; do gradprobe cpu cpu "$variant" --no-trace --threads "$CPU_THREADS"; done
+}
+CPU_JOB=
+if [ "${#CPU_PIN[@]}" -gt 0 ]; then
+  set -m; cpu_side & CPU_JOB=$!; set +m  # job control: the background runs still take SIGINT at a timeout
+fi
+
+# training steps (memory_viz snapshots on CUDA); 40 s of the budget stay for the side by side and packing
 if [ "$GPU_READY" = 1 ]; then
-  limit=$(( $(left) - 100 )); [ "$limit" -gt "$TS_LIMIT" ] && limit=$TS_LIMIT; [ "$limit" -lt 15 ] && limit=15
-  step "train-step on $DEVICE" "$limit" "${AUDITOR[@]}" train-step "${TS_ARGS[@]}" --device "$DEVICE" \
+  limit=$(( $(left) - 40 )); [ "$limit" -gt "$TS_LIMIT" ] && limit=$TS_LIMIT; [ "$limit" -lt 15 ] && limit=15
+  PIN=("${GPU_PIN[@]}")
+  step "train-step on $DEVICE" "$limit" "${PIN[@]}" "${AUDITOR[@]}" train-step "${TS_ARGS[@]}" --device "$DEVICE" \
     --run-dir "$WORK/train-step-runs" -o "$WORK/train-step-cuda.md"
 else
   skip "train-step on cuda" "no CUDA torch"
 fi
+if [ -n "$CPU_JOB" ]; then wait "$CPU_JOB"; else cpu_side; fi
 
-# the CPU side: the same GradProbe runs (same workload settings), without the traced projection,
-# which the GPU runs made and which would cost minutes more here
-for variant in baseline lean; do gradprobe cpu cpu "$variant" --no-trace; done
+GP_RUNS=()
+for dir in "$WORK"/gradprobe-gpu-baseline "$WORK"/gradprobe-gpu-lean "$WORK"/gradprobe-cpu-baseline "$WORK"/gradprobe-cpu-lean; do
+  [ -f "$dir/run.json" ] && GP_RUNS+=("$dir")
+done
 if [ "${#GP_RUNS[@]}" -gt 0 ]; then
   step "side by side" 60 "$PY" benchmarks/cuda_side_by_side.py "${GP_RUNS[@]}" -o "$WORK/side-by-side.md"
 else
