@@ -46,7 +46,8 @@ def test_audits_projects_and_reports(tmp_path):
     # the full TinyStories-33M holds S, G0, G1 and .grad besides its weights: > 5x 261 MiB
     assert traced["live_tensor_peak"] > 5 * 68_514_048 * 4
     text = report.read_text()
-    for heading in ("## Summary", "## Stages", "## Components", "## Findings", "## Environment"):
+    for heading in ("## What was alive at the peak", "## Fixes", "## Summary", "## Stages",
+                    "### Over the run", "## Findings", "## Environment"):
         assert heading in text
     assert (tmp_path / "report-timeline.png").exists()
     # memray is on by default: the report names the allocation sites of the peak

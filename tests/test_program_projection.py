@@ -127,7 +127,8 @@ def test_run_projects_an_unmodified_script_to_the_target_model(program, capsys):
     report = record_folder / "report.md"
     assert main(["report", "out", "-o", str(report)]) == 0
     text = report.read_text()
-    assert "## Projection to llama-2-7b (layers 2, hidden 128, vocab 256, heads 2, intermediate 256) (traced)" in text
+    assert "### Projection to llama-2-7b (layers 2, hidden 128, vocab 256, heads 2, intermediate 256)\n" in text
+    assert "live tensors, traced" in text
     assert "| &emsp;Stat.add_batch | 21 | 42 |" in text  # calls audited / at the target (2 layers)
     assert traced.annotations["model_from"]["calls"][0]["copied_attributes"] == {"seqlen": 16}
 
