@@ -203,4 +203,4 @@ def rank_caveat(as_rank: dict) -> str:
     """What a rank's traced projection rests on (auditor.jobs.script_projection._as_rank)."""
     return (f"rank {as_rank['rank']} of {as_rank['world_size']}, traced on torch's fake process group: "
             "the buffers the real backend (gloo, NCCL) allocates for collectives are not traced, so "
-            "the figures can be low (README: per-rank projection of your own script)")
+            "the figures can be low (docs/multi-rank.md: per-rank projection of your own script)")
