@@ -28,7 +28,12 @@ from architectures.options import (HelpFormatter, add_device_argument, add_seed_
 
 from . import settings
 
-MiB = 1 << 20
+MiB, GiB = 1 << 20, 1 << 30
+
+
+def size(n: float) -> str:
+    """Bytes as the auditor's reports write them: MiB below 1 GiB, GiB from 1 GiB on."""
+    return f"{n / GiB:,.2f} GiB" if abs(n) >= GiB else f"{n / MiB:,.1f} MiB"
 EXIT_STATUSES = [(0, "done"), (1, "the run failed (python's traceback above)"),
                  (2, "bad input: one line on stderr saying what is wrong, before any work")]
 # A tokenizer folder holds at least one of these (what AutoTokenizer.from_pretrained reads).
@@ -182,13 +187,13 @@ def _render(args, model, storage: str, summary: dict) -> str:
         ("final sparsity", f"{100 * summary['sparsity']:.3f}% of prunable parameters"),
         ("wall time", f"{summary['prune_seconds']:.2f} s pruning, "
                       f"{summary['build_seconds']:.2f} s building the model"),
-        *[(f"RSS {when}", f"{summary['rss_' + when.replace(' ', '_')] / MiB:,.1f} MiB")
+        *[(f"RSS {when}", size(summary['rss_' + when.replace(' ', '_')]))
           for when in ("before build", "after build", "after prune")],
-        ("peak RSS", f"{summary['peak_rss'] / MiB:,.1f} MiB"),
+        ("peak RSS", size(summary['peak_rss'])),
     ]
     if args.device.startswith("cuda"):
         import torch
-        rows.append(("CUDA peak allocated", f"{torch.cuda.max_memory_allocated() / MiB:,.1f} MiB"))
+        rows.append(("CUDA peak allocated", size(torch.cuda.max_memory_allocated())))
     rows.append(("mask digest", summary["mask_digest"]))
     return "\n".join([_headline(args, model, storage)] + [f"{label:<21}{value}" for label, value in rows])
 

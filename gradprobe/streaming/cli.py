@@ -24,7 +24,7 @@ from architectures.options import (HelpFormatter, add_seed_argument, add_size_ar
                                    check_model_options, epilog, size_overrides)
 
 from ..cli import (EXIT_STATUSES, MiB, OneLineErrors, add_pruning_arguments, add_strategy_argument,
-                   check_output_files, check_pruning_arguments, storage_dtypes)
+                   check_output_files, check_pruning_arguments, size, storage_dtypes)
 from ..settings import STORAGE_DTYPES
 
 PROG = "python -m gradprobe.streaming"
@@ -134,7 +134,7 @@ def write_weights(args: argparse.Namespace) -> str:
         save_model(build_model(args.arch, seed=args.seed, dtype=dtype, **overrides), args.output_dir)
     return (f"wrote {args.arch} ({args.dtype}, seed {args.seed}, "
             f"{'generated tensor by tensor' if args.generate else 'built with build_model'}) to {args.output_dir} "
-            f"in {time.perf_counter() - start:.1f} s; peak RSS {peak_rss() / MiB:,.1f} MiB")
+            f"in {time.perf_counter() - start:.1f} s; peak RSS {size(peak_rss())}")
 
 
 def prune(args: argparse.Namespace) -> str:
@@ -181,9 +181,9 @@ def _summary_text(args, pruner, s: dict) -> str:
         ("wall time", f"{s['prune_seconds']:.2f} s pruning"),
         ("layers loaded", f"{s['decoder_layers_loaded']} decoder layer loads, "
                           f"at most {s['most_decoder_layers_resident']} resident"),
-        ("RSS at start", f"{s['rss_start'] / MiB:,.1f} MiB"),
-        ("RSS after prune", f"{s['rss_end'] / MiB:,.1f} MiB"),
-        ("peak RSS", f"{s['peak_rss'] / MiB:,.1f} MiB"),
+        ("RSS at start", size(s['rss_start'])),
+        ("RSS after prune", size(s['rss_end'])),
+        ("peak RSS", size(s['peak_rss'])),
         ("output", f"{s['out']} (masks: {s['masks']})"),
         ("mask digest", s["mask_digest"]),
     ]
