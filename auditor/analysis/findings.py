@@ -31,6 +31,8 @@ from auditor.analysis.noise_band import BORDERLINE, RSS_BAND, Band, rss_band, te
 from auditor.analysis.components import (UNCALIBRATED, census_order, finished, growers,
                                          is_traced, largest_weights, live_tensor_peak, peak_stage,
                                          projection_views, weights_bytes)
+from auditor.analysis.program_kind import Kind, program_kind
+from auditor.analysis.remedies import GENERIC, TEMPORARIES, remedy
 from auditor.analysis.rss_findings import (RETENTION_SHARE, TENSOR_GAP_SHARE, UNTRACKED_SHARE, tensor_gap,
                                            untracked)
 from auditor.record_schema import Component, RunRecord, Stage
@@ -402,56 +404,22 @@ def _until(last: Stage, snapshots: list[Stage]) -> str:
 
 # -- remedies and what they save ---------------------------------------------------------
 
-REMEDIES = {
-    "full-copy": ("Keep only what is restored: save the values the algorithm may change (a "
-                  "pruner's candidates' original values) instead of a copy of every weight, or "
-                  "keep the copy on disk."),
-    "dense-gradients": ("Consume gradients where they are used: fold each parameter's gradient "
-                        "into what is kept in a post-accumulate-grad hook "
-                        "(`Tensor.register_post_accumulate_grad_hook`) and set `.grad = None` "
-                        "there, so no gradient buffer for the whole model exists."),
-    "transient-spike": ("Process in chunks: make the spike's largest temporaries a block at a "
-                        "time (calibration samples in chunks, a weight's rows in blocks) and free "
-                        "each input once used."),
-    "retained-at-end": ("Free or stream what is retained: drop the references (`del`, set to "
-                        "None, clear the dict) once no later step needs them, or write them to "
-                        "disk and read them back when needed."),
-    "reference-cycle": ("Break the reference cycle: `del` the closure or local that refers back "
-                        "to its owner before returning (or hold the back reference with "
-                        "`weakref`), so the memory is freed when the call returns."),
-    "untracked-rss": ("Not a tensor the census sees: if the live-tensor meter shows tensors "
-                      "held by autograd, end the graph (`torch.no_grad()` where no backward "
-                      "follows); if it is allocator retention, return freed memory to the "
-                      "system (glibc: `malloc_trim(0)`, `MALLOC_ARENA_MAX=2`)."),
-    "rss-above-live-tensors": ("Nothing to change in the algorithm: size machines by RSS and "
-                               "count savings in live tensors."),
-    "failed-stage": "Fix the failure (its error is in the record) and run again.",
-}
-_GRADIENT_RECORDS_REMEDY = ("Keep gradient records only where a decision reads them (at the "
-                            "candidates, chosen before the first gradient pass), or update them "
-                            "inside backward so no dense record is needed.")
-_CHUNK_REMEDY = ("Process calibration samples in chunks: run the layer on a few samples at a "
-                 "time and fold each chunk into what is kept, so the activations of every "
-                 "sample are never alive together.")
+REMEDIES = GENERIC  # each rule's remedy where the record cannot tell the program's kind
 
 
 def _with_remedy(finding: Finding, rule: Rule, record: RunRecord) -> Finding:
-    remedy = finding.remedy or _remedy_words(finding) or rule.remedy
-    return Finding(finding.rule, finding.severity, finding.statement, finding.evidence, remedy,
+    text = finding.remedy or _remedy_words(finding, program_kind(record).kind) or rule.remedy
+    return Finding(finding.rule, finding.severity, finding.statement, finding.evidence, text,
                    saving(finding, record), _validated(finding, record))
 
 
-def _remedy_words(finding: Finding) -> str | None:
-    """A rule's remedy worded for its evidence, where the evidence says more."""
-    if finding.rule == "dense-gradients" and finding.evidence.get("category") == "gradient records":
-        return _GRADIENT_RECORDS_REMEDY
-    if finding.rule == "full-copy" and finding.evidence.get("category") == ACTIVATIONS:
-        return _CHUNK_REMEDY
+def _remedy_words(finding: Finding, kind: Kind) -> str | None:
+    """A rule's remedy worded for the program's kind and its evidence (`auditor.analysis.remedies`)."""
+    category = finding.evidence.get("category")
     if finding.rule == "transient-spike":
         grown = finding.evidence.get("growers") or {}
-        if grown and next(iter(grown)).startswith("temporaries from"):
-            return REMEDIES["transient-spike"] + " " + _CHUNK_REMEDY
-    return None
+        category = TEMPORARIES if grown and next(iter(grown)).startswith("temporaries from") else None
+    return remedy(finding.rule, kind, category)
 
 
 def saving(finding: Finding, record: RunRecord) -> dict | None:
