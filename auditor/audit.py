@@ -47,13 +47,13 @@ import weakref
 from datetime import datetime, timezone
 from pathlib import Path
 
-from auditor import allocator_retention, ranks
+from auditor import allocator_retention, discovered_roots, ranks
 from auditor import record as run_record
 from auditor.probes import child_processes
 from auditor.probes import cuda as cuda_probe
 from auditor.probes.python_heap import PythonHeapProbe
 from auditor.probes.rss import RssProbe
-from auditor.stage import AUDITOR_CODE, _set_active, active_audit
+from auditor.stage import AUDITOR_CODE, _set_active, active_audit, in_auditor_code
 from auditor.targets import Staging, _labels
 
 
@@ -78,11 +78,12 @@ _PROBE_NAMES = {"py_heap": "python_heap"}  # a meter's key -> its entry in the r
 class _OpenStage:
     """A stage in progress. `peaks` and `at_peak` (what was alive at its live-tensor peak)
     take in every interval inside it, children included."""
-    __slots__ = ("entry", "opener", "starts", "peaks", "thread_id", "parent", "at_peak")
+    __slots__ = ("entry", "opener", "starts", "peaks", "thread_id", "parent", "at_peak", "frame")
 
     def __init__(self, entry: dict, opener, starts: dict, peaks: dict, parent: "_OpenStage | None"):
         self.entry, self.opener, self.starts, self.peaks = entry, opener, starts, peaks
         self.thread_id, self.parent, self.at_peak = threading.get_ident(), parent, None
+        self.frame = None  # the program's frame that opened it, while open (census roots)
 
 
 class _Interval:
@@ -159,6 +160,8 @@ class Audit:
         self._roots: dict[str, tuple] = {}
         self._instances_named = 0  # roots the census found as objects of a staged class
         self._found_roots: set[str] = set()  # their names, until a call of theirs names them
+        self._receivers: set[str] = set()  # roots the audit registered itself (after the tracked)
+        self._highs = None  # censuses near live-tensor highs inside stages (auditor.census_at_highs)
         self._next_id = 0
         self._excluded_s = 0.0
         self._excluded_spans: list[tuple[float, float]] = []  # (perf_counter start, seconds) of each
@@ -242,6 +245,7 @@ class Audit:
             self._memray.stop()
         if self._torch_profiler is not None:
             self._torch_profiler.stop()
+        self._close_highs()
         for meter in reversed(self._meters):
             meter.close()
         self._stop_tracing()
@@ -291,6 +295,15 @@ class Audit:
         probes["census"] = {"state": "off"}
         if self.options["census"]:
             probes["census"] = self._load_census()
+        self._highs = None
+        if self._take_census is not None and self._live is not None:
+            try:
+                from auditor.census_at_highs import CensusAtHighs
+                self._highs = CensusAtHighs(self.live_tensor_bytes, self._in_program_stage,
+                                            self._census_at_high)
+            except Exception as error:  # stage-end censuses still run
+                self._pending_warnings.append(f"no census inside stages (torch's global hooks: "
+                                              f"{type(error).__name__}: {error})")
         self._history = None
         probes["cuda_history"] = {"state": "off"}
         if self.options["cuda_history"]:
@@ -355,6 +368,7 @@ class Audit:
                 self._warn(f"stage target {target.spec} was never called (a copy kept outside "
                            "a module's names, such as a local or a default argument, keeps "
                            "calling the original)")
+        self._close_highs()
         ends = self._final_readings()
         self._end_run_intervals(end_s, ends)
         for meter in reversed(self._meters):  # dispatch modes leave in the reverse order
@@ -516,6 +530,8 @@ class Audit:
                      "thread": threading.current_thread().name, "start_s": round(self._clock(), 6),
                      "rss": {"start": starts["rss"]}, "call": call}
             opened = _OpenStage(entry, opener, starts, peaks, stack[-1] if stack else None)
+            if self._take_census is not None:
+                opened.frame = discovered_roots.opener_frame(sys._getframe())
             self._open.append(opened)
             stack.append(opened)
             self._end_interval(opened.thread_id, entry["start_s"], starts, before=entry["path"])
@@ -567,7 +583,8 @@ class Audit:
                  "error": _describe(exc) if failed else None}
         census = None
         if self._take_census is not None:
-            entry["components"], entry["tensors"], census = self._census()
+            entry["components"], entry["tensors"], census = self._census(closing)
+        closing.frame = None
         if entry["live_tensors"] is not None:
             entry["live_tensors"]["at_peak"] = self._at_peak(closing.at_peak, alive, census)
         self._emit({"event": "stage_finished", "stage": entry}, durable=True)
@@ -826,6 +843,7 @@ class Audit:
                 count += 1
                 name = f"{base}#{count}"
             self._roots[name] = (_reference(obj), None)
+            self._receivers.add(name)
             if found:
                 self._found_roots.add(name)
             return name
@@ -859,16 +877,18 @@ class Audit:
                     self._reset_meters()
                 self._keep_out(began, kind)
 
-    def _census(self) -> tuple[dict | None, dict | None, dict | None]:
-        """Tensor census at a stage end; its time and transient memory are kept out of stages.
-        Returns components, tensors, and {"owners", "components"} when the live-tensor meter
-        needs owners and the census gives them (also resolving unstaged intervals' owners)."""
+    def _census(self, closing: _OpenStage | None = None) -> tuple[dict | None, dict | None, dict | None]:
+        """Tensor census at a stage end (`closing`'s) or inside stages; its time and transient
+        memory are kept out of stages. Returns components, tensors, and {"owners",
+        "components"} when the live-tensor meter needs owners and the census gives them (also
+        resolving unstaged intervals' owners)."""
         began = time.perf_counter()
-        roots = {}
-        for name, (ref, categories) in list(self._roots.items()):
-            obj = ref()
-            if obj is not None:
-                roots[name] = self._census_root(obj=obj, categories=categories)
+        try:
+            roots = self._census_roots(closing)
+        except Exception as error:  # roots found are a help: never the census's failure
+            self._warn(f"census roots could not be found, only the tracked ones count: "
+                       f"{type(error).__name__}: {error}")
+            roots = self._tracked_roots(self._receivers)
         owners = self._live is not None  # the meter matches its storages to their owners
         # reference cycles: checked at top-level stage ends and the run's end (auditor.reference_cycles)
         extra = {"find_cycles": True} if not self._thread_stack() else {}
@@ -894,6 +914,63 @@ class Audit:
         self._reset_meters()  # the census's own allocations belong to no stage
         self._keep_out(began, "census_s")
         return components, tensors, census
+
+    def _tracked_roots(self, leave_out: set[str] = frozenset()) -> dict:  # type: ignore[assignment]
+        roots = {}
+        for name, (ref, categories) in list(self._roots.items()):
+            obj = ref()
+            if obj is not None and name not in leave_out:
+                roots[name] = self._census_root(obj=obj, categories=categories)
+        return roots
+
+    def _census_roots(self, closing: _OpenStage | None) -> dict:
+        """The roots in their order of priority: those the program tracked, then the modules and
+        optimizers found alive (auditor.discovered_roots), then the receivers of staged methods
+        and the program's objects held by the frames inside the open stages."""
+        stack = self._thread_stack()
+        outermost = stack[0] if stack else closing
+        last = outermost.frame if outermost is not None else None
+        caller = sys._getframe(1)  # never this frame itself: a frame in its own locals is a cycle
+        try:
+            taken = {name: ref() for name, (ref, _) in list(self._roots.items())}
+            found, instances = discovered_roots.found_roots(
+                {name: obj for name, obj in taken.items() if obj is not None},
+                discovered_roots.program_frames(caller),
+                discovered_roots.frames_until(caller, last) if last is not None else [])
+            taken.clear()
+        finally:  # the frames (and all they hold) must not outlive this census
+            del caller, last, outermost
+        for obj in instances:
+            self.track_receiver(obj, None, found=True)
+        del instances
+        given = self._tracked_roots()
+        roots = {name: root for name, root in given.items() if name not in self._receivers}
+        for name, obj in found:
+            roots[name] = self._census_root(obj=weakref.ref(obj))
+        found.clear()
+        roots.update((name, root) for name, root in given.items() if name in self._receivers)
+        return roots
+
+    def _in_program_stage(self) -> bool:
+        """The program (not the auditor) runs inside a stage on this thread."""
+        return not in_auditor_code() and bool(self._thread_stack())
+
+    def _census_at_high(self) -> None:
+        """A census inside a stage (auditor.census_at_highs): the peaks so far are folded into
+        the open stages first, so its own memory counts in none; it names the live storages."""
+        with AUDITOR_CODE:
+            try:
+                with self._lock:
+                    self._read_meters()
+                    self._census()
+            except Exception as error:
+                self._fault("taking a census near a live-tensor high", error)
+
+    def _close_highs(self) -> None:
+        if self._highs is not None:
+            self._probes.setdefault("census", {})["census_at_highs"] = self._highs.taken
+            self._highs.close()
+            self._highs = None
 
     def _keep_out(self, began: float, kind: str) -> None:
         """The auditor's own work since perf_counter `began`: out of every stage's time (the
