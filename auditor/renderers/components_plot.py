@@ -2,8 +2,11 @@
 
 The largest components (by the most each held at once) are stacked in time order, the rest
 summed into one band, so the top edge is the census total at each stage end. Steps hold a
-value from one stage end to the next: the census is taken only at stage ends. Drawn from the
-run report's model (its `components`, auditor.analysis.run_report) on a bare matplotlib Figure
+value from one stage end to the next: the census is taken only at stage ends. With a single
+census (one stage around the work) a timeline would be one step as wide as nothing, an empty
+frame: the figure is then two stacked bars instead, what was alive at that stage's live-tensor
+high (its `at_peak` rows, named by the censuses taken inside it) and its census at the end.
+Drawn from the run report's model (its `components`, auditor.analysis.run_report) on a bare matplotlib Figure
 with an Agg canvas, as the timeline is (no pyplot, no backend switch).
 """
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from auditor import units
-from auditor.analysis.component_history import ComponentHistory
+from auditor.analysis.component_history import ComponentHistory, fold_component
 from auditor.analysis.run_report import RunReport
 from auditor.renderers.plot_text import component_name, fit_title
 
@@ -38,6 +41,8 @@ def draw(report: RunReport):
     items = report.components.over_the_run
     if not items:
         return None
+    if len(items[0].series) < 2:
+        return _draw_moments(report, items, Figure, FigureCanvasAgg)
     times = [t for t, _ in items[0].series]
     top, rest = items[:TOP], items[TOP:]
     peak = max(sum(v for _, v in values) for values in zip(*(i.series for i in items)))
@@ -72,3 +77,58 @@ def _label(item: ComponentHistory) -> str:
     name = component_name(item.name, 44)
     count = f" x{len(item.instances)}" if len(item.instances) > 1 else ""
     return f"{name}{count} (max {units.size(item.most_at_once)})"
+
+
+def _draw_moments(report: RunReport, items: list[ComponentHistory], figure_type, canvas_type):
+    """One census: its stage's live-tensor high beside its end, as two stacked bars."""
+    stage = _census_stage(report)
+    columns: list[tuple[str, dict[str, int]]] = []
+    rows = stage.live_tensors.at_peak.rows if stage is not None and stage.live_tensors is not None \
+        and stage.live_tensors.at_peak is not None else []
+    if rows:
+        high: dict[str, int] = {}
+        for row in rows:
+            name = fold_component(row.owner) if row.owner else f"({row.category or 'unnamed'})"
+            high[name] = high.get(name, 0) + row.bytes
+        columns.append(("at its live-tensor high", high))
+    columns.append(("at its end (census)", {item.name: item.series[-1][1] for item in items}))
+    names = sorted({n for _, values in columns for n in values},
+                   key=lambda n: -max(values.get(n, 0) for _, values in columns))
+    top, rest = names[:TOP], names[TOP:]
+    peak = max(sum(values.values()) for _, values in columns)
+    unit, scale = ("GiB", units.GiB) if peak >= 10 * units.GiB else ("MiB", units.MiB)
+    figure = figure_type(figsize=(11, 4.8), dpi=110, layout="constrained")
+    canvas_type(figure)
+    axes = figure.add_subplot()
+    positions = list(range(len(columns)))
+    bands = [(component_name(n, 44), [values.get(n, 0) for _, values in columns], COLOURS[i])
+             for i, n in enumerate(top)]
+    if rest:
+        bands.append((f"{len(rest)} smaller components",
+                      [sum(values.get(n, 0) for n in rest) for _, values in columns], REST_COLOUR))
+    bottom = [0.0] * len(columns)
+    for label, sizes, colour in bands:
+        heights = [size / scale for size in sizes]
+        axes.bar(positions, heights, 0.5, bottom=bottom, color=colour, alpha=0.85,
+                 label=f"{label} (max {units.size(max(sizes))})")
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    axes.set_xticks(positions, [label for label, _ in columns])
+    axes.set_ylim(0, peak / scale * 1.12 or 1)
+    axes.set_ylabel(unit)
+    where = stage.path if stage is not None else "the run"
+    fit_title(figure, axes.set_title, f"{report.summary.name}: components of {where} (one census, "
+              "so no timeline: its high and its end)")
+    axes.grid(axis="y", lw=0.4, alpha=0.6)
+    axes.legend(loc="upper right", fontsize=7, framealpha=0.85)
+    return figure
+
+
+def _census_stage(report: RunReport):
+    """The stage the single census was taken at the end of."""
+    components = report.components
+    if components.censuses:
+        return components.censuses[-1].stage
+    if components.peak_stage is not None:
+        return components.peak_stage
+    highs = sorted(components.live_highs, key=lambda high: not high.is_peak_stage)
+    return highs[0].stage if highs else None
