@@ -299,8 +299,8 @@ class Audit:
         if self._take_census is not None and self._live is not None:
             try:
                 from auditor.census_at_highs import CensusAtHighs
-                self._highs = CensusAtHighs(self.live_tensor_bytes, self._in_program_stage,
-                                            self._census_at_high)
+                self._highs = CensusAtHighs(self.live_tensor_bytes, self._live_tensor_high,
+                                            self._in_program_stage, self._census_at_high)
             except Exception as error:  # stage-end censuses still run
                 self._pending_warnings.append(f"no census inside stages (torch's global hooks: "
                                               f"{type(error).__name__}: {error})")
@@ -950,6 +950,10 @@ class Audit:
         found.clear()
         roots.update((name, root) for name, root in given.items() if name in self._receivers)
         return roots
+
+    def _live_tensor_high(self) -> int | None:
+        """The live-tensor meter's high since its last reset (a boundary or a census)."""
+        return self._live.read()[2] if self._live is not None else None
 
     def _in_program_stage(self) -> bool:
         """The program (not the auditor) runs inside a stage on this thread."""

@@ -13,8 +13,9 @@ safe points, chosen by torch's global hooks (no name needed):
   (cached inputs, a growing cache) is named before the code after it frees it;
 - at the end of **any module call** when live bytes grew by more than `GROWTH` since the
   highest census: a forward that grows a lot inside itself is named on the way up;
-- at the **first optimizer step** of the audit, before and after it: the gradients alive for it
-  and the state it creates.
+- before and after an **optimizer step** when the live-tensor high since the last census is
+  above every high a census followed so far: the gradients a new high's backward made (alive
+  until the step's `zero_grad`) and the state a first step creates.
 
 Each census marks the live storages with their owners (the meter's rows keep them), so `at_peak`
 names a storage freed before the stage ends. At most `MAX_CENSUSES` are taken per audit; the
@@ -32,15 +33,16 @@ MAX_CENSUSES = 64    # per audit: each is a pass over the heap
 
 class CensusAtHighs:
     """Global module and optimizer-step hooks that ask `take()` for a census at the safe points
-    above. `live()`: live tensor bytes now; `in_stage()`: this thread has a stage open."""
+    above. `live()`: live tensor bytes now, `high()`: the highest since the last census (the
+    audit resets the meter at each); `in_stage()`: this thread has a stage open."""
 
-    def __init__(self, live, in_stage, take):
+    def __init__(self, live, high, in_stage, take):
         import torch
         import torch.optim.optimizer as optimizers
-        self._live, self._in_stage, self._take = live, in_stage, take
+        self._live, self._high, self._in_stage, self._take = live, high, in_stage, take
         self.taken = 0
-        self._highest = -1      # live bytes at the highest census taken here
-        self._steps_seen = 0    # optimizer step hooks met (the first step's pre and post)
+        self._highest = -1       # live bytes at the highest census taken here
+        self._highest_high = -1  # the highest live-tensor high a census taken here followed
         self._depth = threading.local()
         module = torch.nn.modules.module
         self._handles = [module.register_module_forward_pre_hook(self._before_call),
@@ -67,12 +69,14 @@ class CensusAtHighs:
             self._census(live)
 
     def _step(self, optimizer, args, kwargs) -> None:
-        if self._steps_seen >= 2 or self.taken >= MAX_CENSUSES or not self._in_stage():
+        if self.taken >= MAX_CENSUSES or not self._in_stage():
             return
-        self._steps_seen += 1
-        self._census(self._live() or 0)
+        high = self._high()
+        if high is not None and high > self._highest_high:
+            self._census(self._live() or 0)
 
     def _census(self, live: int) -> None:
         self.taken += 1
         self._highest = max(self._highest, live)
+        self._highest_high = max(self._highest_high, self._high() or 0)
         self._take()
