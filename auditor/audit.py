@@ -47,7 +47,7 @@ import weakref
 from datetime import datetime, timezone
 from pathlib import Path
 
-from auditor import allocator_retention, discovered_roots, ranks
+from auditor import allocator_retention, ranks
 from auditor import record as run_record
 from auditor.probes import child_processes
 from auditor.probes import cuda as cuda_probe
@@ -365,9 +365,7 @@ class Audit:
             self._staging.restore()
         for target in self._staging.targets:
             if target.name not in self._calls and not self.workers_audited:  # theirs: in their records
-                self._warn(f"stage target {target.spec} was never called (a copy kept outside "
-                           "a module's names, such as a local or a default argument, keeps "
-                           "calling the original)")
+                self._warn(self._staging.never_called(target))
         self._close_highs()
         ends = self._final_readings()
         self._end_run_intervals(end_s, ends)
@@ -530,7 +528,8 @@ class Audit:
                      "thread": threading.current_thread().name, "start_s": round(self._clock(), 6),
                      "rss": {"start": starts["rss"]}, "call": call}
             opened = _OpenStage(entry, opener, starts, peaks, stack[-1] if stack else None)
-            if self._take_census is not None:
+            if self._take_census is not None:  # a census loaded torch: so may its roots
+                from auditor import discovered_roots
                 opened.frame = discovered_roots.opener_frame(sys._getframe())
             self._open.append(opened)
             stack.append(opened)
@@ -927,6 +926,7 @@ class Audit:
         """The roots in their order of priority: those the program tracked, then the modules and
         optimizers found alive (auditor.discovered_roots), then the receivers of staged methods
         and the program's objects held by the frames inside the open stages."""
+        from auditor import discovered_roots  # imports torch: only once a census runs
         stack = self._thread_stack()
         outermost = stack[0] if stack else closing
         last = outermost.frame if outermost is not None else None

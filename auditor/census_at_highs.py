@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import threading
 
-GROWTH = 0.05        # any module call's end: a census when live bytes grew this much
+GROWTH = 0.10        # any module call's end: a census when live bytes grew this much
 MAX_CENSUSES = 64    # per audit: each is a pass over the heap
 
 
