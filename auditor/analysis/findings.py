@@ -28,7 +28,7 @@ from auditor.allocation_sites import DDP_BUCKETS, communication_buffer
 from auditor.analysis import source_paths, unstaged
 from auditor.analysis.finding_model import SEVERITIES, Finding
 from auditor.analysis.noise_band import BORDERLINE, RSS_BAND, Band, rss_band, tensor_band
-from auditor.analysis.components import (UNCALIBRATED, census_order, finished, growers,
+from auditor.analysis.components import (UNCALIBRATED, ProjectedStage, census_order, finished, growers,
                                          is_traced, largest_weights, live_tensor_peak, peak_stage,
                                          projection_views, weights_bytes)
 from auditor.analysis.program_kind import Kind, program_kind
@@ -38,10 +38,14 @@ from auditor.analysis.rss_findings import (RETENTION_SHARE, TENSOR_GAP_SHARE, UN
 from auditor.record_schema import Component, RunRecord, Stage
 
 __all__ = ["SEVERITIES", "Finding", "Rule", "Outcome", "RULES", "REMEDIES", "evaluate", "findings", "ordered",
-           "saving", "RETENTION_SHARE", "TENSOR_GAP_SHARE", "UNTRACKED_SHARE"]
+           "saving", "stage_transient", "RETENTION_SHARE", "TENSOR_GAP_SHARE", "UNTRACKED_SHARE"]
 
-FULL_COPY_RATIO = 0.95        # (a) a component at least this fraction of the weights ...
-FULL_COPY_MIN_STAGES = 2      #     ... alive at this many consecutive stage ends
+FULL_COPY_RATIO = 0.95        # (a) a copy of at least this share of the weights is a full copy (high),
+PARTIAL_COPY_SHARE = 0.20     #     of at least this share a partial one (medium), at any census;
+FULL_COPY_MIN_STAGES = 2      #     without provenance: FULL_COPY_RATIO of the weights' bytes at this
+                              #     many consecutive stage ends, said to rest on size only
+SIZE_ONLY = ("(by size only: this record has no live-tensor meter following copies, so nothing "
+             "says it was copied from the weights)")
 DENSE_GRADIENT_RATIO = 0.90   # (b) gradients / gradient records at least this fraction of the weights
 TRANSIENT_SHARE = 0.10        # (c) peak inside - max(start, end) above this fraction of the peak
 RETAINED_RATIO = 0.10         # (d) tensors beyond the weights at the last stage end, vs the weights
@@ -111,12 +115,72 @@ def missing_input(record: RunRecord, rule: Rule) -> str | None:
     return None
 
 
-# -- (a) full copies of the weights -------------------------------------------------------
+# -- (a) copies of the weights ----------------------------------------------------------
 
 def _full_copies(record: RunRecord) -> list[Finding]:
+    """Components made by copying the weights, from the live-tensor meter's provenance
+    (auditor.provenance): one census is enough, and nothing else is a copy however large. A
+    record without it (no meter, or an older one) falls back to size, and says so."""
     snapshots = census_order(record)
+    if not _follows_copies(record):
+        return _copies_by_size(snapshots, lambda name: True)
+    # DDP's gradient buckets are copies of the gradients, not of the weights: found by size
+    return (_copies_by_provenance(snapshots)
+            + _copies_by_size(snapshots, lambda name: communication_buffer(name) == DDP_BUCKETS))
+
+
+def _follows_copies(record: RunRecord) -> bool:
+    meter = (record.probes or {}).get("live_tensors")
+    return meter is not None and meter.state == "on" and bool(meter.copies)
+
+
+def _copies_by_provenance(snapshots: list[Stage]) -> list[Finding]:
     found = []
     for name in _component_names(snapshots):
+        hits: list[tuple[Stage, Component, int]] = []
+        for stage in snapshots:
+            item = (stage.components or {}).get(name)
+            weights = weights_bytes(stage)
+            if (item and item.category not in PER_PARAMETER and item.weights_copied and weights
+                    and _exact(PARTIAL_COPY_SHARE * weights, item.weights_copied)):
+                hits.append((stage, item, weights))
+        if not hits:
+            continue
+        stage, top, weights = max(hits, key=lambda h: (h[1].weights_copied or 0) / h[2])
+        first, last = hits[0][0], hits[-1][0]
+        copied, held = top.weights_copied or 0, top.copy_bytes or 0
+        share = copied / weights
+        full = _exact(FULL_COPY_RATIO * weights, copied)
+        tensors = _parameter_tensors(stage)
+        of = (f"{top.parameters_copied} of the {tensors} parameter tensors" if top.parameters_copied and tensors
+              else "parameter tensors")
+        precision = ("" if abs(held - copied) <= 0.01 * copied else
+                     f", {held / copied:.0%} of the bytes they copy: another precision")
+        span = (f"from stage `{first.path}` to the end" if last is snapshots[-1]
+                else f"at the end of stage `{first.path}` (gone after it)" if first is last
+                else f"from stage `{first.path}` {_until(last, snapshots)}")
+        found.append(Finding("full-copy", "high" if full else "medium",
+                             f"`{name}` ({top.category}) holds a copy of {share:.0%} of the weights "
+                             f"({units.size(held)} copied from {of}{precision}) {span}.",
+                             {"component": name, "category": top.category, "bytes": held,
+                              "weights_copied": copied, "share_of_weights": round(share, 4),
+                              "parameters_copied": top.parameters_copied, "parameter_tensors": tensors,
+                              "ratio_to_weights": round(top.bytes / weights, 4), "basis": "provenance",
+                              "from_stage": first.path, "to_stage": last.path, "stages": len(hits),
+                              "to_the_end": last is snapshots[-1]}))
+    return found
+
+
+def _parameter_tensors(stage: Stage) -> int:
+    """Parameter storages at the stage end (weights components other than module buffers)."""
+    return sum(c.tensors or 0 for n, c in (stage.components or {}).items()
+               if c.category == "weights" and not (n == "buffers" or n.endswith(".buffers")))
+
+
+def _copies_by_size(snapshots: list[Stage], wanted: Callable[[str], bool]) -> list[Finding]:
+    """Without provenance: a component as large as the weights at consecutive stage ends."""
+    found = []
+    for name in filter(wanted, _component_names(snapshots)):
         runs: list[list[tuple[Stage, int, float, str]]] = []
         current: list[tuple[Stage, int, float, str]] = []
         for stage in snapshots:
@@ -139,14 +203,15 @@ def _full_copies(record: RunRecord) -> list[Finding]:
                 else f"{top[2]:.2f}x the size of the weights ({units.size(top[1])})")
         if top[3] == ACTIVATIONS:  # not a copy: buffers of inputs or activations as large as the weights
             held = f"as many bytes as the weights or more ({units.size(top[1])}, {top[2]:.2f}x)"
+        buckets = communication_buffer(name) == DDP_BUCKETS
         found.append(Finding("full-copy", "high",
                              f"`{name}` ({top[3]}) holds {held} from stage `{first.path}` "
-                             f"{_until(last, snapshots)}.",
+                             f"{_until(last, snapshots)}" + ("." if buckets else f" {SIZE_ONLY}."),
                              {"component": name, "category": top[3], "bytes": top[1],
                               "ratio_to_weights": round(top[2], 4), "from_stage": first.path,
                               "to_stage": last.path, "stages": len(longest),
-                              "to_the_end": last is snapshots[-1]},
-                             remedy=DDP_BUCKETS_REMEDY if communication_buffer(name) == DDP_BUCKETS else ""))
+                              "to_the_end": last is snapshots[-1], "basis": "size"},
+                             remedy=DDP_BUCKETS_REMEDY if buckets else ""))
     return found
 
 
@@ -408,14 +473,20 @@ REMEDIES = GENERIC  # each rule's remedy where the record cannot tell the progra
 
 
 def _with_remedy(finding: Finding, rule: Rule, record: RunRecord) -> Finding:
-    text = finding.remedy or _remedy_words(finding, program_kind(record).kind) or rule.remedy
+    text = finding.remedy or _remedy_words(finding, program_kind(record).kind, record) or rule.remedy
     return Finding(finding.rule, finding.severity, finding.statement, finding.evidence, text,
                    saving(finding, record), _validated(finding, record))
 
 
-def _remedy_words(finding: Finding, kind: Kind) -> str | None:
+def _remedy_words(finding: Finding, kind: Kind, record: RunRecord) -> str | None:
     """A rule's remedy worded for the program's kind and its evidence (`auditor.analysis.remedies`)."""
     category = finding.evidence.get("category")
+    if finding.rule == "retained-at-end":  # the category of the most it retains
+        held = finding.evidence.get("components") or {}
+        stage = next((s for s in census_order(record) if s.path == finding.evidence.get("stage")), None)
+        if held and stage is not None and stage.components:
+            largest = max(held, key=lambda n: (stage.components[n].bytes if n in stage.components else 0))
+            category = stage.components[largest].category if largest in stage.components else None
     if finding.rule == "transient-spike":
         grown = finding.evidence.get("growers") or {}
         category = TEMPORARIES if grown and next(iter(grown)).startswith("temporaries from") else None
@@ -442,19 +513,37 @@ def saving(finding: Finding, record: RunRecord) -> dict | None:
         return None
     projected = []
     for view in projection_views(record):
-        at = view.stages.get(stage)
+        at, why = view.stages.get(stage), None
         if at is None:
-            value = None
+            value, why = None, f"the projection has no stage `{stage}`"
         elif names is None:  # a projection below what was measured here did not model this
-            value = at.transient if at.transient is not None and at.transient >= here else None
+            value = stage_transient(at)
+            if value is None:
+                why = "the projection does not model this stage's transient"
+            elif value < here:
+                value, why = None, ("the projection's transient for this stage is below what rose here, so it "
+                                    "does not model what rose here")
         else:
             found = [at.components.get(n) for n in names]
             value = None if any(v is None for v in found) else sum(v for v in found if v is not None)
+            if value is None:
+                why = "the projection does not model " + ("these components" if len(names) > 1 else "this component")
         method = view.method + (", uncalibrated" if view.caveat == UNCALIBRATED else "")
-        projected.append({"target": view.target, "method": method, "bytes": value})
+        projected.append({"target": view.target, "method": method, "bytes": value, **({"why": why} if why else {})})
     basis = ("the transient inside the stage" if names is None else
              f"the evidence's components at stage `{stage}`")
     return {"bytes": here, "projected": projected, "basis": basis}
+
+
+def stage_transient(at: ProjectedStage) -> int | None:
+    """A projected stage's transient: its own figure, else (a traced run measures no transient
+    apart) its live-tensor peak above its census and unseen tensors at the end."""
+    if at.transient is not None or "transient" in at.unexplained or "peak" in at.unexplained:
+        return at.transient  # a figure its drivers do not explain stays None
+    if at.tensor_peak is None or not at.components or any(v is None for v in at.components.values()):
+        return None
+    end = sum(v for v in at.components.values() if v is not None) + (at.unseen or 0)
+    return at.tensor_peak - end if at.tensor_peak >= end else None
 
 
 def _validated(finding: Finding, record: RunRecord) -> tuple:
@@ -481,9 +570,12 @@ _RSS_NOISE = (f"; within ± the larger of {RSS_BAND:.0%} of the peak (measured o
               "what glibc may keep between runs: borderline")
 
 RULES: tuple[Rule, ...] = (
-    Rule("full-copy", "A component holds a full copy of the weights",
-         f"bytes >= {FULL_COPY_RATIO:.0%} of the weights at >= {FULL_COPY_MIN_STAGES} consecutive "
-         "stage ends (categories other than weights, gradients, gradient records)" + _EXACT,
+    Rule("full-copy", "A component holds a copy of the weights",
+         f"made by copying the weights (the live-tensor meter's provenance) and holding >= "
+         f"{FULL_COPY_RATIO:.0%} of their bytes (high) or >= {PARTIAL_COPY_SHARE:.0%} (medium) at a "
+         f"stage end; without the meter, by size only: bytes >= {FULL_COPY_RATIO:.0%} of the weights at "
+         f">= {FULL_COPY_MIN_STAGES} consecutive stage ends (categories other than weights, gradients, "
+         "gradient records)" + _EXACT,
          ("census",), _full_copies, REMEDIES["full-copy"]),
     Rule("dense-gradients", "Dense gradients or gradient records for the whole model",
          f"a gradients / gradient records component >= {DENSE_GRADIENT_RATIO:.0%} of the weights "

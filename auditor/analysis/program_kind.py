@@ -74,13 +74,11 @@ def program_kind(record: RunRecord) -> ProgramKind:
     metered = any(s.live_tensors is not None and s.live_tensors.at_peak is not None for s in record.stages)
     backward = _backward_seen(record)
     if backward:
-        return ProgramKind("unknown", f"{backward}, but no optimizer state and no pruning masks: "
-                                      "a gradient-based program the record cannot tell")
+        return ProgramKind("unknown", f"{backward}, but the record shows no optimizer state and no pruning masks")
     if metered:
-        return ProgramKind("inference", "the live-tensor meter saw no gradient and no backward operator, "
-                                        "and no optimizer state or pruning masks")
-    return ProgramKind("unknown", "the record has neither a tensor census nor the live-tensor meter "
-                                  "to tell gradients, optimizer state or masks from")
+        return ProgramKind("inference", "the live-tensor meter saw no gradient, no backward operator, "
+                                        "no optimizer state and no pruning masks")
+    return ProgramKind("unknown", "the record has no tensor census and no live-tensor meter to tell from")
 
 
 def _census_categories(record: RunRecord) -> dict[str, int]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from auditor.analysis.component_history import fold_component
 from auditor.analysis.components import UNCALIBRATED, scaled_caveat
+from auditor.analysis.projection_reasons import component_why
 from auditor.record_schema import RunRecord
 
 _CALL_NUMBER = re.compile(r"#\d+(?=/|$)")
@@ -46,6 +47,7 @@ class ComponentSide:
     audited_instances: int = 0
     target_instances: int = 0
     target_miss: int | None = None  # an instance's scaled bytes its drivers do not explain: the miss
+    why: str | None = None    # why its target figure is below the audited one (module buffers...)
 
 
 @dataclass
@@ -178,6 +180,9 @@ def _components(record: RunRecord, projection: dict) -> list[ComponentSide]:
             if item.get("explained") is False:  # never a number (auditor.analysis.projection)
                 side = found[fold_component(name)]
                 side.target_miss = _most(side.target_miss, item.get("residual"))
+            why = component_why(item, projection, record)
+            if why is not None:
+                found[fold_component(name)].why = why.text
     return sorted(found.values(), key=lambda c: -max(c.target or 0, c.audited))
 
 

@@ -109,6 +109,8 @@ TEXTS: dict[tuple[str, Kind | None, str | None], str] = {
     ("transient-spike", "inference", ANY): _INFERENCE_ACTIVATIONS,
     ("transient-spike", ANY, TEMPORARIES): GENERIC["transient-spike"] + " " + _SAMPLE_CHUNKS,
     ("retained-at-end", "training", ANY): _TRAINING_RETAINED,
+    ("retained-at-end", "training", "optimizer state"): _OPTIMIZER_STATE,
+    ("retained-at-end", ANY, "optimizer state"): _OPTIMIZER_STATE,
     ("retained-at-end", "pruning", ANY): _PRUNER_RETAINED,
     ("retained-at-end", "inference", ANY): _INFERENCE_RETAINED,
 }

@@ -18,7 +18,10 @@ from typing import Literal
 
 from auditor.analysis.components import (BEYOND_CENSUS, BEYOND_LIVE, UNCALIBRATED, UNSEEN_TENSORS, Attribution,
                                          ProjectedStage, ProjectionView)
-from auditor.analysis.findings import Finding
+from auditor.analysis.findings import Finding, stage_transient
+from auditor.analysis.program_kind import ProgramKind
+from auditor.analysis.projection_reasons import TRANSIENT, Why, shrinking
+from auditor.record_schema import RunRecord
 
 REMEDY_WORDS = 160  # a remedy's headline in the fixes table; the whole remedy is in the details
 
@@ -29,6 +32,7 @@ class AtTarget:
     bytes: int | None = None    # None: not projected
     miss: int | None = None     # its drivers do not explain it: this miss, never a number
     estimated: int = 0          # of `bytes`, resting on estimated data-dependent sizes
+    why: str | None = None      # why the figure does not grow with the model, or is not projected
 
 
 @dataclass
@@ -75,12 +79,17 @@ class Fixes:
     targets: list[str] = field(default_factory=list)   # "mistral-7b (scaled)"
     rows: list[Fix] = field(default_factory=list)
     variants: list[Variant] = field(default_factory=list)
+    kind: ProgramKind | None = None   # the kind of program the remedies are worded for, and why
 
 
-def peak_answer(census: Attribution, projected: list[tuple[ProjectionView, ProjectedStage | None]]) -> Answer:
+def peak_answer(census: Attribution, projected: list[tuple[ProjectionView, ProjectedStage | None]],
+                record: RunRecord | None = None) -> Answer:
     """The answer table's rows: each category with its components under it, then what the census
-    does not hold, what rose inside the stage, and the peak."""
+    does not hold, what rose inside the stage, and the peak. With the record, a figure that does
+    not grow with the model says why (`auditor.analysis.projection_reasons`)."""
     stages = [p for _, p in projected]
+    whys = shrinking(record, census.stage) if record is not None else {}
+    reasons: list[dict[str, Why]] = [whys.get((v.target, v.method), {}) for v, _ in projected]
 
     def each(get, parts=lambda p: ()) -> list[AtTarget]:
         cells = []
@@ -99,12 +108,25 @@ def peak_answer(census: Attribution, projected: list[tuple[ProjectionView, Proje
             return AtTarget(miss=p.unexplained[name])
         return AtTarget(p.components.get(name), estimated=p.estimated.get(name) or 0)
 
+    def noted(cells: list[AtTarget], key: str, here: int | None) -> list[AtTarget]:
+        """Each cell with its reason where its figure falls below `here` (a component's reason
+        holds for every projection of it: a traced run measures the same architecture)."""
+        anywhere = next((r[key] for r in reasons if key in r), None)
+        for cell, own in zip(cells, reasons):
+            why = own.get(key) or (anywhere if key != TRANSIENT else None)
+            if why is None or cell.miss is not None or cell.bytes is None or here is None or cell.bytes >= here:
+                continue
+            cell.why = why.text
+            if not why.projected:
+                cell.bytes = None
+        return cells
+
     rows: list[AnswerRow] = []
     for category, total in census.categories:
         names = [r.name for r in census.rows if r.category == category]
         rows.append(AnswerRow("category", category, total,
                               each(lambda p, ns=names: _sum(p.components.get(n) for n in ns), lambda p, ns=names: ns)))
-        rows += [AnswerRow("component", r.name, r.bytes, [component(p, r.name) for p in stages])
+        rows += [AnswerRow("component", r.name, r.bytes, noted([component(p, r.name) for p in stages], r.name, r.bytes))
                  for r in census.rows if r.category == category]
     rows.append(AnswerRow("beyond", BEYOND_CENSUS, census.beyond_census,
                           each(lambda p: None if p.unseen is None and p.beyond_tensors is None
@@ -113,8 +135,9 @@ def peak_answer(census: Attribution, projected: list[tuple[ProjectionView, Proje
         rows.append(AnswerRow("of which", UNSEEN_TENSORS, census.unseen, each(lambda p: p.unseen, lambda p: ["unseen"])))
         rows.append(AnswerRow("of which", BEYOND_LIVE, census.beyond_live, each(lambda p: p.beyond_tensors)))
     if census.rss_peak is not None and census.rss_end is not None:
-        rows.append(AnswerRow("transient", "risen inside the stage and freed by its end", census.rss_peak - census.rss_end,
-                              each(lambda p: p.transient, lambda p: ["transient"])))
+        risen = census.rss_peak - census.rss_end
+        rows.append(AnswerRow("transient", "risen inside the stage and freed by its end", risen,
+                              noted(each(stage_transient, lambda p: ["transient"]), TRANSIENT, risen)))
     rows.append(AnswerRow("peak", "peak RSS", census.rss_peak if census.rss_peak is not None else census.rss_end,
                           each(lambda p: p.rss_peak, lambda p: ["peak"])))
     return Answer(census.stage, census.weights, census.buffers, [v for v, _ in projected], rows)
@@ -130,9 +153,10 @@ def _sum(values) -> int | None:
     return None if any(v is None for v in found) else sum(found)
 
 
-def fix_table(found: list[Finding]) -> Fixes:
-    """One row a finding (most severe first); the variants that validate any, each once."""
-    fixes = Fixes()
+def fix_table(found: list[Finding], kind: ProgramKind | None = None) -> Fixes:
+    """One row a finding (most severe first); the variants that validate any, each once; `kind`:
+    what the remedies were worded for."""
+    fixes = Fixes(kind=kind)
     variants: dict[str, Variant] = {}
     for finding in found:
         saving = finding.saving or {}
@@ -142,7 +166,7 @@ def fix_table(found: list[Finding]) -> Fixes:
                 fixes.targets.append(label)
     for finding in found:
         saving = finding.saving or {}
-        by_label = {f"{p['target']} ({p.get('method', 'projected')})": p.get("bytes")
+        by_label = {f"{p['target']} ({p.get('method', 'projected')})": AtTarget(p.get("bytes"), why=p.get("why"))
                     for p in saving.get("projected") or []}
         names = []
         for item in finding.validated:
@@ -150,7 +174,7 @@ def fix_table(found: list[Finding]) -> Fixes:
             variants.setdefault(name, _variant(item))
             names.append(name)
         fixes.rows.append(Fix(finding, subject(finding), remedy_headline(finding.remedy),
-                              saving.get("bytes"), [AtTarget(by_label.get(t)) for t in fixes.targets], names))
+                              saving.get("bytes"), [by_label.get(t) or AtTarget() for t in fixes.targets], names))
     fixes.variants = list(variants.values())
     return fixes
 

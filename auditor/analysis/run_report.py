@@ -28,6 +28,7 @@ from auditor.analysis.components import (Attribution, ProjectedStage, Projection
                                          projection_views, run_weights)
 from auditor.analysis.findings import SEVERITIES, Finding, Outcome, evaluate, ordered
 from auditor.analysis.projection_side_by_side import SideBySide, TargetSides, by_target, side_by_side
+from auditor.analysis.program_kind import program_kind
 from auditor.analysis.report_answer import Answer, Fixes, fix_table, peak_answer
 from auditor.analysis.ranks import Spawn, spawns
 from auditor.analysis.stage_groups import StageRow
@@ -256,8 +257,8 @@ def run_report(record: RunRecord) -> RunReport:
     sides = side_by_side(record)
     return RunReport(
         banner=_banner(record),
-        answer=peak_answer(at_peak.attribution, at_peak.projected) if at_peak and at_peak.attribution else None,
-        fixes=fix_table(found), summary=_summary(record, place, views, found, time),
+        answer=peak_answer(at_peak.attribution, at_peak.projected, record) if at_peak and at_peak.attribution else None,
+        fixes=fix_table(found, program_kind(record)), summary=_summary(record, place, views, found, time),
         stages=_stages(record, time), components=components, projections=sides, targets=by_target(sides),
         timeline=_timeline(record), sites=sites(record),
         findings=_findings(record, found, outcomes), minimum=_minimum(record), environment=environment(record))

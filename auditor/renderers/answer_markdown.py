@@ -31,9 +31,10 @@ def answer_section(answer: Answer | None, place: PeakPlace, components: model.Co
         return f"{head}" + (no_census or "\n\nThe stage holding the peak has no census.") + _live_only(components)
     columns = [f"at {md.text(_target(v.target, v.target_dtype))} ({md.text(method_words(v))})" for v in answer.views]
     rows = []
+    notes = _Notes()
     for row in answer.rows:
         ratio = units.ratio(row.bytes, answer.weights)
-        cells = [_cell(c) for c in row.at_targets]
+        cells = [_cell(c, notes) for c in row.at_targets]
         if row.kind == "category":
             rows.append([f"**{md.text(row.name)}**", f"**{units.size(row.bytes)}**", ratio, *cells])
         elif row.kind == "component":
@@ -53,7 +54,7 @@ def answer_section(answer: Answer | None, place: PeakPlace, components: model.Co
             f"{units.size(answer.weights)} of parameters{buffers}.")
     if targets:
         lead += " At each target the same stage is projected; the title gives the target's own peak, wherever it falls."
-    return f"{head}\n\n{lead}\n\n{table}" + _caveats(targets, components)
+    return f"{head}\n\n{lead}\n\n{table}" + notes.text() + _caveats(targets, components)
 
 
 def _live_only(components: model.Components) -> str:
@@ -88,11 +89,32 @@ def _target(target: str, dtype: str | None) -> str:
     return f"{target} {dtype}" if dtype else target
 
 
-def _cell(at: AtTarget) -> str:
+def _cell(at: AtTarget, notes: _Notes) -> str:
     if at.miss is not None:
         return unexplained(at.miss)
+    if at.bytes is None and at.why:
+        return "not projected" + notes.mark(at.why)
     text = units.size(at.bytes)
-    return text + (f" (est. {units.size(at.estimated)})" if at.estimated else "")
+    return text + (f" (est. {units.size(at.estimated)})" if at.estimated else "") + (notes.mark(at.why) if at.why else "")
+
+
+class _Notes:
+    """Reasons under a table, each once, marked where a figure rests on one."""
+    MARKS = "¹²³⁴⁵⁶⁷⁸⁹"
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def mark(self, why: str) -> str:
+        if why not in self.texts:
+            self.texts.append(why)
+        index = self.texts.index(why)
+        return self.MARKS[index] if index < len(self.MARKS) else f" (note {index + 1})"
+
+    def text(self) -> str:
+        lines = [md.wrapped(f"{self.MARKS[i] if i < len(self.MARKS) else f'Note {i + 1}:'} {md.text(t[:1].upper() + t[1:])}.")
+                 for i, t in enumerate(self.texts)]
+        return "".join(f"\n\n{line}" for line in lines)
 
 
 def fixes_section(fixes: Fixes) -> str:
@@ -102,17 +124,22 @@ def fixes_section(fixes: Fixes) -> str:
         return f"{head}\n\nNo rule fired on this record; the rules checked are in the details ({more})."
     lead = ("One row a finding, most severe first; each saving is an upper bound, the bytes of the finding's "
             f"evidence (what the algorithm still needs of them comes back). Each finding in full: {more}.")
+    if fixes.kind is not None and fixes.kind.kind == "unknown":
+        lead += f" Remedies are generic: the program's kind is unknown ({md.phrase(fixes.kind.evidence)})."
+    elif fixes.kind is not None:
+        lead += f" Remedies are for {fixes.kind.words}: {md.phrase(fixes.kind.evidence)}."
     headers = ["finding", "remedy", "saves here", *(f"at {md.text(t)}" for t in fixes.targets), "validated by"]
     rows = []
+    notes = _Notes()
     for fix in fixes.rows:
         f = fix.finding
         what = f"**{f.severity}** {md.text(f.rule)}" + (f": {md.phrase(fix.subject)}" if fix.subject else "")
-        targets = ["-" if fix.saving is None else units.size(c.bytes) if c.bytes is not None else "not projected"
-                   for c in fix.at_targets]
+        targets = ["-" if fix.saving is None else units.size(c.bytes) if c.bytes is not None
+                   else "not projected" + (notes.mark(c.why) if c.why else "") for c in fix.at_targets]
         rows.append([what, md.phrase(fix.remedy) or "-", units.size(fix.saving), *targets,
                      ", ".join(md.code(v) for v in fix.variants) or "-"])
     table = md.table(headers, rows, right=range(2, 3 + len(fixes.targets)))
-    return f"{head}\n\n{lead}\n\n{table}" + _variants(fixes.variants)
+    return f"{head}\n\n{lead}\n\n{table}" + notes.text() + _variants(fixes.variants)
 
 
 def _variants(variants: list[Variant]) -> str:
@@ -173,5 +200,6 @@ def _saving(saving: dict | None) -> str:
         return text + " (no projection in this record)."
     parts = [f"{units.size(p['bytes'])} at {p['target']} ({p.get('method', 'projected')})"
              if p["bytes"] is not None else f"not projected at {p['target']} ({p.get('method', 'projected')})"
+             + (f": {p['why']}" if p.get("why") else "")
              for p in projected]
     return text + "; " + "; ".join(parts) + "."

@@ -38,7 +38,8 @@ def section(sites: model.Sites, report_folder: Path | None, run_folder: Path | N
             if state in (None, "off") else f"memray {state}")
         return f"{head}\n\nNo memray trace: {md.text(why)}."
     lead = (f"memray's high-water mark: {units.size(memray.peak_memory)} of native allocations "
-            f"({_memray_stage(memray)}), {memray.total_allocations or 0:,} allocations in the run. "
+            f"({_memray_stage(memray)}); its aggregated capture holds {memray.total_allocations or 0:,} records, "
+            "each standing for any number of allocations (the table counts allocations). "
             "Sites alive at that instant, grouped by their innermost frame in user code:")
     if memray.auditor_bytes:
         lead += (f" ({units.size(memray.auditor_bytes)} allocated by the auditor itself and alive "
