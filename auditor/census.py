@@ -34,8 +34,18 @@ temporaries"), a free parameter `unowned.parameters`. With `find_cycles=True` th
 unowned storages are checked (`auditor.reference_cycles`): one kept alive only by an
 unreachable reference cycle, which only the cycle collector would free, is
 `unreachable.cycles` ("retained by a reference cycle"). A component with no category from
-the ownership rules is "masks" when all its tensors are bool, "weights" when all its
-storages are parameters', otherwise "other".
+the ownership rules (or only the one an unowned storage gets) is "saved copies" when at least
+half its bytes are copies of the weights (provenance below), "buffers" when all its storages
+are module buffers', "masks" when all its tensors are bool, "weights" when all its storages are
+parameters', otherwise "other" ("activations and temporaries" for the unowned).
+
+Provenance: while a live-tensor meter counts (auditor.provenance), it knows which storages were
+made by copying the weights' values; the census adds to each component holding some
+`copy_bytes` (its bytes that are copies), `weights_copied` (bytes of the weights they hold the
+values of, at the weights' own precision) and `parameters_copied` (distinct parameter storages
+copied). A storage that is a live parameter's is weights, never a copy (`model.to(dtype)` makes
+the new weights by copying the old). Without a meter nothing says what a component was made
+from, and no component is "saved copies" but by a root's hints.
 
 What it cannot see: tensors that exist only inside C++ (saved for backward by an autograd
 graph, kept by a kernel's workspace, the allocator's cache) have no Python object unless
@@ -59,10 +69,10 @@ try:
 except ImportError:  # private API: absent in some torch versions (the protocol is tested instead)
     is_traceable_wrapper_subclass = None  # type: ignore[assignment]
 
-from auditor import reference_cycles
-from auditor.ownership import (ACTIVATIONS, CATEGORIES, CONTAINED, GRADIENT_RECORDS, GRADIENTS,  # noqa: F401
-                               MASKS, OPTIMIZER_STATE, OTHER, RETAINED_BY_CYCLE, SAVED_COPIES,
-                               WEIGHTS, walk_roots)
+from auditor import provenance, reference_cycles
+from auditor.ownership import (ACTIVATIONS, BUFFERS, CATEGORIES, CONTAINED, GRADIENT_RECORDS,  # noqa: F401
+                               GRADIENTS, MASKS, OPTIMIZER_STATE, OTHER, RETAINED_BY_CYCLE,
+                               SAVED_COPIES, WEIGHTS, walk_roots)
 
 UNOWNED = "unowned"
 ALLOCATED_AT = "allocated at"  # an unowned storage named by the line that allocated it
@@ -71,6 +81,7 @@ UNOWNED_GRAD = "unowned.grad"
 UNREACHABLE_CYCLES = "unreachable.cycles"
 _UNOWNED_CATEGORIES = {UNOWNED: ACTIVATIONS, UNOWNED_PARAMETERS: WEIGHTS, UNOWNED_GRAD: GRADIENTS,
                        UNREACHABLE_CYCLES: RETAINED_BY_CYCLE}
+MOSTLY_COPIES = 0.5  # a component this share of whose bytes are copies of the weights is "saved copies"
 SWEPT = 0  # a claim from the sweep of every live tensor: below any root's (ownership's firmnesses)
 CYCLE_CANDIDATE_BYTES = 1 << 20  # unowned storages at least this large are checked for cycles,
 CYCLE_CANDIDATES = 8             # the largest this many
@@ -126,10 +137,14 @@ def take_census(roots: dict[str, Root], *, count_fake: bool = False, with_owners
         ledger.sweep()
         extra = {"cycle_check": ledger.find_cycles()} if find_cycles else {}
         ledger.found.clear()
-        categories.update(ledger.name_by_site(sites or {}))
+        by_site = ledger.name_by_site(sites or {})
+        categories.update(by_site)
         if with_owners:
             extra["owners"] = {key: entry.owner for key, entry in ledger.storages.items()}
-        summary = ledger.summary({**categories, **_UNOWNED_CATEGORIES}, time.perf_counter() - started)
+        # categories provenance may decide: none from the rules, or only an unowned storage's
+        automatic = {name for name, category in categories.items() if category is None} | set(by_site) | {UNOWNED}
+        summary = ledger.summary({**categories, **_UNOWNED_CATEGORIES}, time.perf_counter() - started,
+                                 provenance.live_provenance(), automatic)
         return {**summary, **extra}
     finally:
         ledger.storages.clear()
@@ -168,6 +183,7 @@ class _Ledger:
         self.storages: dict[tuple, _Storage] = {}
         self.found: list[torch.Tensor] = []
         self.weights: set[tuple] = set()
+        self.buffers: set[tuple] = set()  # keys of every module buffer's storage
         self.reserved: dict[tuple, str] = {}
         self.instances: list = []  # live instances of the classes take_census was asked for
 
@@ -192,8 +208,12 @@ class _Ledger:
         for module in modules:
             try:
                 parameters = list(vars(module).get("_parameters", {}).values())
+                buffers = list(vars(module).get("_buffers", {}).values())
             except Exception:  # a half-built module
                 continue
+            for buffer in buffers:
+                if isinstance(buffer, torch.Tensor):
+                    self.buffers.update(key for key, *_ in self._storages_of(buffer))
             for param in parameters:
                 if isinstance(param, torch.Tensor):
                     self._reserve(param, UNOWNED_PARAMETERS)
@@ -273,8 +293,8 @@ class _Ledger:
             where = sites.get(key) if entry.owner == UNOWNED else None
             if where is not None:
                 entry.owner = f"{ALLOCATED_AT} {where}"
-                masks = entry.is_bool and named.get(entry.owner, MASKS) == MASKS
-                named[entry.owner] = MASKS if masks else ACTIVATIONS
+                kind = BUFFERS if key in self.buffers else MASKS if entry.is_bool else ACTIVATIONS
+                named[entry.owner] = kind if named.get(entry.owner, kind) == kind else ACTIVATIONS
         return named
 
     def _keys(self, t: torch.Tensor) -> list[tuple]:
@@ -282,10 +302,14 @@ class _Ledger:
         shard's storage there; it holds the shard as a Python object, which the check follows)."""
         return [key for key, *_ in self._storages_of(t, unwrap=False)]
 
-    def summary(self, categories: dict[str, str | None], seconds: float) -> dict:
+    def summary(self, categories: dict[str, str | None], seconds: float,
+                made: provenance.Provenance | None = None, automatic: set[str] | None = None) -> dict:
+        made = made or provenance.Provenance()
         components: dict[str, dict] = {}
         all_bool: dict[str, bool] = {}
         all_weights: dict[str, bool] = {}
+        all_buffers: dict[str, bool] = {}
+        copies: dict[str, list] = {}  # component -> [copy bytes, weights' bytes copied, parameter storages]
         by_device: dict[str, int] = {}
         total = fake_total = counted = 0
         for key, entry in self.storages.items():
@@ -299,10 +323,28 @@ class _Ledger:
             component["tensors"] += 1
             all_bool[owner] = all_bool.get(owner, True) and entry.is_bool
             all_weights[owner] = all_weights.get(owner, True) and key in self.weights
+            buffer = key in self.buffers or key in made.buffers
+            all_buffers[owner] = all_buffers.get(owner, True) and buffer and key not in self.weights
+            copy = made.copies.get(key) if key not in self.weights and not buffer else None
+            if copy is not None:
+                held = copies.setdefault(owner, [0, 0, set()])
+                held[0] += nbytes
+                held[1] += copy[0]
+                held[2].add(copy[1])
             by_device[entry.device] = by_device.get(entry.device, 0) + nbytes
             total += nbytes
             counted += 1
         for name, component in components.items():
+            held = copies.get(name)
+            if held is not None:
+                component.update(copy_bytes=held[0], weights_copied=held[1], parameters_copied=len(held[2]))
+            if name in (automatic or ()):
+                if held is not None and held[0] >= MOSTLY_COPIES * component["bytes"]:
+                    component["category"] = SAVED_COPIES  # made from the weights, whatever its name
+                    continue
+                if all_buffers[name]:
+                    component["category"] = BUFFERS
+                    continue
             component["category"] = (categories.get(name) or (MASKS if all_bool[name] else None)
                                      or (WEIGHTS if all_weights[name] else OTHER))
         return {"components": components, "live_tensor_bytes": total, "live_tensors": counted,

@@ -13,7 +13,7 @@ alone: a wrapper never owns a model's weights.
 Component names, for a root named R:
 
 - an `nn.Module`: its parameters -> `R.parameters`, their `.grad` -> `R.grad`, its buffers
-  -> `R.buffers` (all submodules together); a plain attribute of the module or of a
+  -> `R.buffers` (all submodules together; category "buffers"); a plain attribute of the module or of a
   submodule at path P that holds tensors -> `R.P.attr` (e.g. a user's `nn.Module` pruner
   keeping `self.saved_state` gives `R.saved_state`);
 - a `torch.optim.Optimizer`: its per-parameter `.state` -> `R.state` (the parameters in
@@ -31,9 +31,10 @@ are not followed (they own nothing); nor are functions, classes, modules, frames
 
 Category of a component, first rule that applies: the root's hints (a key equal to the
 full component name, to its path below the root, or to its last name: `saved_state`,
-`model.parameters`, `parameters`); module parameters and buffers -> weights; `.grad` ->
-gradients; optimizer state -> optimizer state; otherwise left to the caller (None), which
-decides from content (all-bool -> masks, else other).
+`model.parameters`, `parameters`); module parameters -> weights; module buffers -> buffers;
+`.grad` -> gradients; optimizer state -> optimizer state; otherwise left to the caller (None),
+which decides from provenance and content (auditor.census: mostly copies of the weights ->
+saved copies, all-bool -> masks, else other).
 """
 from __future__ import annotations
 
@@ -49,12 +50,13 @@ WEIGHTS = "weights"
 GRADIENTS = "gradients"
 SAVED_COPIES = "saved copies"
 GRADIENT_RECORDS = "gradient records"
-MASKS = "masks"
+MASKS = "masks"            # pruning masks: bool tensors an algorithm keeps
+BUFFERS = "buffers"        # module buffers (causal masks, rotary tables): never "masks"
 OPTIMIZER_STATE = "optimizer state"
 ACTIVATIONS = "activations and temporaries"
 RETAINED_BY_CYCLE = "retained by a reference cycle"
 OTHER = "other"
-CATEGORIES = (WEIGHTS, GRADIENTS, SAVED_COPIES, GRADIENT_RECORDS, MASKS, OPTIMIZER_STATE,
+CATEGORIES = (WEIGHTS, BUFFERS, GRADIENTS, SAVED_COPIES, GRADIENT_RECORDS, MASKS, OPTIMIZER_STATE,
               ACTIVATIONS, RETAINED_BY_CYCLE, OTHER)
 
 MAX_DEPTH = 4          # containers below a component's attribute that are still opened
@@ -175,7 +177,7 @@ class _Walker:
             for _, param in m.named_parameters(recurse=False):
                 self._tensor(param, f"{path}.parameters", WEIGHTS, f"{path}.grad", firmness)
             for _, buffer in m.named_buffers(recurse=False):
-                self._tensor(buffer, f"{path}.buffers", WEIGHTS)
+                self._tensor(buffer, f"{path}.buffers", BUFFERS)
             for attr, value in list(vars(m).items()):
                 if attr not in _MODULE_INTERNALS:
                     self._value(value, f"{sub}.{attr}", f"{sub}.{attr}", 1)

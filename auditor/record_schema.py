@@ -120,6 +120,11 @@ class Component(RecordPart):
     category: str
     bytes: Bytes
     tensors: Count | None = None
+    # provenance (auditor.provenance), where the live-tensor meter saw copies of the weights made:
+    # its bytes that are copies, the weights' bytes they hold the values of, parameter storages copied
+    copy_bytes: Bytes | None = None
+    weights_copied: Bytes | None = None
+    parameters_copied: Count | None = None
 
 
 @dataclass(kw_only=True, eq=False)
@@ -318,6 +323,7 @@ class ProbeState(RecordPart):
     state: str
     method: str | None = None
     reason: str | None = None
+    copies: str | None = None  # the live-tensor meter followed copies of the weights (how)
 
 
 @dataclass(kw_only=True, eq=False)

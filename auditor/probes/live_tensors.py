@@ -23,6 +23,14 @@ holds more rows than were alive at the high). Cost: O(1) per storage created or 
 one pass over the live table when an interval's composition is read (at stage boundaries).
 Each census with owners also marks the live rows with their component, so a storage freed
 before a stage ends (a Hessian freed by the method that used it) is still named at its peak.
+
+Provenance (auditor.provenance): each storage's cell also says what it is: a parameter's (the
+storages of every `nn.Parameter` alive when the meter starts, registered in a module since, or
+met as an operator's first argument), a module buffer's, or a copy of the weights (made by a
+copying operator from a parameter's storage or from such a copy), with the bytes of the weights
+it holds the values of. Cost: one dictionary lookup per operator, and a look at the inputs of
+copying operators and of operators whose first argument is a parameter; the census reads the
+copies alive (`provenance`) in one pass over the cells.
 """
 from __future__ import annotations
 
@@ -37,21 +45,28 @@ import torch
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from auditor import allocator_retention
+from auditor import allocator_retention, provenance
 from auditor.allocation_sites import MIN_BYTES as SITE_MIN_BYTES
 from auditor.allocator_retention import MMAP_THRESHOLD_MAX
 from auditor.allocation_sites import allocation_site, communication_buffer
 from auditor.census import ALLOCATED_AT, is_fake, storage_key
 from auditor.dispatch_mode import MeasuringMode
-from auditor.ownership import ACTIVATIONS, MASKS, OTHER
+from auditor.ownership import ACTIVATIONS, BUFFERS, MASKS, OTHER, SAVED_COPIES
+from auditor.provenance import BUFFER, COPY, PARAMETER
 from auditor.stage import AUDITOR_CODE
 
 NO_CENSUS = "unknown (no census)"
 MAX_ROWS = 25
 # A row of the live table: [serial, bytes, created_in, op, census key, is bool, the last
 # component and category a census named it under while it was alive (or None, None), and the
-# line of the program that asked for it (auditor.allocation_sites; None below its MIN_BYTES)].
-SERIAL, KEY, SEEN_OWNER, SEEN_CATEGORY, SITE = 0, 4, 6, 7, 8
+# line of the program that asked for it (auditor.allocation_sites; None below its MIN_BYTES),
+# the bytes of the weights it holds a copy of (0: none), its origin (auditor.provenance)].
+SERIAL, KEY, SEEN_OWNER, SEEN_CATEGORY, SITE, COPY_OF, ORIGIN = 0, 4, 6, 7, 8, 9, 10
+# A storage's cell: [serial, bytes, on heap, origin, the weights' element size (copies and
+# parameters), bytes of the weights copied, the parameter storage's key, its own key (copies, buffers)]
+KIND, ITEMSIZE, COVERED, SOURCE, OWN_KEY = 3, 4, 5, 6, 7
+# what each operator does for provenance, looked up once per operator (auditor.provenance)
+_PLAIN, _COPIES, _COPIES_LIST, _COPIES_INTO = 0, 1, 2, 3
 UNOWNED = "unowned"  # the census's component for tensors no root reaches: no name worth keeping
 
 
@@ -77,7 +92,9 @@ class LiveTensorMeter(MeasuringMode):
         self.peak = 0
         self.at_peak = at_peak
         self.stage_path: str | None = None
-        self._cells: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storage -> [serial, bytes, on heap] now
+        self._cells: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storage -> its cell (KIND ...)
+        self._op_kinds: dict = {}  # operator -> _PLAIN, _COPIES, ... (auditor.provenance)
+        self._hooks: list = []     # the global parameter and buffer registration hooks, while counting
         self._serial = 0
         self._table: dict[int, list] = {}    # serial -> row, creation order
         self._peak_serial = 0                # the newest storage alive at the high
@@ -98,11 +115,21 @@ class LiveTensorMeter(MeasuringMode):
     def seed_existing(self) -> None:
         """Count the tensors already alive (model weights built before the audit began)."""
         gc.collect()  # unreachable cycles still holding tensors are not alive: don't count them
+        modules = []
         for obj in gc.get_objects():
-            if issubclass(type(obj), torch.Tensor):  # type(): some modules warn on isinstance
+            kind = type(obj)  # type(): some modules warn on isinstance
+            if issubclass(kind, torch.Tensor):
                 self._track(obj, None, None)
+                if kind is torch.nn.Parameter or issubclass(kind, torch.nn.Parameter):
+                    self._mark(obj, PARAMETER)
                 if obj.is_leaf and obj.grad is not None:
                     self._track(obj.grad, None, None)
+            elif issubclass(kind, torch.nn.Module):
+                modules.append(obj)
+        for module in modules:
+            for buffer in list(vars(module).get("_buffers", {}).values()):
+                if isinstance(buffer, torch.Tensor):
+                    self._mark(buffer, BUFFER)
 
     def reset_peak(self) -> int:
         """Start a new peak interval; returns the peak of the interval that ends."""
@@ -151,22 +178,133 @@ class LiveTensorMeter(MeasuringMode):
     def __enter__(self):
         _RESIZE_WATCHERS.append(self)
         _watch_resizes()
+        registration = torch.nn.modules.module
+        self._hooks = [registration.register_module_parameter_registration_hook(self._registered_parameter),
+                       registration.register_module_buffer_registration_hook(self._registered_buffer)]
+        provenance.counting(self, True)
         return super().__enter__()
 
     def __exit__(self, *exc):
         _RESIZE_WATCHERS.remove(self)
         _watch_resizes()
+        provenance.counting(self, False)
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         with AUDITOR_CODE:  # the meter's bookkeeping inside the program's op: never a stage
+            kind = self._op_kinds.get(func)
+            if kind is None:
+                kind = self._op_kinds[func] = _op_kind(func)
+            first = args[0] if args else None
+            if isinstance(first, torch.nn.Parameter):
+                self._mark(first, PARAMETER)  # its aliases (detach, t, views) then lead back to it
+            origin = self._copied_from(kind, args) if kind else None
+            if origin is not None and kind == _COPIES_INTO:
+                self._copied_into(first, origin)
+                return out
             for item in tree_flatten(out)[0]:
                 if isinstance(item, torch.Tensor):
-                    self._track(item, func, self.stage_path)
+                    self._track(item, func, self.stage_path, origin)
         return out
 
-    def _track(self, tensor: torch.Tensor, func, created_in: str | None) -> None:
+    # -- provenance (auditor.provenance) ---------------------------------------------------
+
+    def provenance(self) -> provenance.Provenance:
+        """The live copies of the weights and module buffers, by census key."""
+        found = provenance.Provenance(followed=True)
+        with self._lock:
+            cells = list(self._cells.values())
+        for cell in cells:
+            if cell[KIND] == COPY and cell[OWN_KEY] is not None:
+                found.copies[cell[OWN_KEY]] = (cell[COVERED], cell[SOURCE])
+            elif cell[KIND] == BUFFER and cell[OWN_KEY] is not None:
+                found.buffers.add(cell[OWN_KEY])
+        return found
+
+    def _cell(self, tensor: torch.Tensor) -> list | None:
+        try:
+            return self._cells.get(tensor.untyped_storage())
+        except (RuntimeError, NotImplementedError):  # storage-less layouts
+            return None
+
+    def _mark(self, tensor: torch.Tensor, kind: int) -> None:
+        """`tensor`'s storage is a parameter's or a module buffer's (a copy made into a new
+        parameter, `nn.Parameter(W.clone())`, is a parameter from then on)."""
+        cell = self._cell(tensor)
+        if cell is None and tensor.device.type != "meta":  # made where no operator showed it
+            self._track(tensor, None, self.stage_path)
+            cell = self._cell(tensor)
+        if cell is None or cell[KIND] == kind:
+            return
+        cell[KIND] = kind
+        if kind == PARAMETER:
+            cell[ITEMSIZE], cell[COVERED], cell[SOURCE] = tensor.element_size(), 0, self._key(tensor.untyped_storage(), tensor)
+        elif kind == BUFFER:
+            cell[OWN_KEY] = self._key(tensor.untyped_storage(), tensor)
+        row = self._table.get(cell[SERIAL])
+        if row is not None:
+            row[COPY_OF], row[ORIGIN] = cell[COVERED], kind
+
+    def _registered_parameter(self, module, name, param) -> None:
+        if isinstance(param, torch.Tensor):
+            with AUDITOR_CODE:
+                self._mark(param, PARAMETER)
+
+    def _registered_buffer(self, module, name, buffer) -> None:
+        if isinstance(buffer, torch.Tensor):
+            with AUDITOR_CODE:
+                self._mark(buffer, BUFFER)
+
+    def _copied_from(self, kind: int, args: tuple) -> tuple | None:
+        """(the weights' element size, bytes of the weights copied or None: the output's
+        elements, the key of the parameter storage) when a copying operator reads the weights
+        or a copy of them; None otherwise."""
+        if kind == _COPIES_LIST:
+            sources = [t for t in (args[0] if args and isinstance(args[0], (list, tuple)) else ())
+                       if isinstance(t, torch.Tensor)]
+        else:
+            source = args[1 if kind == _COPIES_INTO else 0] if len(args) > (kind == _COPIES_INTO) else None
+            sources = [source] if isinstance(source, torch.Tensor) else []
+        found, covered = None, 0
+        for source in sources:
+            if isinstance(source, torch.nn.Parameter):
+                self._mark(source, PARAMETER)
+            cell = self._cell(source)
+            if cell is None or cell[KIND] not in (PARAMETER, COPY):
+                continue
+            found = found or (cell[ITEMSIZE], cell[SOURCE])
+            covered += source.numel() * cell[ITEMSIZE]
+        if found is None:
+            return None
+        return found[0], covered if kind in (_COPIES_LIST, _COPIES_INTO) else None, found[1]
+
+    def _copied_into(self, dest, origin: tuple) -> None:
+        """`dest.copy_(weights)`: dest's storage holds a copy, unless it is a parameter's (a
+        restore) or a buffer's."""
+        if not isinstance(dest, torch.Tensor) or isinstance(dest, torch.nn.Parameter):
+            return
+        cell = self._cell(dest)
+        if cell is None or cell[KIND] in (PARAMETER, BUFFER):
+            return
+        itemsize, covered, source = origin
+        most = cell[1] // max(dest.element_size(), 1) * itemsize  # the whole storage a copy
+        self._as_copy(cell, dest, itemsize, min(cell[COVERED] + covered, most), source)
+
+    def _as_copy(self, cell: list, tensor: torch.Tensor, itemsize: int, covered: int, source) -> None:
+        if cell[KIND] != COPY:
+            cell[OWN_KEY] = self._key(tensor.untyped_storage(), tensor)
+        cell[KIND], cell[ITEMSIZE], cell[COVERED], cell[SOURCE] = COPY, itemsize, covered, source
+        row = self._table.get(cell[SERIAL])
+        if row is not None:
+            row[COPY_OF], row[ORIGIN] = covered, COPY
+            if row[SITE] is None and row[3] is not None:  # a copy of any size is named by its line
+                row[SITE] = allocation_site(row[3])
+
+    def _track(self, tensor: torch.Tensor, func, created_in: str | None, origin: tuple | None = None) -> None:
         if tensor.device.type == "meta":  # allocates nothing (a fake tensor reports its fake device)
             return
         try:
@@ -182,14 +320,18 @@ class LiveTensorMeter(MeasuringMode):
             size = storage.nbytes()
             self._serial += 1
             serial = self._serial
-            cell = self._cells[storage] = [serial, size, False]
+            cell = self._cells[storage] = [serial, size, False, 0, 0, 0, None, None]
             self._count(cell, tensor.device.type == "cpu")
             if self.at_peak:
                 op = _op_name(func)
                 where = allocation_site(op) if op is not None and size >= SITE_MIN_BYTES else None
                 self._table[serial] = [serial, size, created_in, op,
                                        self._key(storage, tensor), tensor.dtype is torch.bool,
-                                       None, None, where]
+                                       None, None, where, 0, 0]
+            if origin is not None:
+                itemsize, covered, source = origin
+                self._as_copy(cell, tensor, itemsize, tensor.numel() * itemsize if covered is None else covered,
+                              source)
             self._new_high()
         weakref.finalize(storage, self._release, cell)
 
@@ -246,7 +388,7 @@ class LiveTensorMeter(MeasuringMode):
 
     def _release(self, cell: list) -> None:
         with self._lock:
-            serial, size, on_heap = cell
+            serial, size, on_heap = cell[:3]
             self.live -= size
             if on_heap:
                 self.heap_live -= size
@@ -326,22 +468,24 @@ class LiveTensorProbe:
         alive_now = self._meter.alive(peak.rows) if census is not None else set()
         groups: dict[tuple, list] = {}
         for row in peak.rows:  # at every stage end: kept to plain operations, no call per row
-            serial, size, created_in, op, key, is_bool, seen_owner, seen_category, where = row
+            serial, size, created_in, op, key, is_bool, seen_owner, seen_category, where, copy_of, origin = row
             kept = serial in alive_at_end
             owner = census["owners"].get(key) if serial in alive_now else None
+            # what provenance says it is, when no census names it (auditor.provenance)
+            made = SAVED_COPIES if copy_of else BUFFERS if origin == BUFFER else MASKS if is_bool else None
             if seen_owner is None and where is not None and (not kept or communication_buffer(where)):
                 seen_owner = f"{ALLOCATED_AT} {where}"  # a temporary, or a buffer the site names
-                seen_category = MASKS if is_bool else ACTIVATIONS
+                seen_category = made or ACTIVATIONS
             if owner is not None:
                 category = (census["components"].get(owner) or {}).get("category") or OTHER
             elif seen_owner is not None:  # freed since, or out of the census's sight now
                 owner, category = seen_owner, seen_category
             elif not kept:
-                category = ACTIVATIONS  # created and freed before the end: a temporary
+                category = made if made and made != MASKS else ACTIVATIONS  # made and freed inside: a temporary
             elif census is None:
-                category = MASKS if is_bool else NO_CENSUS
+                category = made or NO_CENSUS
             else:  # the census cannot see it (held only by C++, e.g. saved for backward)
-                category = MASKS if is_bool else OTHER
+                category = made or OTHER
             group = groups.get((owner, category, created_in, op, kept))
             if group is None:
                 groups[owner, category, created_in, op, kept] = [size, 1]
@@ -367,7 +511,7 @@ class LiveTensorProbe:
         if self._meter.at_peak:
             method += ("; at_peak: the exact set alive at each interval's high (live table and "
                        "the rows freed since the high, no copy while the program runs)")
-        return {"state": "on", "method": method}
+        return {"state": "on", "method": method, "copies": COPIES_FOLLOWED}
 
     def close(self) -> None:
         if self._meter is not None:
@@ -385,6 +529,21 @@ def _holds_memory(tensor: torch.Tensor, storage) -> bool:
     except (RuntimeError, NotImplementedError):
         return False
     return True
+
+
+COPIES_FOLLOWED = ("storages made by copying operators (clone, _to_copy, copy_, index, cat ...) "
+                   "from a parameter's storage or a copy of one (auditor.provenance)")
+
+
+def _op_kind(func) -> int:
+    """What an operator does for provenance: copies its input's values, a list's, into its first
+    argument, or nothing followed."""
+    name = _op_name(func) or ""
+    if name == provenance.COPY_INTO:
+        return _COPIES_INTO
+    if name in provenance.LIST_OPS:
+        return _COPIES_LIST
+    return _COPIES if provenance.is_copy(name) else _PLAIN
 
 
 def _op_name(func) -> str | None:
