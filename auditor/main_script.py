@@ -7,8 +7,8 @@ program's `__main__` namespace, which exists only while it runs, and each `def` 
 a patch made before the run would be overwritten, and importing the script under its file name
 (`prune:get_llm`) gives another copy that the program never calls. So the program is declared
 (`Main.declare`), a target naming it (`prune:get_llm` for a script, the module's own name for
--m, or `__main__:get_llm` for any of the three) is resolved from its source without running it
-(auditor.targets), and `run` compiles the program with one call after each top-level statement
+-m, or `__main__:get_llm` for any of the three) is checked in its source without running it
+(auditor.targets, auditor.script_names), and `run` compiles the program with one call after each top-level statement
 that binds a watched name (`def`, `class`, an assignment, an import): the call patches the new
 binding there (auditor.targets.LatePatch), before any later line can call it. Line numbers,
 `__file__`, `__spec__`, `sys.argv` and tracebacks stay what python gives. A program nobody
@@ -173,9 +173,10 @@ def declared_for(module_name: str) -> str | None:
     return _declared.key if origin and os.path.realpath(origin) == _declared.key else None
 
 
-def top_level_names(script: str) -> set[str]:
-    """The names the program binds at its top level (in any `if`/`try`/`with`/loop there too)."""
-    return {name for statement in _module_statements(_parse(script)) for name in _bound_names(statement)}
+def parse(script: str) -> ast.Module:
+    """The declared program's source, parsed (never run): a file's path, or "<string>" for -c.
+    Raises OSError, SyntaxError or ValueError."""
+    return _parse(script if script == CODE_FILE else os.path.realpath(script))
 
 
 def watch(script: str, name: str, on_bound: Callable[[types.ModuleType], None]) -> Callable[[], None]:

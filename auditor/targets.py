@@ -17,9 +17,16 @@ A callable the auditor itself uses (`builtins:len`, `builtins:open`, `time:perf_
 be staged: the calls the auditor makes while measuring stay plain calls (auditor.stage's
 AUDITOR_CODE), so only the program's own calls become stages. The auditor's own callables
 are refused: staging them would make stages out of stages.
+
+Every name is checked before anything runs, each mistake a one-line ValueError: a module that
+does not import, a missing attribute (with the closest name there), a method of a type written
+in C (`builtins:dict.get`, `torch._C:TensorBase.sum`), whose attributes cannot be replaced. A
+name in the audited script is checked in its source (auditor.script_names); one that cannot be
+told before it runs and is then not found is said so when the audit ends (`Staging.never_called`).
 """
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import inspect
@@ -30,12 +37,13 @@ import types
 import weakref
 from dataclasses import dataclass
 
-from auditor import main_script, name_bindings
+from auditor import main_script, name_bindings, script_names
 from auditor.call_labels import CallLabels
 from auditor.stage import (AUDITOR_CODE, CallStage, active_audit, in_auditor_code,
                            profiler_recording, stage)
 
 _MISSING = object()
+_HEAP_TYPE, _IMMUTABLE_TYPE = 1 << 9, 1 << 8  # CPython's type flags: a class statement's, a C type's
 
 
 @dataclass(frozen=True)
@@ -68,13 +76,13 @@ def resolve(target) -> Target:
 
 def _resolve_in_script(script: str, module_name: str, qualname: str) -> Target:
     spec = f"{module_name}:{qualname}"
-    top = qualname.split(".")[0]
     try:
-        defined = main_script.top_level_names(script)
+        tree = main_script.parse(script)
     except (OSError, SyntaxError, ValueError) as error:
         raise ValueError(f"stage target {spec!r}: cannot read the script {script!r}: {error}") from None
-    if top not in defined:
-        raise ValueError(f"stage target {spec!r}: {os.path.basename(script)} binds no {top!r} at its top level")
+    missing = script_names.check(tree, qualname, os.path.basename(script))
+    if missing is not None:
+        raise ValueError(f"stage target {spec!r}: {missing}")
     return Target(name=qualname, owner=None, attribute=qualname.split(".")[-1], spec=spec, script=script)
 
 
@@ -99,16 +107,49 @@ def _resolve_path(module, module_name: str, qualname: str) -> Target:
     *outer, attribute = qualname.split(".")
     owner = module
     for depth, part in enumerate(outer):
-        owner = getattr(owner, part, _MISSING)
-        if owner is _MISSING:
+        found = getattr(owner, part, _MISSING)
+        if found is _MISSING:
             where = ".".join([module_name, *outer[:depth]])
-            raise ValueError(f"stage target {spec!r}: {where} has no attribute {part!r}")
+            raise ValueError(f"stage target {spec!r}: {where} has no attribute {part!r}{did_you_mean(owner, part)}")
+        owner = found
     raw = raw_attribute(owner, attribute)
     if raw is _MISSING:
         where = ".".join([module_name, *outer])
-        raise ValueError(f"stage target {spec!r}: {where} has no attribute {attribute!r}")
+        raise ValueError(f"stage target {spec!r}: {where} has no attribute {attribute!r}"
+                         f"{did_you_mean(owner, attribute)}")
     _check_stageable(raw, spec)
+    _check_patchable(owner, spec)
     return Target(name=qualname, owner=owner, attribute=attribute, spec=spec)
+
+
+def did_you_mean(owner, name: str) -> str:
+    """"; did you mean X?" naming the attribute of `owner` closest to `name`, or ""."""
+    try:
+        names = [n for n in dir(owner) if not (n.startswith("__") and n.endswith("__"))]
+    except Exception:  # an object whose __dir__ fails: no suggestion
+        return ""
+    found = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    return f"; did you mean {found[0]!r}?" if found else ""
+
+
+def _check_patchable(owner, spec: str) -> None:
+    """ValueError unless the attribute can be replaced where it lives: not on a type written in
+    C (dict, torch._C.TensorBase: immutable), nor on an object without a __dict__."""
+    if isinstance(owner, types.ModuleType):
+        return
+    if isinstance(owner, type):
+        if owner.__flags__ & _IMMUTABLE_TYPE or not owner.__flags__ & _HEAP_TYPE:
+            name = owner.__qualname__ if owner.__module__ == "builtins" else \
+                f"{owner.__module__}.{owner.__qualname__}"
+            raise ValueError(f"stage target {spec!r} cannot be patched: {name} is a type written in C, "
+                             "whose attributes cannot be replaced; stage a Python function that calls it")
+        return
+    try:
+        vars(owner)
+    except TypeError:
+        raise ValueError(f"stage target {spec!r} cannot be patched: its owner, a "
+                         f"{type(owner).__name__}, has no __dict__ to replace it in; stage its class's "
+                         "method or a Python function that calls it") from None
 
 
 def raw_attribute(owner, attribute: str):
@@ -164,11 +205,12 @@ class Staging:
         self.targets: list[Target] = []
         seen = set()
         for target in map(resolve, targets):
-            key = (id(target.owner), target.attribute)
+            key = (target.script, target.name) if target.script is not None else (id(target.owner), target.attribute)
             if key not in seen:
                 seen.add(key)
                 self.targets.append(target)
         self._patches: list[Patch | LatePatch] = []
+        self._late: dict[str, LatePatch] = {}  # a script target's spec -> what its patch found
 
     def receiver_classes(self) -> tuple[type, ...]:
         """The classes whose plain methods are staged (their calls have a receiver), less
@@ -186,11 +228,24 @@ class Staging:
     def apply(self) -> None:
         for target in self.targets:
             try:
-                self._patches.append(patch(target, lambda function, is_method, name=target.name:
-                                           _stage_calls(function, name, receiver=is_method)))
+                applied = patch(target, lambda function, is_method, name=target.name:
+                                _stage_calls(function, name, receiver=is_method))
             except ValueError:
                 self.restore()
                 raise
+            self._patches.append(applied)
+            if isinstance(applied, LatePatch):
+                self._late[target.spec] = applied
+
+    def never_called(self, target: Target) -> str:
+        """The warning for a target the program never called, with its cause where it is known:
+        a script's name never bound, or not found in what the script bound."""
+        late = self._late.get(target.spec)
+        if late is not None and late.not_found is not None:
+            return (f"stage target {target.spec} was never called: it was not found in the script's "
+                    f"namespace when it ran ({late.not_found})")
+        return (f"stage target {target.spec} was never called (a copy kept outside a module's names, "
+                "such as a local or a default argument, keeps calling the original)")
 
     def restore(self) -> None:
         while self._patches:
@@ -209,21 +264,42 @@ class LatePatch:
     def __init__(self, target: Target, wrap, what: str = "stage target"):
         self.target, self.wrap, self.what = target, wrap, what
         self.patches: list[Patch] = []
-        self._stop = main_script.watch(target.script or "", target.name.split(".")[0], self._bound)
+        top = target.name.split(".")[0]
+        # why nothing was patched, as the script last bound the name (None once patched)
+        self.not_found: str | None = f"the script never bound {top!r} by a top-level def, class, import or assignment"
+        self._stop = main_script.watch(target.script or "", top, self._bound)
 
     def _bound(self, module: types.ModuleType) -> None:
         *outer, attribute = self.target.name.split(".")
         owner: object = module
-        for part in outer:
-            owner = getattr(owner, part, _MISSING)
-            if owner is _MISSING:
-                return  # the script bound the name to something else: nothing to stage there
+        for depth, part in enumerate(outer):
+            found = getattr(owner, part, _MISSING)
+            if found is _MISSING:  # the script bound the name to something else: nothing to stage
+                self._missing(outer[:depth], part, owner)
+                return
+            owner = found
         raw = raw_attribute(owner, attribute)
-        if raw is _MISSING or getattr(raw, "__auditor_target__", None) or not callable(
-                getattr(raw, "__func__", raw)):
+        if raw is _MISSING:
+            self._missing(outer, attribute, owner)
+            return
+        if getattr(raw, "__auditor_target__", None):
+            return
+        if not callable(getattr(raw, "__func__", raw)):
+            self.not_found = f"{self.target.name} was a {type(raw).__name__}, not a function"
             return
         bound = Target(self.target.name, owner, attribute, self.target.spec)
-        self.patches.append(Patch(bound, self.wrap, self.what))
+        try:
+            self.patches.append(Patch(bound, self.wrap, self.what))
+        except ValueError as error:  # the script bound it on a C type: a warning, never its failure
+            self.not_found = str(error)
+            return
+        self.not_found = None
+
+    def _missing(self, outer: list[str], part: str, owner: object) -> None:
+        if self.patches:  # patched at an earlier binding: that one stages the calls
+            return
+        where = ".".join(outer) if outer else "the script"
+        self.not_found = f"{where} had no attribute {part!r}{did_you_mean(owner, part)}"
 
     def restore(self) -> None:
         self._stop()

@@ -245,6 +245,8 @@ def _run_script(audit, program: Main, program_args: list[str], filename: str, li
     except FileExistsError:
         raise UsageError(f"output folder {str(audit.folder)!r} was taken by another run as this "
                          "one started; choose a new --run-dir") from None
+    except ValueError as error:  # a stage target that cannot be patched after all: nothing written yet
+        raise UsageError(str(error)) from None
     except OSError as error:  # the folder broke between the checks and now
         raise UsageError(f"cannot write the run record in {str(audit.folder)!r}: "
                          f"{error.strerror or error}") from None
