@@ -55,7 +55,7 @@ def test_tied_embedding_and_head_counted_once():
     assert component(census, "model.parameters")["bytes"] == sum(unique.values())
     assert component(census, "model.parameters")["tensors"] == len(unique)
     buffers = {b.data_ptr(): b.untyped_storage().nbytes() for b in model.buffers()}
-    assert component(census, "model.buffers") == {"category": "weights", "bytes": sum(buffers.values()),
+    assert component(census, "model.buffers") == {"category": "buffers", "bytes": sum(buffers.values()),
                                                   "tensors": len(buffers)}
 
 
@@ -80,7 +80,7 @@ def test_module_root_gives_weights_then_gradients():
     weights = sum(nbytes(p) for p in model.parameters())
     census = take_census({"model": Root(model)})
     assert component(census, "model.parameters") == {"category": "weights", "bytes": weights, "tensors": 6}
-    assert component(census, "model.buffers") == {"category": "weights", "bytes": 10, "tensors": 1}
+    assert component(census, "model.buffers") == {"category": "buffers", "bytes": 10, "tensors": 1}
     assert "model.grad" not in census["components"]
 
     model(torch.randn(4, 16)).sum().backward()

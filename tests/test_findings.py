@@ -271,6 +271,8 @@ def test_full_copy_of_the_weights(pattern, clean):
     assert found.evidence["ratio_to_weights"] == pytest.approx(1.0)
     assert "`pruner.saved` (saved copies) holds a full copy of the weights" in found.statement
     assert "1.00x) from stage `save` to the end" in found.statement
+    # this record's meter ran beside the audit, not in it: its probes say nothing of copies
+    assert found.evidence["basis"] == "size" and "by size only" in found.statement
     assert found.severity == "high"
     # the big tensor of the clean run is alive at one stage end only: not a kept copy
     assert fired(clean, "full-copy") == []

@@ -37,6 +37,14 @@ def test_audits_projects_and_reports(tmp_path):
         "record_reduced_gradients", "decide", "apply_masks")]
     components = {s.path: s.components for s in record.stages}["prune/GradProbe.decide"]
     assert components["pruner.saved_state"].category == "saved copies"
+    # a copy by provenance (the live-tensor meter saw every parameter copied), not by its name or size
+    weights = components["model.parameters"].bytes
+    assert components["pruner.saved_state"].weights_copied == weights
+    assert components["model.buffers"].category == "buffers"  # GPT-Neo's causal masks: never masks
+    from auditor.analysis.findings import findings
+    [copy] = [f for f in findings(record) if f.rule == "full-copy"]
+    assert copy.evidence["component"] == "pruner.saved_state" and copy.evidence["basis"] == "provenance"
+    assert copy.severity == "high" and copy.evidence["weights_copied"] == weights
     assert components["pruner.gradients_original"].category == "gradient records"
     assert record.annotations["workload"]["architecture"] == "tinystories-33m"
     assert record.annotations["minimum"]["total"] > 0

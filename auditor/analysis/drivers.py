@@ -34,6 +34,7 @@ CATEGORY_DRIVER = {
     "saved copies": "parameters",
     "gradient records": "matrix parameters",
     "masks": "matrix parameters",
+    "buffers": "buffers",
     "optimizer state": "parameters",
     "other": "parameters",
     "activations and temporaries": "activations",

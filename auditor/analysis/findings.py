@@ -44,7 +44,8 @@ FULL_COPY_RATIO = 0.95        # (a) a copy of at least this share of the weights
 PARTIAL_COPY_SHARE = 0.20     #     of at least this share a partial one (medium), at any census;
 FULL_COPY_MIN_STAGES = 2      #     without provenance: FULL_COPY_RATIO of the weights' bytes at this
                               #     many consecutive stage ends, said to rest on size only
-SIZE_ONLY = ("(by size only: this record has no live-tensor meter following copies, so nothing "
+NEVER_COPIES = frozenset({"buffers"})  # a model's own buffers (causal masks): its state, not a copy
+SIZE_ONLY = ("(by size only: no live-tensor meter in this record followed copies, so nothing "
              "says it was copied from the weights)")
 DENSE_GRADIENT_RATIO = 0.90   # (b) gradients / gradient records at least this fraction of the weights
 TRANSIENT_SHARE = 0.10        # (c) peak inside - max(start, end) above this fraction of the peak
@@ -186,7 +187,7 @@ def _copies_by_size(snapshots: list[Stage], wanted: Callable[[str], bool]) -> li
         for stage in snapshots:
             item = (stage.components or {}).get(name)
             weights = weights_bytes(stage)
-            if (item and item.category not in PER_PARAMETER and weights
+            if (item and item.category not in PER_PARAMETER | NEVER_COPIES and weights
                     and _exact(FULL_COPY_RATIO * weights, item.bytes)):
                 current.append((stage, item.bytes, item.bytes / weights, item.category))
             elif current:
