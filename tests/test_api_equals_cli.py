@@ -30,8 +30,8 @@ PARAMETERS = 427_264
 INPUTS = 4 * 32 * 4 * (6 * 64 + 128)
 
 
-def _api(folder: Path, script: str) -> dict:
-    done = subprocess.run([sys.executable, script, str(folder)], cwd=HERE, capture_output=True,
+def _api(folder: Path, script: str, *args: str) -> dict:
+    done = subprocess.run([sys.executable, script, str(folder), *args], cwd=HERE, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((folder / "run.json").read_text())
@@ -76,6 +76,14 @@ def test_at_the_high_both_name_the_cached_inputs_and_the_weights(both):
         assert high[("model.parameters", "weights")] == PARAMETERS
     named = [{k: v for k, v in high.items() if k[0] is not None} for high in highs]
     assert named[0] == named[1]
+
+
+def test_without_track_the_model_is_found_under_its_variable(both, tmp_path):
+    untracked = _api(tmp_path / "untracked", "api_prune.py", "untracked")
+    ends = [{n: (c["category"], c["bytes"]) for n, c in _prune(r)["components"].items()}
+            for r in (both[1], untracked)]
+    assert ends[0] == ends[1]
+    assert _at_peak(_prune(untracked))[("Pruner.inputs", "other")] == INPUTS
 
 
 def test_inside_the_calls_the_backup_is_the_pruners(both):
