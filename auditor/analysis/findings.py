@@ -522,8 +522,8 @@ def saving(finding: Finding, record: RunRecord) -> dict | None:
             if value is None:
                 why = "the projection does not model this stage's transient"
             elif value < here:
-                value, why = None, ("the projection's transient for this stage is below what rose here, so it "
-                                    "does not model what rose here")
+                value, why = None, ("at the target the projection's transient for this stage is smaller than "
+                                    "what rose here: what rose here is not modeled there, so no saving is claimed")
         else:
             found = [at.components.get(n) for n in names]
             value = None if any(v is None for v in found) else sum(v for v in found if v is not None)
