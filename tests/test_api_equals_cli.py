@@ -21,8 +21,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import audit_script
-
 from auditor.analysis.component_history import fold_component
 
 HERE = Path(__file__).resolve().parent / "api_equals_cli"
@@ -40,10 +38,12 @@ def _api(folder: Path, script: str, *args: str) -> dict:
 @pytest.fixture(scope="module")
 def both(tmp_path_factory):
     root = tmp_path_factory.mktemp("api_cli")
-    cli, _ = audit_script(root / "cli", ["--census", "--live-tensors", "--stage", "wanda_prune:prune",
-                                         "--stage", "wanda_prune:Pruner.calibrate_layer",
-                                         "--stage", "wanda_prune:Pruner.prune_layer", "wanda_prune.py"], HERE)
-    return cli, _api(root / "api", "api_prune.py")
+    done = subprocess.run([sys.executable, "-m", "auditor", "run", "--run-dir", str(root / "cli"), "--census",
+                           "--live-tensors", "--stage", "wanda_prune:prune", "--stage", "wanda_prune:Pruner.calibrate_layer",
+                           "--stage", "wanda_prune:Pruner.prune_layer", "wanda_prune.py"],
+                          cwd=HERE, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((root / "cli" / "run.json").read_text()), _api(root / "api", "api_prune.py")
 
 
 def _prune(record: dict) -> dict:
