@@ -16,6 +16,9 @@ import os
 import site
 import sys
 import sysconfig
+import types
+
+from auditor import communication_buffers
 
 MIN_BYTES = 64 * 1024  # smaller storages are not worth a frame walk: they never matter alone
 
@@ -29,41 +32,37 @@ def caller_site() -> str | None:
     return allocation_site("")  # this frame is the auditor's: the walk passes over it
 
 
-# Library functions whose new tensors are communication buffers, with what they are: DDP's Reducer
-# allocates its gradient buckets (`aten::empty`) when DistributedDataParallel is built, and again
-# when it rebuilds them in the forward after the first step.
-DDP_BUCKETS = "DDP gradient buckets"
-COMMUNICATION_BUFFERS = {(os.path.join("torch", "nn", "parallel", "distributed.py"), "_ddp_init_helper"): DDP_BUCKETS,
-                         (os.path.join("torch", "nn", "parallel", "distributed.py"), "_pre_forward"): DDP_BUCKETS}
-_BUFFER_KINDS = frozenset(COMMUNICATION_BUFFERS.values())
-BUFFER_OPS = ("aten::empty",)
+# What a library allocates for its collectives (auditor.communication_buffers): DDP's gradient
+# buckets, FSDP2's all-gather and reduce-scatter buffers, DTensor's redistributions.
+DDP_BUCKETS = communication_buffers.DDP_BUCKETS
 
 
 def allocation_site(op: str) -> str | None:
-    """caller_site, and after it `(what)` where the innermost library frame is one that makes
-    communication buffers (COMMUNICATION_BUFFERS) and the operator allocates one."""
-    frame = sys._getframe(1)
-    purpose = None
+    """caller_site, and after it `(what)` where a library frame between the operator `op` and the
+    program is one that makes communication buffers (auditor.communication_buffers) and `op`
+    allocates one there. With no frame of the program on the stack (a hook a backward thread
+    runs), a communication buffer is named by the library call that made it; anything else, None."""
+    frame: types.FrameType | None = sys._getframe(1)
+    library: list[types.FrameType] | None = [] if op else None  # the frames a maker may be among
     while frame is not None:
         code = frame.f_code
         shown = _verdicts.get(code, False)
         if shown is False:
             shown = _verdicts[code] = _shown_if_program(code.co_filename)
         if shown is not None:
-            return f"{shown}:{frame.f_lineno} {code.co_name}" + (f" ({purpose})" if purpose else "")
-        if purpose is None and op.startswith(BUFFER_OPS) and not is_auditor_code(code.co_filename):
-            purpose = next((what for (path, function), what in COMMUNICATION_BUFFERS.items()
-                            if code.co_name == function and code.co_filename.endswith(os.sep + path)), None)
+            what, _ = communication_buffers.kind_of(library or (), op)
+            return f"{shown}:{frame.f_lineno} {code.co_name}" + (f" ({what})" if what else "")
+        if library is not None and not is_auditor_code(code.co_filename):
+            library.append(frame)
         frame = frame.f_back
-    return None
+    what, maker = communication_buffers.kind_of(library or (), op)
+    return f"{communication_buffers.library_place(maker)} ({what})" if what else None
 
 
 def communication_buffer(owner: str | None) -> str | None:
     """What a site (or the component named after it) from allocation_site is for, where it is a
     communication buffer."""
-    if owner is None:
-        return None
-    return next((what for what in _BUFFER_KINDS if owner.endswith(f" ({what})")), None)
+    return communication_buffers.kind_named(owner)
 
 
 def is_program_code(filename: str) -> bool:

@@ -17,15 +17,15 @@ Each rank's peaks are its whole run's, placed as its own report places them: the
 `unstaged.peak_place`, the live-tensor peak by `components.live_tensor_high` (stages and the
 time no stage covers alike).
 
-Communication buffers: the live-tensor meter names the operator that created each storage,
-so the storages a c10d collective creates itself (functional collectives, `_c10d_functional::*`,
-the ones DTensor and FSDP2 use) are counted where they are alive at a stage's live-tensor peak,
-among the rows that peak keeps. An in-place collective (`dist.all_reduce(t)`) creates no
-storage, a buffer the program allocated for a collective is the program's own tensor (named
-by the line that allocated it), and a backend's own memory (gloo's, NCCL's) is no tensor: only
-RSS shows it. Buffers a library allocates for its collectives are counted where the live-tensor
-meter could name them by the library call that made them (DDP's gradient buckets,
-auditor.allocation_sites).
+Communication buffers, counted by kind where they are alive at a stage's live-tensor peak,
+among the rows that peak keeps: the buffers a library allocates for its collectives, named by
+the library call that made them (auditor.communication_buffers: DDP's gradient buckets, FSDP2's
+all-gather and reduce-scatter buffers, DTensor's redistributions, functional collectives), and
+the storages a c10d operator creates itself that no such call names (`COLLECTIVE_OUTPUTS`: the
+live-tensor meter names the operator that created each storage). Each storage counts once, under
+one kind. An in-place collective (`dist.all_reduce(t)`) creates no storage, a buffer the program
+allocated for a collective is the program's own tensor (named by the line that allocated it),
+and a backend's own memory (gloo's, NCCL's) is no tensor: only RSS shows it.
 """
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ COLLECTIVE_OPS = ("c10d::", "_c10d_functional::", "c10d_functional::")
 # storage has a size but no memory of its own (no data pointer), yet the live-tensor meter
 # counts it. Left out of the buffers, and its bytes named apart.
 COLLECTIVE_WRAPPERS = ("_c10d_functional::_wrap_tensor_autograd", "c10d_functional::_wrap_tensor_autograd")
+COLLECTIVE_OUTPUTS = "collective outputs"  # a c10d operator's own storages that no library call names
 
 
 def is_multi_rank(folder: str | os.PathLike) -> bool:
@@ -167,6 +168,7 @@ class StageReading:
     calls: int
     communication: int | None      # collective_bytes at the live-tensor peak; None: meter off
     wrappers: int | None           # the collectives' wrappers' bytes there, apart
+    buffers: dict[str, int] = field(default_factory=dict)  # `communication` by kind (communication_kinds)
 
 
 @dataclass
@@ -199,6 +201,7 @@ class CollectiveBytes:
     stage: str
     rank: int
     bytes: int
+    kinds: dict[str, int] = field(default_factory=dict)  # the bytes by kind (communication_kinds)
 
 
 @dataclass
@@ -318,7 +321,8 @@ def _reading(stage: Stage) -> StageReading:
     at_peak = live.at_peak if live is not None else None
     return StageReading(rss_peak=stage.rss.peak, live_peak=live.peak if live is not None else None,
                         status=stage.status, calls=1, communication=collective_bytes(at_peak),
-                        wrappers=collective_bytes(at_peak, COLLECTIVE_WRAPPERS))
+                        wrappers=collective_bytes(at_peak, COLLECTIVE_WRAPPERS),
+                        buffers=communication_kinds(at_peak) or {})
 
 
 def _highest(kept: StageReading | None, new: StageReading) -> StageReading:
@@ -328,7 +332,9 @@ def _highest(kept: StageReading | None, new: StageReading) -> StageReading:
     status = "open" if "open" in statuses else "failed" if "failed" in statuses else "ok"
     return replace(kept, rss_peak=_max(kept.rss_peak, new.rss_peak), live_peak=_max(kept.live_peak, new.live_peak),
                    communication=_max(kept.communication, new.communication),
-                   wrappers=_max(kept.wrappers, new.wrappers), status=status, calls=kept.calls + 1)
+                   wrappers=_max(kept.wrappers, new.wrappers), status=status, calls=kept.calls + 1,
+                   buffers={kind: max(kept.buffers.get(kind, 0), new.buffers.get(kind, 0))
+                            for kind in {**kept.buffers, **new.buffers}})
 
 
 def _max(a: int | None, b: int | None) -> int | None:
@@ -337,16 +343,31 @@ def _max(a: int | None, b: int | None) -> int | None:
 
 
 def collective_bytes(at_peak: AtPeak | None, ops: tuple[str, ...] = COLLECTIVE_OPS) -> int | None:
-    """Bytes alive at a live-tensor peak that a c10d collective created, its wrappers left out,
-    and the buffers a library made for its collectives (auditor.allocation_sites: DDP's gradient
-    buckets); with `ops=COLLECTIVE_WRAPPERS`, the wrappers' alone. None: meter off."""
+    """Bytes of communication buffers alive at a live-tensor peak (communication_kinds, summed);
+    with `ops=COLLECTIVE_WRAPPERS`, the functional collectives' wrappers' alone. None: meter off."""
     if at_peak is None:
         return None
-    wanted = [row for row in at_peak.rows if (row.op or "").startswith(ops)]
-    if ops is COLLECTIVE_OPS:
-        wanted = [row for row in wanted if not (row.op or "").startswith(COLLECTIVE_WRAPPERS)]
-        wanted += [row for row in at_peak.rows if communication_buffer(row.owner)]  # DDP's buckets
-    return sum(row.bytes for row in wanted)
+    if ops is not COLLECTIVE_OPS:
+        return sum(row.bytes for row in at_peak.rows if (row.op or "").startswith(ops))
+    return sum((communication_kinds(at_peak) or {}).values())
+
+
+def communication_kinds(at_peak: AtPeak | None) -> dict[str, int] | None:
+    """Bytes alive at a live-tensor peak by kind of communication buffer, largest first: what the
+    library call that made a storage names it (auditor.communication_buffers), else
+    COLLECTIVE_OUTPUTS for a c10d operator's own storage; the wrappers functional collectives
+    return (no memory of their own) left out. None: meter off."""
+    if at_peak is None:
+        return None
+    found: dict[str, int] = {}
+    for row in at_peak.rows:
+        op = row.op or ""
+        if op.startswith(COLLECTIVE_WRAPPERS):
+            continue
+        kind = communication_buffer(row.owner) or (COLLECTIVE_OUTPUTS if op.startswith(COLLECTIVE_OPS) else None)
+        if kind is not None:
+            found[kind] = found.get(kind, 0) + row.bytes
+    return dict(sorted(found.items(), key=lambda item: -item[1]))
 
 
 def spread(values: dict[int, int | None], partial: list[int] | tuple[int, ...] = ()) -> Spread | None:
@@ -395,7 +416,7 @@ def _metered(record: RunRecord) -> bool:
 
 
 def _communication(stages: list[MergedStage], records: dict[int, RunRecord]) -> Communication:
-    seen = [CollectiveBytes(row.path, rank, reading.communication) for row in stages
+    seen = [CollectiveBytes(row.path, rank, reading.communication, reading.buffers) for row in stages
             for rank, reading in sorted(row.ranks.items()) if reading.communication]
     metered = any(_metered(record) for record in records.values()) or any(
         reading.communication is not None for row in stages for reading in row.ranks.values())

@@ -12,13 +12,17 @@ from auditor.renderers import markdown_text as md
 from auditor.renderers.markdown import children_held
 
 COMMUNICATION_NOTE = (
-    "Counted: storages a c10d collective creates itself (functional collectives, "
-    "`_c10d_functional::*`, as DTensor and FSDP2 use) and DDP's gradient buckets (named by the "
-    "DistributedDataParallel call that allocated them), alive at a stage's live-tensor peak, "
-    "among the rows that peak keeps (its 25 largest groups). Not counted: in-place collectives "
-    "(`dist.all_reduce(t)` creates no storage), buffers the program allocates for a collective "
-    "(its own tensors, named by the line that allocated them), and the backend's own memory "
-    "(gloo's on CPU, NCCL's on GPU), which is no tensor: only RSS shows it.")
+    "Counted, alive at a stage's live-tensor peak among the rows that peak keeps (its 25 largest "
+    "groups), each storage once: the buffers a library allocates for its collectives, named by the "
+    "library call that made them (DDP's gradient buckets; FSDP2's all-gather buffers, one flat "
+    "buffer per layer group holding its gathered parameters, and reduce-scatter buffers, its "
+    "unsharded gradients in one flat buffer; DTensor's redistributions; functional collectives), "
+    "and the storages a c10d operator creates itself that no such call names (collective outputs). "
+    "Not counted here: FSDP2's unsharded parameters and its reduce-scatter output, which becomes the "
+    "sharded gradients (weights and gradients), in-place collectives (`dist.all_reduce(t)` creates no "
+    "storage), buffers the program allocates for a collective (its own tensors, named by the line "
+    "that allocated them), and the backend's own memory (gloo's on CPU, NCCL's on GPU), which is no "
+    "tensor: only RSS shows it.")
 PARTIAL_NOTE = (
     "*(rank N partial)*: rank N was killed before it finished, so its figure there is what it "
     "reached before it stopped, a lower bound: the max/min and spread over the ranks are not final.")
@@ -166,15 +170,17 @@ def _communication(merged: MergedRanks) -> str:
                 "were counted (the live-tensor meter was on).")
     elif not comm.stages:
         body = "No communication buffer (as counted below) was alive at any stage's live-tensor peak."
-    else:  # a stage per row, a rank per column
+    else:  # a stage and kind per row, a rank per column
         ranks = sorted({e.rank for e in comm.stages})
-        found = {(e.stage, e.rank): e.bytes for e in comm.stages}
-        stages = list(dict.fromkeys(e.stage for e in comm.stages))
+        found = {(e.stage, e.rank, kind): size for e in comm.stages
+                 for kind, size in (e.kinds or {"communication buffers": e.bytes}).items()}
+        rows = list(dict.fromkeys((stage, kind) for stage, _, kind in found))
         body = ("Bytes alive at each stage's live-tensor peak that a collective created or a library "
-                "allocated for its collectives:\n\n"
-                + md.table(["stage", *[f"rank {n}" for n in ranks]],
-                           [[md.code(stage), *[units.size(found.get((stage, n), 0)) for n in ranks]]
-                            for stage in stages], right=range(1, len(ranks) + 1)))
+                "allocated for its collectives, by what made them:\n\n"
+                + md.table(["stage", "buffers", *[f"rank {n}" for n in ranks]],
+                           [[md.code(stage), md.text(kind),
+                             *[units.size(found.get((stage, n, kind), 0)) for n in ranks]]
+                            for stage, kind in rows], right=range(2, len(ranks) + 2)))
     largest = comm.largest_wrapper
     if largest is not None:
         body += ("\n\nThe stages' live-tensor peaks (side by side above) also count the `AsyncCollectiveTensor` wrappers "
