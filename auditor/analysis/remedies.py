@@ -22,7 +22,8 @@ ANY = None
 _OPTIMIZER_STATE = ("Shard or shrink the optimizer state: shard it across ranks (FSDP2 `fully_shard`, or ZeRO "
                     "stage 1 with `torch.distributed.optim.ZeroRedundancyOptimizer`), keep it in 8 bits "
                     "(bitsandbytes `AdamW8bit`), or offload it to CPU memory (DeepSpeed ZeRO-Offload); AdamW "
-                    "keeps two values a parameter, SGD with momentum one, SGD without momentum none.")
+                    "keeps two values a parameter, SGD with momentum one, SGD without momentum none. A fused step "
+                    "(`AdamW(..., fused=True)`) also drops the step's per-parameter temporaries.")
 _TRAINING_COPY = ("Shard or shrink what a training step keeps beside the weights: if it is optimizer state, "
                   "shard it across ranks (FSDP2 `fully_shard`, ZeRO `ZeroRedundancyOptimizer`), keep it in "
                   "8 bits (bitsandbytes `AdamW8bit`) or offload it to CPU memory; if it is a second copy of "
