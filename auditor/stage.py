@@ -5,6 +5,12 @@
     auditor.mark("after load")                  # a point reading, listed in the record's `marks`
     auditor.track("masks", masks)               # a census root (see auditor.census)
 
+`track` is optional for models and optimizers: each census also finds the top-level modules,
+the optimizers and the program's own objects in the staged frames (auditor.discovered_roots),
+after the tracked roots, whose names come first. With the live-tensor meter, censuses are also
+taken inside a stage near its live-tensor high (auditor.census_at_highs), so one stage around
+the work names what many staged calls would.
+
 Without an active audit each call is a module-level check and one read of torch's profiler
 flag, so library code can keep its stages in production. With one, the active `Audit` does
 the measuring; a stage only tells it where an interval opens and closes.
