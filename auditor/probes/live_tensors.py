@@ -93,8 +93,11 @@ class LiveTensorMeter(MeasuringMode):
         self.at_peak = at_peak
         self.stage_path: str | None = None
         self._cells: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storage -> its cell (KIND ...)
-        self._op_kinds: dict = {}  # operator -> _PLAIN, _COPIES, ... (auditor.provenance)
+        self._op_kinds: dict = {}  # id(operator) -> _PLAIN, _COPIES, ... (auditor.provenance)
         self._hooks: list = []     # the global parameter and buffer registration hooks, while counting
+        # ids of parameters met as an operator's first argument and marked (an id reused by a
+        # later parameter only skips this mark: hooks and copying operators still mark it)
+        self._marked: set[int] = set()
         self._serial = 0
         self._table: dict[int, list] = {}    # serial -> row, creation order
         self._peak_serial = 0                # the newest storage alive at the high
@@ -196,11 +199,12 @@ class LiveTensorMeter(MeasuringMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         with AUDITOR_CODE:  # the meter's bookkeeping inside the program's op: never a stage
-            kind = self._op_kinds.get(func)
+            kind = self._op_kinds.get(id(func))  # operators live as long as torch: id() is theirs
             if kind is None:
-                kind = self._op_kinds[func] = _op_kind(func)
+                kind = self._op_kinds[id(func)] = _op_kind(func)
             first = args[0] if args else None
-            if isinstance(first, torch.nn.Parameter):
+            if _is_parameter(first) and id(first) not in self._marked:
+                self._marked.add(id(first))  # once per parameter: a forward pass meets each again
                 self._mark(first, PARAMETER)  # its aliases (detach, t, views) then lead back to it
             origin = self._copied_from(kind, args) if kind else None
             if origin is not None and kind == _COPIES_INTO:
@@ -271,7 +275,7 @@ class LiveTensorMeter(MeasuringMode):
             sources = [source] if isinstance(source, torch.Tensor) else []
         found, covered = None, 0
         for source in sources:
-            if isinstance(source, torch.nn.Parameter):
+            if _is_parameter(source):
                 self._mark(source, PARAMETER)
             cell = self._cell(source)
             if cell is None or cell[KIND] not in (PARAMETER, COPY):
@@ -285,7 +289,7 @@ class LiveTensorMeter(MeasuringMode):
     def _copied_into(self, dest, origin: tuple) -> None:
         """`dest.copy_(weights)`: dest's storage holds a copy, unless it is a parameter's (a
         restore) or a buffer's."""
-        if not isinstance(dest, torch.Tensor) or isinstance(dest, torch.nn.Parameter):
+        if not isinstance(dest, torch.Tensor) or _is_parameter(dest):
             return
         cell = self._cell(dest)
         if cell is None or cell[KIND] in (PARAMETER, BUFFER):
@@ -533,6 +537,17 @@ def _holds_memory(tensor: torch.Tensor, storage) -> bool:
 
 COPIES_FOLLOWED = ("storages made by copying operators (clone, _to_copy, copy_, index, cat ...) "
                    "from a parameter's storage or a copy of one (auditor.provenance)")
+
+
+_PARAMETER = torch.nn.Parameter
+
+
+def _is_parameter(value) -> bool:
+    """isinstance(value, nn.Parameter), without the Python-level instance check that
+    Parameter's metaclass runs for every object (a plain tensor is rejected by its type)."""
+    kind = type(value)
+    return kind is _PARAMETER or (kind is not torch.Tensor and kind is not tuple and kind is not list
+                                  and isinstance(value, _PARAMETER))
 
 
 def _op_kind(func) -> int:
