@@ -45,6 +45,7 @@ PARTIAL_COPY_SHARE = 0.20     #     of at least this share a partial one (medium
 FULL_COPY_MIN_STAGES = 2      #     without provenance: FULL_COPY_RATIO of the weights' bytes at this
                               #     many consecutive stage ends, said to rest on size only
 NEVER_COPIES = frozenset({"buffers"})  # a model's own buffers (causal masks): its state, not a copy
+MODEL_STATE = frozenset({"weights", "buffers"})  # the model itself: never "retained" (rule (d))
 SIZE_ONLY = ("(by size only: no live-tensor meter in this record followed copies, so nothing "
              "says it was copied from the weights)")
 DENSE_GRADIENT_RATIO = 0.90   # (b) gradients / gradient records at least this fraction of the weights
@@ -358,7 +359,7 @@ def _retained(record: RunRecord) -> list[Finding]:
     if not base:
         return []
     kept = sorted(((n, c) for n, c in (last.components or {}).items()  # a census: never None here
-                   if c.category != "weights" and n != CYCLES and c.category != CYCLE_CATEGORY),
+                   if c.category not in MODEL_STATE and n != CYCLES and c.category != CYCLE_CATEGORY),
                   key=lambda kv: -kv[1].bytes)
     total = sum(c.bytes for _, c in kept)
     label = f"{RETAINED_RATIO:.0%} of {base_words}"
