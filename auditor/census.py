@@ -191,8 +191,8 @@ class _Ledger:
         """Every tensor the garbage collector tracks (kept until the sweep) and every module:
         which storages are parameters', and which are module parameters' or their gradients';
         every live instance of `instances_of` (and their subclasses) into `instances`."""
-        tensor_types, module_types = _subclasses(torch.Tensor), _subclasses(torch.nn.Module)
-        instance_types = set().union(*(_subclasses(cls) for cls in instances_of)) - tensor_types - module_types
+        tensor_types, module_types = subclasses(torch.Tensor), subclasses(torch.nn.Module)
+        instance_types = set().union(*(subclasses(cls) for cls in instances_of)) - tensor_types - module_types
         wanted = tensor_types | module_types | instance_types
         objects = gc.get_objects()
         found = [o for o in objects if type(o) in wanted]  # one pass over the heap
@@ -391,7 +391,7 @@ def _is_wrapper_subclass(t: torch.Tensor) -> bool:
     return hasattr(t, "__tensor_flatten__") and hasattr(type(t), "__tensor_unflatten__")
 
 
-def _subclasses(base: type) -> set[type]:
+def subclasses(base: type) -> set[type]:
     """`base` and all its subclasses alive now (an exact-type test is far cheaper than
     `isinstance` over the hundreds of thousands of objects the collector tracks)."""
     found, stack = set(), [base]

@@ -33,6 +33,8 @@ from types import FrameType
 
 import torch
 
+from auditor.census import subclasses
+
 _AUDITOR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _HIDDEN_NAMES = frozenset({"self", "cls", "args", "kwargs", "_"})
 
@@ -120,7 +122,7 @@ def _library_folders() -> tuple[str, ...]:
 
 
 def _modules_and_optimizers() -> tuple[list, list]:
-    module_types, optimizer_types = _subclasses(torch.nn.Module), _subclasses(torch.optim.Optimizer)
+    module_types, optimizer_types = subclasses(torch.nn.Module), subclasses(torch.optim.Optimizer)
     modules, optimizers = [], []
     for obj in gc.get_objects():  # one pass over the heap, exact types only (cheap)
         kind = type(obj)
@@ -207,13 +209,3 @@ def _unique(name: str, used: set[str]) -> str:
     while f"{name}#{count}" in used:
         count += 1
     return f"{name}#{count}"
-
-
-def _subclasses(base: type) -> set[type]:
-    found, stack = set(), [base]
-    while stack:
-        cls = stack.pop()
-        if cls not in found:
-            found.add(cls)
-            stack.extend(cls.__subclasses__())
-    return found
