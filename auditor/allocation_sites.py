@@ -100,6 +100,7 @@ def _library_roots() -> tuple[str, ...]:
         paths = sysconfig.get_paths()
         roots = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
         roots.update(getattr(site, "getsitepackages", lambda: [])())
+        roots.add(getattr(site, "USER_SITE", None) or "")  # `pip install --user` packages
         roots.add(AUDITOR)
         _ROOTS = tuple(os.path.join(os.path.abspath(r), "") for r in roots if r)
     return _ROOTS

@@ -25,17 +25,15 @@ from __future__ import annotations
 import functools
 import gc
 import os
-import site
 import sys
-import sysconfig
 import weakref
 from types import FrameType
 
 import torch
 
+from auditor.allocation_sites import AUDITOR, is_program_code
 from auditor.census import subclasses
 
-_AUDITOR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _HIDDEN_NAMES = frozenset({"self", "cls", "args", "kwargs", "_"})
 
 
@@ -89,36 +87,19 @@ def opener_frame(start: FrameType | None) -> FrameType | None:
     """The first frame outside the auditor: the one that entered a stage (a `with` block), or
     the caller of a staged callable."""
     frame = start
-    while frame is not None and frame.f_code.co_filename.startswith(_AUDITOR):
+    while frame is not None and frame.f_code.co_filename.startswith(AUDITOR):
         frame = frame.f_back
     return frame
 
 
 @functools.lru_cache(maxsize=4096)
 def is_program_file(filename: str) -> bool:
-    """Code of the audited program: a real file outside the standard library, the installed
-    packages and the auditor (`<frozen ...>`, `<string>` are not)."""
-    if not filename or filename.startswith("<"):
+    """Code of the audited program (auditor.allocation_sites.is_program_code: not the standard
+    library, an installed package, `<frozen ...>` or `<string>`), the auditor's jobs left out too."""
+    if not filename:
         return False
-    path = os.path.abspath(filename)
-    return not path.startswith(_AUDITOR) and not any(path.startswith(p) for p in _library_folders())
-
-
-@functools.cache
-def _library_folders() -> tuple[str, ...]:
-    folders = set()
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        folder = sysconfig.get_paths().get(key)
-        if folder:
-            folders.add(os.path.abspath(folder) + os.sep)
-    try:
-        folders.update(os.path.abspath(p) + os.sep for p in site.getsitepackages())
-    except AttributeError:  # a virtualenv's old site module
-        pass
-    user = getattr(site, "USER_SITE", None)
-    if user:
-        folders.add(os.path.abspath(user) + os.sep)
-    return tuple(sorted(folders))
+    path = os.path.abspath(filename) if not filename.startswith("<") else filename
+    return is_program_code(path) and not path.startswith(AUDITOR)
 
 
 def _modules_and_optimizers() -> tuple[list, list]:

@@ -31,7 +31,7 @@ def answer_section(answer: Answer | None, place: PeakPlace, components: model.Co
         return f"{head}" + (no_census or "\n\nThe stage holding the peak has no census.") + _live_only(components)
     columns = [f"at {md.text(_target(v.target, v.target_dtype))} ({md.text(method_words(v))})" for v in answer.views]
     rows = []
-    notes = _Notes()
+    notes = md.Notes()
     for row in answer.rows:
         ratio = units.ratio(row.bytes, answer.weights)
         cells = [_cell(c, notes) for c in row.at_targets]
@@ -89,32 +89,13 @@ def _target(target: str, dtype: str | None) -> str:
     return f"{target} {dtype}" if dtype else target
 
 
-def _cell(at: AtTarget, notes: _Notes) -> str:
+def _cell(at: AtTarget, notes: md.Notes) -> str:
     if at.miss is not None:
         return unexplained(at.miss)
     if at.bytes is None and at.why:
         return "not projected" + notes.mark(at.why)
     text = units.size(at.bytes)
     return text + (f" (est. {units.size(at.estimated)})" if at.estimated else "") + (notes.mark(at.why) if at.why else "")
-
-
-class _Notes:
-    """Reasons under a table, each once, marked where a figure rests on one."""
-    MARKS = "¹²³⁴⁵⁶⁷⁸⁹"
-
-    def __init__(self) -> None:
-        self.texts: list[str] = []
-
-    def mark(self, why: str) -> str:
-        if why not in self.texts:
-            self.texts.append(why)
-        index = self.texts.index(why)
-        return self.MARKS[index] if index < len(self.MARKS) else f" (note {index + 1})"
-
-    def text(self) -> str:
-        lines = [md.wrapped(f"{self.MARKS[i] if i < len(self.MARKS) else f'Note {i + 1}:'} {md.text(t[:1].upper() + t[1:])}.")
-                 for i, t in enumerate(self.texts)]
-        return "".join(f"\n\n{line}" for line in lines)
 
 
 def fixes_section(fixes: Fixes) -> str:
@@ -130,7 +111,7 @@ def fixes_section(fixes: Fixes) -> str:
         lead += f" Remedies are for {fixes.kind.words}: {md.phrase(fixes.kind.evidence)}."
     headers = ["finding", "remedy", "saves here", *(f"at {md.text(t)}" for t in fixes.targets), "validated by"]
     rows = []
-    notes = _Notes()
+    notes = md.Notes()
     for fix in fixes.rows:
         f = fix.finding
         what = f"**{f.severity}** {md.text(f.rule)}" + (f": {md.phrase(fix.subject)}" if fix.subject else "")

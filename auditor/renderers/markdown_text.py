@@ -84,3 +84,26 @@ def wrapped(line: str, width: int = 400, indent: str = "  ") -> str:
         lines.append(rest[:cut])
         rest = indent + rest[cut + 1:]
     return "\n".join([*lines, rest])
+
+
+SUPERSCRIPTS = "¹²³⁴⁵⁶⁷⁸⁹"
+
+
+class Notes:
+    """Reasons under a table, each once, marked where a figure rests on one: the first with
+    `marks` (superscripts by default), the rest " (note N)"; `text()` lists them in order."""
+
+    def __init__(self, marks: str = SUPERSCRIPTS) -> None:
+        self.marks = marks
+        self.texts: list[str] = []
+
+    def mark(self, why: str) -> str:
+        if why not in self.texts:
+            self.texts.append(why)
+        index = self.texts.index(why)
+        return self.marks[index] if index < len(self.marks) else f" (note {index + 1})"
+
+    def text(self) -> str:
+        lines = [wrapped(f"{self.marks[i] if i < len(self.marks) else f'Note {i + 1}:'} {text(t[:1].upper() + t[1:])}.")
+                 for i, t in enumerate(self.texts)]
+        return "".join(f"\n\n{line}" for line in lines)

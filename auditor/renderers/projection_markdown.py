@@ -88,12 +88,10 @@ def _component_table(target: TargetSides) -> str:
     head = ["component", "category", "audited", *(f"at target, {md.text(s.how)}" for s in target.sides),
             "instances at once (audited / target)"]
     rows = []
-    whys: list[str] = []
+    notes = md.Notes(marks="")
     for first, each in shown:
         why = next((c.why for c in each if c is not None and c.why), None)
-        if why and why not in whys:
-            whys.append(why)
-        mark = f" (note {whys.index(why) + 1})" if why else ""
+        mark = notes.mark(why) if why else ""
         rows.append([md.code(first.name), md.text(first.category),
                      units.size(first.audited) if first.audited_instances else "-",
                      *(_component_cell(c) + (mark if c is not None and c.target_instances else "") for c in each),
@@ -101,9 +99,8 @@ def _component_table(target: TargetSides) -> str:
                      + " / ".join(dict.fromkeys(f"{c.target_instances if c else 0:,}" for c in each))])
     more = (f"\n\n{len(target.components) - len(shown):,} smaller components are in the run record."
             if len(target.components) > len(shown) else "")
-    notes = "".join(f"\n\n{md.wrapped(f'Note {i}: {md.text(w[:1].upper() + w[1:])}.')}" for i, w in enumerate(whys, 1))
     return ("The most each component's instances held together at one stage end, audited and at the target.\n\n"
-            + md.table(head, rows, right=range(2, 2 + 1 + len(target.sides))) + more + notes)
+            + md.table(head, rows, right=range(2, 2 + 1 + len(target.sides))) + more + notes.text())
 
 
 def _component_cell(c: ComponentSide | None) -> str:
