@@ -44,6 +44,7 @@ import threading
 import time
 import warnings
 import weakref
+from collections.abc import Set as AbstractSet
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -914,7 +915,7 @@ class Audit:
         self._keep_out(began, "census_s")
         return components, tensors, census
 
-    def _tracked_roots(self, leave_out: set[str] = frozenset()) -> dict:  # type: ignore[assignment]
+    def _tracked_roots(self, leave_out: AbstractSet[str] = frozenset()) -> dict:
         roots = {}
         for name, (ref, categories) in list(self._roots.items()):
             obj = ref()

@@ -29,7 +29,7 @@ from auditor.analysis import source_paths, unstaged
 from auditor.analysis.finding_model import SEVERITIES, Finding
 from auditor.analysis.noise_band import BORDERLINE, RSS_BAND, Band, rss_band, tensor_band
 from auditor.analysis.components import (UNCALIBRATED, ProjectedStage, census_order, finished, growers,
-                                         is_traced, largest_weights, live_tensor_peak, peak_stage,
+                                         is_buffer, is_traced, largest_weights, live_tensor_peak, peak_stage,
                                          projection_views, weights_bytes)
 from auditor.analysis.program_kind import Kind, program_kind
 from auditor.analysis.remedies import GENERIC, TEMPORARIES, remedy
@@ -87,9 +87,10 @@ class Outcome:
 def evaluate(record: RunRecord) -> list[Outcome]:
     """Every rule applied to the record: what it found, or why it could not be checked."""
     outcomes = []
+    kind = program_kind(record).kind  # the remedies' words, the same for every finding
     for rule in RULES:
         why = missing_input(record, rule)
-        found = () if why else tuple(_with_remedy(f, rule, record) for f in rule.check(record))
+        found = () if why else tuple(_with_remedy(f, rule, record, kind) for f in rule.check(record))
         outcomes.append(Outcome(rule, found, why))
     return outcomes
 
@@ -176,7 +177,7 @@ def _copies_by_provenance(snapshots: list[Stage]) -> list[Finding]:
 def _parameter_tensors(stage: Stage) -> int:
     """Parameter storages at the stage end (weights components other than module buffers)."""
     return sum(c.tensors or 0 for n, c in (stage.components or {}).items()
-               if c.category == "weights" and not (n == "buffers" or n.endswith(".buffers")))
+               if c.category == "weights" and not is_buffer(n))
 
 
 def _copies_by_size(snapshots: list[Stage], wanted: Callable[[str], bool]) -> list[Finding]:
@@ -474,8 +475,8 @@ def _until(last: Stage, snapshots: list[Stage]) -> str:
 REMEDIES = GENERIC  # each rule's remedy where the record cannot tell the program's kind
 
 
-def _with_remedy(finding: Finding, rule: Rule, record: RunRecord) -> Finding:
-    text = finding.remedy or _remedy_words(finding, program_kind(record).kind, record) or rule.remedy
+def _with_remedy(finding: Finding, rule: Rule, record: RunRecord, kind: Kind) -> Finding:
+    text = finding.remedy or _remedy_words(finding, kind, record) or rule.remedy
     return Finding(finding.rule, finding.severity, finding.statement, finding.evidence, text,
                    saving(finding, record), _validated(finding, record))
 

@@ -34,8 +34,8 @@ OPTIMIZER_STATE = "optimizer state"
 PRUNER_CATEGORIES = ("saved copies", "gradient records")
 GRADIENTS = "gradients"
 MASKS = "masks"
-STATE_OPS = ("aten::zeros_like",)
-PARAMETER_OPS = ("aten::empty",)    # how modules make their parameters: masks made beside them are the model's   # how torch's optimizers make their per-parameter state
+STATE_OPS = ("aten::zeros_like",)  # how torch's optimizers make their per-parameter state
+PARAMETER_OPS = ("aten::empty",)    # how modules make their parameters: masks made beside them are the model's
 STATE_MULTIPLES = (1, 2, 3)         # momentum / Adagrad; Adam, AdamW; Adam with amsgrad
 STATE_SLACK = 1e-4                  # beyond the multiple: scalars per parameter tensor, no more
 KIND_WORDS = {"training": "a training step", "pruning": "a pruner", "inference": "an inference loop",
@@ -72,7 +72,7 @@ def program_kind(record: RunRecord) -> ProgramKind:
     if masks:
         return ProgramKind("pruning", f"bool masks made inside a staged call are kept after it ({units.size(masks)})")
     metered = any(s.live_tensors is not None and s.live_tensors.at_peak is not None for s in record.stages)
-    backward = _backward_seen(record)
+    backward = _backward_seen(record, categories)
     if backward:
         return ProgramKind("unknown", f"{backward}, but the record shows no optimizer state and no pruning masks")
     if metered:
@@ -127,8 +127,8 @@ def _optimizer_state(record: RunRecord, rows: list) -> str | None:
     return None
 
 
-def _backward_seen(record: RunRecord) -> str | None:
-    categories = _census_categories(record)
+def _backward_seen(record: RunRecord, categories: dict[str, int]) -> str | None:
+    """Where the record shows a backward pass; `categories`: _census_categories(record)."""
     if categories.get(GRADIENTS):
         return f"the census names gradients ({units.size(categories[GRADIENTS])})"
     for stage in record.stages:

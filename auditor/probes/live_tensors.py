@@ -123,7 +123,7 @@ class LiveTensorMeter(MeasuringMode):
             kind = type(obj)  # type(): some modules warn on isinstance
             if issubclass(kind, torch.Tensor):
                 self._track(obj, None, None)
-                if kind is torch.nn.Parameter or issubclass(kind, torch.nn.Parameter):
+                if _is_parameter(obj):
                     self._mark(obj, PARAMETER)
                 if obj.is_leaf and obj.grad is not None:
                     self._track(obj.grad, None, None)
