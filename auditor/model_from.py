@@ -3,20 +3,28 @@ in the real run, replaced by the target's model in the projection's run.
 
 This is how any program is projected without editing it. Research scripts build their model
 in a function of their own (`get_llm(name)`, `build_llama(layers, hidden)`, a `from_pretrained`
-wrapper). Named, that function is
+wrapper) or with a class call (`LlamaForCausalLM(config)`). Named (a function, a class, or a
+class's `from_pretrained`/`from_config`), it is
 
 - observed in the real run: what each call returned (class, dtype, device, parameters, train
-  mode) becomes the record's `model_from`;
-- replaced in the target's run: each call returns `architectures.build_model(target)` in the
-  observed dtype, device and mode, and the original is never called (under a traced run the
-  weights are fake tensors: a 7B model costs nothing). Plain values the function set on its
-  model (`model.seqlen = 2048`) are set on the replacement too, with the real run's values;
-  the traced record's `model_from.calls[i].copied_attributes` lists them.
+  mode, attention) becomes the record's `model_from`;
+- run again in the target's run, as written, with the target's sizes put into the config of
+  every `transformers` model it builds (auditor.target_config): the same class, attention
+  implementation, dtype, tied embeddings and side effects (`.to(device)`, `hf_device_map`,
+  hooks, attributes of any type), only the sizes changed. Under a traced run the weights are
+  fake tensors: a 7B model costs nothing. Each call's `target_built` says how it was built.
+- A model that is not a `transformers` model has no config to resize: a function's call is
+  then replaced by a stand-in, `architectures.build_model(target)` in the observed dtype,
+  device and mode, with the plain values the function set on its model (`copied_attributes`),
+  and `target_built` says in plain words that the figures are the stand-in's, not the
+  program's model's. A class that is not a transformers model cannot be replaced: its call
+  fails in the target's run with that sentence.
 
 Everything else runs unchanged: the program's calibration data, loops and state are the real
 run's, at the target's model shapes. The function is patched where it lives and in the
 modules that imported it by name (auditor.name_bindings), as stage targets are, so it must be
-named before the program imports it by name (the command line does this).
+named before the program imports it by name (the command line does this); a class is patched
+in its `__init__`, so every way of calling it is seen.
 
     with ModelFrom("pruning.tiny_llama:build_llama") as seen:           # real run
         main()
@@ -28,8 +36,10 @@ from __future__ import annotations
 import functools
 from dataclasses import asdict, dataclass, field
 
+from auditor import main_script
 from auditor.stage import active_audit
-from auditor.targets import LatePatch, Patch, Target, patch, raw_attribute, resolve
+from auditor.targets import (LatePatch, Patch, Target, import_named, patch, raw_attribute,
+                             resolve)
 
 
 
@@ -47,22 +57,51 @@ class TargetModel:
 
 
 def check(spec: str) -> Target:
-    """The named function or class/static method (`transformers:AutoModelForCausalLM.from_pretrained`),
-    or ValueError with a one-line message about `--model-from`."""
+    """The named function, class, or class/static method (`transformers:AutoModelForCausalLM.from_pretrained`),
+    or ValueError with a one-line message about `--model-from`. A class is watched in its
+    `__init__` (Target named `Class.__init__`)."""
     try:
         target = resolve(spec)
     except ValueError as error:
-        raise ValueError(str(error).replace("stage target", "--model-from", 1)) from None
+        if "is a class" not in str(error):
+            raise ValueError(str(error).replace("stage target", "--model-from", 1)) from None
+        return _class_init(spec)
+    if target.script is not None and _script_class(target):
+        return _class_init(spec)
     if isinstance(target.owner, type) and not isinstance(
             raw_attribute(target.owner, target.attribute), (classmethod, staticmethod)):
-        raise ValueError(f"--model-from {spec!r} is a method of its objects; name a function, or a "
-                         "class's from_pretrained / from_config (module:Class.method)")
+        raise ValueError(f"--model-from {spec!r} is a method of its objects; name a function, a class, "
+                         "or a class's from_pretrained / from_config (module:Class.method)")
     return target
 
 
+def _class_init(spec: str) -> Target:
+    module_name, _, qualname = spec.partition(":")
+    script = main_script.declared_for(module_name)
+    if script is not None:
+        return Target(name=f"{qualname}.__init__", owner=None, attribute="__init__", spec=spec,
+                      script=script)
+    owner: object = import_named(module_name, "--model-from")
+    for part in qualname.split("."):
+        owner = getattr(owner, part)
+    return Target(name=f"{qualname}.__init__", owner=owner, attribute="__init__", spec=spec)
+
+
+def _script_class(target: Target) -> bool:
+    """Whether a name in the audited script is bound by a top-level class statement."""
+    import ast
+    tree = main_script.parse(target.script or "")
+    return any(isinstance(node, ast.ClassDef) and node.name == target.name for node in tree.body)
+
+
+def is_class(target: Target) -> bool:
+    return target.attribute == "__init__"
+
+
 class ModelFrom:
-    """Patches the model-building function for a `with` block: observing it (no `target`) or
-    replacing its calls by the target's model (`target`, with the real run's `observed` calls)."""
+    """Patches the model-building function or class for a `with` block: observing it (no
+    `target`) or building the target's model through it (`target`, with the real run's
+    `observed` calls)."""
 
     def __init__(self, spec: str, target: TargetModel | None = None,
                  observed: list[dict] | None = None):
@@ -74,12 +113,11 @@ class ModelFrom:
             raise ValueError(f"--model-from {spec!r} was never called in the real run: there is "
                              "no model to replace")
         self._patch: Patch | LatePatch | None = None
-        self._building = False
+        self._depth = 0  # calls inside calls (the replacement's own build, a subclass's super().__init__)
 
-    def __enter__(self) -> "ModelFrom":
-        self._patch = patch(self._target, lambda function, _: (self._replacing(function) if self.target
-                                                               else self._observing(function)),
-                            what="--model-from")
+    def __enter__(self) -> ModelFrom:
+        wrap = self._wrap_init if is_class(self._target) else self._wrap_function
+        self._patch = patch(self._target, lambda function, _: wrap(function), what="--model-from")
         return self
 
     def __exit__(self, *exc) -> None:
@@ -87,31 +125,88 @@ class ModelFrom:
             self._patch.restore()
             self._patch = None
 
-    def _observing(self, original):
+    def _wrap_function(self, original):
         @functools.wraps(original)
-        def observed(*args, **kwargs):
-            model = original(*args, **kwargs)
-            self._note(describe_model(model))
-            return model
-        return observed
-
-    def _replacing(self, original):
-        @functools.wraps(original)
-        def replaced(*args, **kwargs):
-            if self._building:  # the replacement's own build (from_config is how it builds)
+        def model_from(*args, **kwargs):
+            if self._depth:
                 return original(*args, **kwargs)
-            seen = self._observed[min(len(self.calls), len(self._observed) - 1)]
-            if "class" not in seen or seen.get("returned") != "module":
-                raise TypeError(f"--model-from {self.spec} returned a {seen.get('class', '?')} in "
-                                "the real run, not a torch.nn.Module: it cannot be replaced by a model")
-            self._building = True
+            self._depth += 1
             try:
-                model, copied = build(self.target, seen)
+                if self.target is None:
+                    model = original(*args, **kwargs)
+                    self._note(describe_model(model))
+                    return model
+                return self._at_target(lambda: original(*args, **kwargs))
             finally:
-                self._building = False
-            self._note({**describe_model(model), "replaces": seen, "copied_attributes": copied})
+                self._depth -= 1
+        return model_from
+
+    def _wrap_init(self, original):
+        @functools.wraps(original)
+        def model_init(model, *args, **kwargs):
+            if self._depth:
+                return original(model, *args, **kwargs)
+            self._depth += 1
+            try:
+                if self.target is None:
+                    original(model, *args, **kwargs)
+                    self._note(describe_model(model))
+                    return None
+                self._at_target(lambda: (original(model, *args, **kwargs), model)[1], in_place=True)
+                return None
+            finally:
+                self._depth -= 1
+        return model_init
+
+    def _at_target(self, build_as_written, in_place: bool = False):
+        """The program's own call with the target's sizes in its transformers config; a stand-in
+        where it builds no transformers model (a class: an error saying why)."""
+        from auditor.target_config import AtTargetSizes, describe_sizes, target_sizes
+        assert self.target is not None
+        seen = self._observed[min(len(self.calls), len(self._observed) - 1)]
+        if "class" not in seen or seen.get("returned") != "module":
+            raise TypeError(f"--model-from {self.spec} returned a {seen.get('class', '?')} in "
+                            "the real run, not a torch.nn.Module: it cannot be built at the target's sizes")
+        sizes = target_sizes(self.target)
+        failed = None
+        with AtTargetSizes(sizes) as resizing:
+            try:
+                model = build_as_written()
+            except Exception as error:  # a builder that fails on fake tensors, with no transformers
+                if resizing.resized or in_place:  # model in it, is replaced; any other failure is its own
+                    raise
+                model, failed = None, f"{type(error).__name__}: {error}".splitlines()[0][:200]
+        if resizing.resized:
+            if self.target.dtype:
+                import torch
+                model.to(getattr(torch, self.target.dtype))
+            built = {"by": "program", "sizes": resizing.resized[0]["sizes"],
+                     "says": f"built by the program's own {self.spec} with {self.target.describe()}'s "
+                             f"sizes ({describe_sizes(resizing.resized[0]['sizes'])}); its class "
+                             f"{type(model).__qualname__}, attention "
+                             f"({resizing.resized[0]['attention'] or 'default'}), dtype and other "
+                             "settings are the program's"}
+            self._note({**describe_model(model), "replaces": seen, "target_built": built})
             return model
-        return replaced
+        not_resizable = (f"the program's model ({seen.get('class', '?')}) is not a transformers model, "
+                         f"so its sizes cannot be set to {self.target.describe()}'s"
+                         + (f" (its builder failed at the target: {failed})" if failed else ""))
+        if in_place:
+            raise TypeError(f"--model-from {self.spec}: {not_resizable}; name a function that builds "
+                            "it, and a stand-in of the target's architecture is used in its place")
+        del model  # the program's small model: the stand-in takes its place
+        self._depth += 1  # the stand-in's own from_config is not the program's call
+        try:
+            stand_in, copied = build(self.target, seen)
+        finally:
+            self._depth -= 1
+        built = {"by": "stand-in",
+                 "says": f"a stand-in: {not_resizable}; the figures are those of the auditor's "
+                         f"{self.target.describe()} (eager attention) built in its place, not of the "
+                         "program's own model"}
+        self._note({**describe_model(stand_in), "replaces": seen, "copied_attributes": copied,
+                    "target_built": built})
+        return stand_in
 
     def _note(self, call: dict) -> None:
         self.calls.append(call)
@@ -135,6 +230,7 @@ def describe_model(model) -> dict:
             "training": model.training,
             "parameters": sum(p.numel() for p in parameters),
             "model_type": getattr(config, "model_type", None),
+            "attention": getattr(config, "_attn_implementation", None),
             "attributes": _plain_attributes(model)}
 
 

@@ -181,8 +181,45 @@ def traced(observed_sizes: list[dict] | None = None, estimate_sizes: bool = True
     `estimates`). `observed_sizes`: a real run's `data_dependent_sizes`; `estimate_sizes=False`
     makes every data-dependent size empty (the lower bound)."""
     value_free = ValueFreeMode(SizeEstimates(observed_sizes, estimate_sizes))
-    with FakeTensorMode(allow_non_fake_inputs=True), value_free:
+    with FakeTensorMode(allow_non_fake_inputs=True), value_free, _modules_convert_in_place():
         yield value_free
+
+
+@contextlib.contextmanager
+def _modules_convert_in_place():
+    """`model.to(device)`, `.half()`, `.float()` on a model of fake tensors work as on a real one.
+
+    torch converts a fake parameter by swapping it with its converted copy, which fails
+    whenever anything holds a weak reference to it (fake tensor mode and the live-tensor meter
+    both do): "Couldn't swap Embedding.weight". A real CPU parameter is converted in place
+    (`param.data = converted`), keeping its identity (tied weights stay tied, an optimizer
+    made before keeps its parameters); fake parameters are converted the same way here."""
+    original = torch.nn.Module._apply
+
+    def _apply(module, fn, recurse=True):
+        if recurse:
+            for child in module.children():
+                child._apply(fn)
+        own = [t for t in (*module._parameters.values(), *module._buffers.values()) if t is not None]
+        if not any(is_fake(t) for t in own):
+            return original(module, fn, recurse=False)
+        with torch.no_grad():
+            for parameter in module._parameters.values():
+                if parameter is None:
+                    continue
+                parameter.data = fn(parameter)
+                if parameter.grad is not None:
+                    parameter.grad.data = fn(parameter.grad)
+        for key, buffer in module._buffers.items():
+            if buffer is not None:
+                module._buffers[key] = fn(buffer)
+        return module
+
+    torch.nn.Module._apply = _apply  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module._apply = original  # type: ignore[method-assign]
 
 
 ESTIMATED = (aten.nonzero.default, aten.masked_select.default, aten.index.Tensor, *UNIQUE)

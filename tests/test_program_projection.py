@@ -130,7 +130,10 @@ def test_run_projects_an_unmodified_script_to_the_target_model(program, capsys):
     assert "### Projection to llama-2-7b (layers 2, hidden 128, vocab 256, heads 2, intermediate 256)\n" in text
     assert "live tensors, traced" in text
     assert "| &emsp;Stat.add_batch | 21 | 42 |" in text  # calls audited / at the target (2 layers)
-    assert traced.annotations["model_from"]["calls"][0]["copied_attributes"] == {"seqlen": 16}
+    (call,) = traced.annotations["model_from"]["calls"]
+    assert call["target_built"]["by"] == "program"  # get_llm ran as written, at the target's sizes
+    assert call["attributes"]["seqlen"] == 16 and "copied_attributes" not in call
+    assert projection["target_built"]["by"] == "program"
 
 
 def test_the_traced_projection_matches_a_real_run_at_the_target(program, tmp_path):
@@ -241,7 +244,8 @@ def test_a_from_config_classmethod_is_replaced_and_attributes_the_program_set_ca
     traced = auditor.load(tmp_path / "out" / projection["run_folder"])
     (call,) = traced.annotations["model_from"]["calls"]
     assert call["parameters"] == architectures.count_parameters(TARGET_MODEL.architecture, **TARGET_MODEL.overrides)
-    assert call["copied_attributes"] == {}  # seqlen is set by the script itself, after the call
+    assert call["target_built"]["by"] == "program"  # from_config ran as written, resized
+    assert "copied_attributes" not in call  # nothing copied: the program's own call made it
 
 
 def test_a_method_of_objects_is_refused_as_model_from(tmp_path, monkeypatch, capsys):

@@ -125,6 +125,10 @@ def project_program(record: RunRecord, plan: Plan, folder: Path, timeout_s: int 
     projection = project_traced(record, traced)
     projection["target"] = plan.target.describe()
     projection["model_from"] = plan.model_from
+    built = [c["target_built"] for c in (traced.annotations.get("model_from") or {}).get("calls") or []
+             if isinstance(c, dict) and c.get("target_built")]
+    if built:  # the program's own model at the target's sizes, or a stand-in: said with the figures
+        projection["target_built"] = next((b for b in built if b.get("by") == "stand-in"), built[0])
     if plan.rank is not None:
         projection["traced_as_rank"] = {"rank": plan.rank, "world_size": plan.world_size}
     projection["run_folder"] = folder.name
