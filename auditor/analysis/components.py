@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from auditor import units
+from auditor.analysis.projection_standing import Failure, stand_in, traced_failure
 from auditor.record_schema import AtPeak, Readings, RunRecord, Stage, Unstaged
 
 WEIGHTS = "weights"
@@ -251,6 +252,8 @@ class ProjectionView:
     unexplained: dict | None = None  # {stage, bytes}: the headline's drivers miss; its figures are None
     estimates: str | None = None  # how much rests on estimated data-dependent sizes, in words
     basis: str | None = None  # what its peak RSS is made of (auditor.analysis.traced_projection)
+    failed: Failure | None = None  # its traced run ended in an error: no headline figure
+    stand_in: str | None = None  # its target model is a stand-in architecture, in a sentence
 
     @property
     def label(self) -> str:
@@ -287,6 +290,7 @@ def projection_views(record: RunRecord) -> list[ProjectionView]:
             view = _traced_run_view(item)
         elif isinstance(item.get("stages"), list):
             view = _hide_unexplained(_projection_view(item), item)
+            view.failed, view.stand_in = traced_failure(item), stand_in(item)
         else:
             view = None
         if view is not None:

@@ -26,6 +26,7 @@ from typing import Callable
 from auditor import units
 from auditor.allocation_sites import DDP_BUCKETS, communication_buffer
 from auditor.analysis import source_paths, unstaged
+from auditor.analysis.child_findings import CHILD_HIGH, CHILD_SHARE, child_memory
 from auditor.analysis.finding_model import SEVERITIES, Finding
 from auditor.analysis.noise_band import BORDERLINE, RSS_BAND, Band, rss_band, tensor_band
 from auditor.analysis.components import (UNCALIBRATED, ProjectedStage, census_order, finished, growers,
@@ -517,7 +518,9 @@ def saving(finding: Finding, record: RunRecord) -> dict | None:
     projected = []
     for view in projection_views(record):
         at, why = view.stages.get(stage), None
-        if at is None:
+        if view.failed is not None:  # a traced run that stopped part-way: no figure at the target
+            value, why = None, f"the traced run {view.failed.plain}"
+        elif at is None:
             value, why = None, f"the projection has no stage `{stage}`"
         elif names is None:  # a projection below what was measured here did not model this
             value = stage_transient(at)
@@ -600,6 +603,10 @@ RULES: tuple[Rule, ...] = (
     Rule("rss-above-live-tensors", "Peak RSS above the live-tensor peak",
          f"peak RSS - live-tensor peak > {TENSOR_GAP_SHARE:.0%} of the peak" + _RSS_NOISE,
          ("live_tensors", "real rss"), tensor_gap, REMEDIES["rss-above-live-tensors"]),
+    Rule("child-memory", "Child processes held memory of their own",
+         f"the children's own memory (USS; RSS where USS is not readable) at a top-level stage end or the run's "
+         f"end >= {CHILD_SHARE:.0%} of this process's peak RSS (high: >= {CHILD_HIGH:.0%})",
+         ("real rss",), child_memory, REMEDIES["child-memory"]),
     Rule("failed-stage", "Failed or unfinished stages", "any stage failed or open, or the run "
          "did not end ok", (), _failures, REMEDIES["failed-stage"]),
 )

@@ -33,6 +33,7 @@ class AtTarget:
     miss: int | None = None     # its drivers do not explain it: this miss, never a number
     estimated: int = 0          # of `bytes`, resting on estimated data-dependent sizes
     why: str | None = None      # why the figure does not grow with the model, or is not projected
+    failed: str | None = None   # its traced run stopped part-way ("failed at stage `X`: ..."): no figure
 
 
 @dataclass
@@ -140,6 +141,10 @@ def peak_answer(census: Attribution, projected: list[tuple[ProjectionView, Proje
                               noted(each(stage_transient, lambda p: ["transient"]), TRANSIENT, risen)))
     rows.append(AnswerRow("peak", "peak RSS", census.rss_peak if census.rss_peak is not None else census.rss_end,
                           each(lambda p: p.rss_peak, lambda p: ["peak"])))
+    for i, (view, _) in enumerate(projected):  # a traced run that stopped part-way fills no cell
+        if view.failed is not None:
+            for row in rows:
+                row.at_targets[i] = AtTarget(failed=view.failed.phrase)
     return Answer(census.stage, census.weights, census.buffers, [v for v, _ in projected], rows)
 
 

@@ -18,8 +18,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from auditor.record import EVENTS_FILE
-from auditor.record_schema import Call, Children, RunRecord, Site, Stage
+from auditor.record import EVENTS_FILE, load
+from auditor.record_schema import Call, Children, RunRecord, RunRecordError, Site, Stage
 
 MAX_ROWS = 24  # the stage table's rows on a terminal: with the lines above it, a screenful
 _CALL_NUMBERS = re.compile(r"#\d+(?=/|$)")
@@ -123,6 +123,8 @@ class ProjectionSummary:
     incomplete: str | None         # where the trace stopped
     folder: Path                   # the run folder, which the full report is made from
     as_rank: str | None = None     # "rank R of N": traced on torch's fake process group
+    failed: str | None = None      # "failed at stage X: reason": its figures are not the target's peak
+    stand_in: str | None = None    # the target model is a stand-in architecture, in a sentence
 
 
 def stage_end(entry: dict) -> StageEnd:
@@ -200,8 +202,24 @@ def _duration(stage: Stage) -> float:
 
 
 def projection_summary(projection: dict, folder: Path) -> ProjectionSummary:
-    peak = projection["peak"]
+    """A traced run that stopped part-way gives no figure: where it failed (the stage read from
+    its own record in `folder`, where that is readable)."""
+    from auditor.analysis.projection_standing import stand_in, traced_failure
+    peak = projection.get("peak") or {}
     as_rank = projection.get("traced_as_rank")
-    return ProjectionSummary(projection["target"], projection["live_tensor_peak"], peak["rss"], peak["stage"],
+    failed = traced_failure(projection, _traced_record(projection, folder)) if projection.get("incomplete") else None
+    return ProjectionSummary(projection["target"], projection.get("live_tensor_peak"), peak.get("rss"), peak.get("stage"),
                              projection.get("incomplete") or None, folder,
-                             f"rank {as_rank['rank']} of {as_rank['world_size']}" if as_rank else None)
+                             f"rank {as_rank['rank']} of {as_rank['world_size']}" if as_rank else None,
+                             failed.plain if failed is not None else None, stand_in(projection))
+
+
+def _traced_record(projection: dict, folder: Path) -> RunRecord | None:
+    """The traced run's own record (its stages' statuses), None where it cannot be read."""
+    traced = projection.get("run_folder")
+    if not traced:
+        return None
+    try:
+        return load(Path(folder) / traced, from_events=True)
+    except (RunRecordError, OSError):
+        return None

@@ -29,12 +29,13 @@ def answer_section(answer: Answer | None, place: PeakPlace, components: model.Co
         return f"{head}\n\n{unstaged_peak(components.unstaged_peak)}{no_census}"
     if answer is None:
         return f"{head}" + (no_census or "\n\nThe stage holding the peak has no census.") + _live_only(components)
-    columns = [f"at {md.text(_target(v.target, v.target_dtype))} ({md.text(method_words(v))})" for v in answer.views]
-    rows = []
     notes = md.Notes()
+    columns = [f"at {md.text(_target(v.target, v.target_dtype))} ({md.text(method_words(v))})"
+               + (notes.mark(v.stand_in) if v.stand_in and v.failed is None else "") for v in answer.views]
+    rows = []
     for row in answer.rows:
         ratio = units.ratio(row.bytes, answer.weights)
-        cells = [_cell(c, notes) for c in row.at_targets]
+        cells = [_cell(c, notes, row.kind == "peak") for c in row.at_targets]
         if row.kind == "category":
             rows.append([f"**{md.text(row.name)}**", f"**{units.size(row.bytes)}**", ratio, *cells])
         elif row.kind == "component":
@@ -42,7 +43,8 @@ def answer_section(answer: Answer | None, place: PeakPlace, components: model.Co
         elif row.kind == "of which":
             rows.append([INDENT + "of which " + md.text(row.name), units.size(row.bytes), ratio, *cells])
         elif row.kind == "peak":
-            rows.append(["**peak RSS**", f"**{units.size(row.bytes)}**", f"**{ratio}**", *(f"**{c}**" for c in cells)])
+            rows.append(["**peak RSS**", f"**{units.size(row.bytes)}**", f"**{ratio}**",
+                         *(c if a.failed else f"**{c}**" for a, c in zip(row.at_targets, cells))])
         else:
             rows.append([md.text(row.name), units.size(row.bytes), ratio, *cells])
     table = md.table(["category / component", "bytes here", "x the weights", *columns], rows,
@@ -89,7 +91,11 @@ def _target(target: str, dtype: str | None) -> str:
     return f"{target} {dtype}" if dtype else target
 
 
-def _cell(at: AtTarget, notes: md.Notes) -> str:
+def _cell(at: AtTarget, notes: md.Notes, peak: bool = False) -> str:
+    """A figure at a target; a traced run that stopped part-way says where in its peak row, no
+    figure in any (what it finished is in the projection's details)."""
+    if at.failed is not None:
+        return md.phrase(at.failed) if peak else "-"
     if at.miss is not None:
         return unexplained(at.miss)
     if at.bytes is None and at.why:

@@ -111,7 +111,8 @@ def _title(summary: model.Summary) -> str:
                   else f"live tensors {units.size(view.live_tensor_peak)}" if view.live_tensor_peak is not None
                   else "not projected")
         name = view.target + (f" {view.target_dtype}" if view.target_dtype else "")
-        targets.setdefault(name, []).append(f"{figure} ({method_words(view)})")
+        targets.setdefault(name, []).append(f"{figure} ({method_words(view)})" if view.failed is None  # no
+                                            else f"({method_words(view)}) {view.failed.phrase}")  # figure: it stopped
     line = ", ".join(said) + "".join(f"; at {t} {', '.join(f)}" for t, f in targets.items())
     return f"# Memory report: {md.text(summary.name)}: {md.text(line)}"
 
@@ -221,6 +222,8 @@ def _summary(summary: model.Summary) -> str:
 
 def _projected(headline: model.ProjectionHeadline) -> str:
     view = headline.view
+    if view.failed is not None:  # what it finished is in the details, never a headline figure
+        return f"{_phrase(view.failed.phrase)} ([how]({md.anchor(projection_heading(view.target))}))"
     value = (f"{units.size(view.peak_rss)} peak RSS" if view.peak_rss is not None
              else _deferred(view, headline.traced) if view.unexplained is not None else "RSS not projected")
     if view.peak_stage:
@@ -347,6 +350,8 @@ def _deferred(view: ProjectionView, traced: ProjectionView | None) -> str:
             f"{md.code(miss.get('stage', '?'))}{what}): see traced")
     if traced is None:
         return text + " (no traced projection in this record: a run without --no-trace makes one)"
+    if traced.failed is not None:
+        return f"{text}, which {_phrase(traced.failed.phrase)}"
     figure = (f"{units.size(traced.peak_rss)} peak RSS" if traced.peak_rss is not None
               else f"live tensors {units.size(traced.live_tensor_peak)}")
     return f"{text}: the traced figure stands for it, {figure} in stage {md.code(traced.peak_stage or '?')}"

@@ -247,11 +247,16 @@ def _which_call(row: SummaryRow) -> str:
 
 
 def projection_summary(out: Console, summary: ProjectionSummary) -> None:
-    stopped = f" ({summary.incomplete}; later stages not projected)" if summary.incomplete else ""
     rank = (f" as {summary.as_rank} (fake process group: the backend's own collective buffers not traced)"
             if summary.as_rank else "")
-    _line(out, f"traced projection to {summary.target}{rank}: peak live tensors {mib(summary.live_tensor_peak)}, "
-               f"peak RSS {mib(summary.peak_rss)} in stage {summary.peak_stage}{stopped}")
+    if summary.failed is not None:  # its figures stop part-way: none is the target's peak
+        _line(out, f"traced projection to {summary.target}{rank}: {summary.failed}; no figure for the target "
+                   "(the stages it finished: auditor report)")
+    else:
+        _line(out, f"traced projection to {summary.target}{rank}: peak live tensors {mib(summary.live_tensor_peak)}, "
+                   f"peak RSS {mib(summary.peak_rss)} in stage {summary.peak_stage}")
+        if summary.stand_in:
+            _line(out, f"  target model: {summary.stand_in}")
     _line(out, f"per stage and component: auditor report {summary.folder}")
 
 
