@@ -232,6 +232,7 @@ class Audit:
                 **({"rank": self.rank} if self.rank else {}),
             }, durable=True)
             self._children_before = child_processes.ended_peak_rss()  # after platform.platform()'s `uname -p`
+            self._child_watch = child_processes.ChildWatch()
         except BaseException:
             self._abandon()
             raise
@@ -459,11 +460,17 @@ class Audit:
     def _children(self) -> dict:
         """`process.children`, where the program's child processes held memory (never audited)."""
         try:
-            children = child_processes.at_end(self._children_before)
+            children = child_processes.at_end(self._children_before, self._child_watch)
         except Exception as error:  # a probe that fails costs its figure, never the record
             self._warn(f"child processes could not be read: {type(error).__name__}: {error}")
             return {}
         return {"children": children} if children else {}
+
+    def _read_children(self, stage: str, at_s: float) -> None:
+        try:
+            self._child_watch.at_stage_end(stage, at_s)
+        except Exception as error:  # a probe that fails costs its figure, never the record
+            self._warn(f"child processes could not be read at the end of {stage}: {type(error).__name__}: {error}")
 
     def _finish_event(self, end_s, ends, memray, exc) -> dict:
         finished = [e["stage"] for e in self._events if e["event"] == "stage_finished"]
@@ -588,6 +595,8 @@ class Audit:
         if entry["live_tensors"] is not None:
             entry["live_tensors"]["at_peak"] = self._at_peak(closing.at_peak, alive, census)
         self._emit({"event": "stage_finished", "stage": entry}, durable=True)
+        if started["parent"] is None:  # the children's memory, at top-level stage ends only (cheap)
+            self._read_children(started["path"], end_s)
         parent = closing.parent
         self._intervals[closing.thread_id] = _Interval(parent, started["path"], None,
                                                        started["thread"], end_s, readings)

@@ -34,8 +34,9 @@ The record (design.md's fields keep their meaning; added ones marked +):
     device ("cpu" or "cuda:0 (name)"), +machine{platform, cpus, memory_total},
     environment{python, torch, transformers, threads}, +options{memray, tracemalloc, ...},
     process{+pid, rss_at_start, +rss_at_end, +cwd (the working folder: report paths are shown from it),
-            +children{largest_ended_peak_rss, alive_at_end, alive_rss_at_end, alive_uss_at_end} (child processes,
-            not audited: auditor.probes.child_processes; absent where none held memory)},
+            +children{largest_ended_peak_rss, alive_at_end, alive_rss_at_end, alive_uss_at_end,
+            +alive_forked_at_end, +at_stage_ends[{stage, at_s, alive, forked, rss, uss}]} (child
+            processes, not audited: auditor.probes.child_processes; absent where none held memory)},
     +probes{rss, python_heap, cuda, cuda_history, census, memray, torch_profiler:
             {state: on|off|absent|failed|pending, method?, reason?}},
     stages[{+id, name, path, parent, status ok|failed (|open: rebuilt, never finished),

@@ -301,12 +301,25 @@ class Machine(RecordPart):
 
 
 @dataclass(kw_only=True, eq=False)
+class ChildReading(RecordPart):
+    """The running children at a top-level stage end (auditor.probes.child_processes)."""
+    stage: str
+    at_s: Seconds
+    alive: Count
+    forked: Count | None = None  # of them, forked without exec (copy on write)
+    rss: Bytes | None = None
+    uss: Bytes | None = None     # their own pages; None: not readable
+
+
+@dataclass(kw_only=True, eq=False)
 class Children(RecordPart):
     """The audited process's child processes, never audited (auditor.probes.child_processes)."""
     largest_ended_peak_rss: Bytes | None = None  # the largest that ended in the run: its peak
     alive_at_end: Count | None = None
     alive_rss_at_end: Bytes | None = None
     alive_uss_at_end: Bytes | None = None  # of it, their own pages (USS); None: not readable
+    alive_forked_at_end: Count | None = None  # of them, forked without exec
+    at_stage_ends: list[ChildReading] | None = None  # while a child ran; None: none did at one
 
 
 @dataclass(kw_only=True, eq=False)

@@ -86,6 +86,10 @@ GENERIC = {
     "rss-above-live-tensors": ("Nothing to change in the algorithm: size machines by RSS and count savings in "
                                "live tensors."),
     "failed-stage": "Fix the failure (its error is in the record) and run again.",
+    "child-memory": ("Count the children when sizing the machine: this process's peak plus their own memory "
+                     "(no figure of this report includes it); start fewer of them, or have each hold less; a "
+                     "forked child also owns each page its parent writes after the fork: fork before the model "
+                     "is built, use the spawn start method, or a thread."),
 }
 
 ACTIVATIONS = "activations and temporaries"
