@@ -1,0 +1,155 @@
+"""A projection holds against the script itself: a third-party-shaped script is audited small
+and traced at a target with `--model-from`, then the same script runs for real with the
+target's sizes as its own arguments, and the traced peak live tensors must match it.
+
+The script builds its model its own way each time: sdpa or eager attention (eager's fp32
+score matrix is 12% of this peak: a stand-in of another attention misses by that much), moved
+and cast with `.to()` with a device map the script reads back (as Wanda does), with a class
+call at top level, or loaded with `from_pretrained` from a checkpoint folder."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from auditor.cli import main
+
+SCRIPT = '''
+import argparse
+import sys
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+parser = argparse.ArgumentParser()
+for name, default in [("hidden", 64), ("layers", 1), ("heads", 2), ("intermediate", 128),
+                      ("vocab", 512), ("seq", 256)]:
+    parser.add_argument(f"--{name}", type=int, default=default)
+parser.add_argument("--attn", default="sdpa")
+parser.add_argument("--build", default="function")
+parser.add_argument("--checkpoint")
+args = parser.parse_args()
+
+
+def config():
+    return LlamaConfig(hidden_size=args.hidden, num_hidden_layers=args.layers,
+                       num_attention_heads=args.heads, num_key_value_heads=args.heads,
+                       intermediate_size=args.intermediate, vocab_size=args.vocab,
+                       max_position_embeddings=1024, attn_implementation=args.attn)
+
+
+def get_llm():
+    torch.manual_seed(0)
+    if args.build == "pretrained":
+        model = AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=torch.float32)
+        model.seqlen = args.seq
+        return model
+    model = LlamaForCausalLM(config()).eval()
+    if args.build == "moved":  # moved, cast, and placed as from_pretrained's device_map would
+        model = model.to("cpu").to(torch.bfloat16)
+        model.hf_device_map = {"": "cpu"}
+    return model
+
+
+def calibrate(model, ids):
+    device = model.hf_device_map[""] if args.build == "moved" else "cpu"  # as Wanda reads it
+    with torch.no_grad():
+        return model(ids.to(device)).logits.float().sum()
+
+
+model = LlamaForCausalLM(config()).eval() if args.build == "top-level" else get_llm()
+calibrate(model, torch.randint(0, 64, (1, args.seq), generator=torch.Generator().manual_seed(0)))
+'''
+
+TARGET_SIZES = {"hidden": 256, "layers": 2, "heads": 4, "intermediate": 512, "vocab": 1024}
+TARGET = ["--target", "llama-2-7b", *[a for k, v in TARGET_SIZES.items() for a in (f"--target-{k}", str(v))]]
+AT_TARGET = [a for k, v in TARGET_SIZES.items() for a in (f"--{k}", str(v))]
+
+
+@pytest.fixture
+def script(tmp_path, monkeypatch, one_thread):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "prune_like.py").write_text(SCRIPT)
+    return tmp_path
+
+
+def _projected_and_real(folder: Path, model_from: str, args: list[str], real_args: list[str]):
+    stage = ["--stage", "__main__:calibrate"]
+    assert main(["run", "--run-dir", "small", *TARGET, "--model-from", model_from, *stage,
+                 "prune_like.py", *args]) == 0
+    assert main(["run", "--run-dir", "real", "--live-tensors", *stage, "prune_like.py", *real_args]) == 0
+    (projection,) = json.loads((folder / "small" / "projections.json").read_text())
+    real = json.loads((folder / "real" / "run.json").read_text())
+    return projection, max(s["live_tensors"]["peak"] for s in real["stages"])
+
+
+@pytest.mark.parametrize("build, attention", [("function", "eager"), ("top-level", "sdpa"),
+                                              ("moved", "sdpa")])
+def test_the_traced_peak_is_the_scripts_own_at_the_target_size(script, build, attention):
+    model_from = "transformers:LlamaForCausalLM" if build == "top-level" else "__main__:get_llm"
+    options = ["--build", build, "--attn", attention]
+    projection, real = _projected_and_real(script, model_from, options, [*options, *AT_TARGET])
+    assert "incomplete" not in projection
+    assert projection["target_built"]["by"] == "program"
+    assert f"attention ({attention})" in projection["target_built"]["says"]
+    assert abs(projection["peak"]["live_tensors"] / real - 1) <= 0.005
+
+
+def test_from_pretrained_builds_the_checkpoints_class_at_the_target_size(script):
+    def save(folder: str, hidden: int, layers: int, heads: int, intermediate: int, vocab: int) -> None:
+        torch.manual_seed(0)
+        LlamaForCausalLM(LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                                     num_key_value_heads=heads, intermediate_size=intermediate,
+                                     vocab_size=vocab, max_position_embeddings=1024)).save_pretrained(folder)
+    save("small-checkpoint", 64, 1, 2, 128, 512)
+    save("target-checkpoint", **TARGET_SIZES)
+    projection, real = _projected_and_real(
+        script, "__main__:get_llm", ["--build", "pretrained", "--checkpoint", "small-checkpoint"],
+        ["--build", "pretrained", "--checkpoint", "target-checkpoint"])
+    assert projection["target_built"]["by"] == "program"
+    assert abs(projection["peak"]["live_tensors"] / real - 1) <= 0.005
+
+
+CUSTOM = '''
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self, width=32):
+        super().__init__()
+        self.layers = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU())
+
+
+def build():
+    return Net()
+
+
+def step(model):
+    return model.layers(torch.ones(4, 32)).sum()
+
+
+step(build() if __import__("sys").argv[1] == "function" else Net())
+'''
+
+
+def test_a_model_that_is_not_a_transformers_model_gets_a_stand_in_that_says_so(script, capsys):
+    (script / "custom.py").write_text(CUSTOM)
+    assert main(["run", "--run-dir", "out", *TARGET, "--model-from", "__main__:build",
+                 "--stage", "__main__:step", "custom.py", "function"]) == 0
+    (projection,) = json.loads((script / "out" / "projections.json").read_text())
+    built = projection["target_built"]
+    assert built["by"] == "stand-in"
+    assert "Net) is not a transformers model" in built["says"] and "not of the program's own model" in built["says"]
+
+
+def test_a_class_that_is_not_a_transformers_model_is_not_projected(script, capsys):
+    (script / "custom.py").write_text(CUSTOM)
+    status = main(["run", "--run-dir", "out", *TARGET, "--model-from", "__main__:Net",
+                   "--stage", "__main__:step", "custom.py", "class"])
+    assert status == 0  # the program's own status: the projection's failure is said, not returned
+    err = capsys.readouterr().err
+    assert "is not a transformers model" in err
+    assert not any("live tensors" in line and "traced projection" in line for line in err.splitlines())
