@@ -84,7 +84,7 @@ def check_targets(result: dict) -> list[dict]:
     for target in TARGETS:
         if target.method not in result["peak"]:  # a program is projected by tracing alone
             continue
-        why = _no_number(((result.get("projections") or {}).get(target.method)) or {})
+        why = no_number(((result.get("projections") or {}).get(target.method)) or {})
         if why:  # nothing printed, so nothing to hold to a target: said, not counted as met
             checked.append({**asdict(target), "error": None, "met": None, "not_printed": why})
             continue
@@ -125,8 +125,9 @@ def _worst(stages: list[tuple]) -> dict | None:
     return {"stages": len(stages), "error": err, "path": path, "estimated_share": share}
 
 
-def _no_number(projection: dict) -> str | None:
-    """Why a projection printed no number to check: not projected, or not explained."""
+def no_number(projection: dict) -> str | None:
+    """Why a projection printed no number to check: not projected, or not explained (then its
+    peaks are shown nowhere either: auditor.analysis.validation_report)."""
     if projection.get("not_projected"):
         return f"not projected: {projection['not_projected']}"
     if projection.get("explained") is False:

@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass
 
 from auditor.analysis.estimated_bytes import estimate_note
-from auditor.analysis.projection_validation import error
+from auditor.analysis.projection_validation import error, no_number
 
 METHODS = ("scaled", "traced")
 
@@ -25,6 +25,8 @@ METHODS = ("scaled", "traced")
 class Projected:
     bytes: int | None
     error: float | None            # against the real figure; None: nothing to compare
+    withheld: str | None = None    # why no figure is shown: the run report prints none there either
+    miss: int | None = None        # with `withheld`: the miss of the drivers that do not explain it
 
 
 @dataclass
@@ -199,10 +201,8 @@ def validation_report(result: dict) -> ValidationReport:
         small=_side(result["small"]), target=_side(result["target"]), ran=_ran(result["small"]),
         scale_up=result["scale_up"], scale_up_range=(low, high), methods=methods, targets=found,
         missed=[t for t in found if t.met is False], not_checked=_not_checked(found),
-        peaks=_peaks(result, methods), stages=[_stage(s, methods) for s in result["stages"]],
-        components_stage=result["components_stage"],
-        components=[ComponentLine(c["name"], c["category"], _figure(c["real"], {m: c[m] for m in methods}))
-                    for c in result["components"]],
+        peaks=_peaks(result, methods), stages=_stages(result, methods),
+        components_stage=result["components_stage"], components=_components(result, methods),
         data_dependent=_data_dependent(result), fit=_fit(result), folder=result["folder"],
         available=result["available"], margin=result["margin"])
 
@@ -243,20 +243,66 @@ def _ran(small: dict) -> GradProbeRun | ProgramRun:
                         s["sparsity"])
 
 
-def _figure(real: int | None, projected: dict[str, int | None]) -> Figure:
-    return Figure(real, {m: Projected(value, error(value, real)) for m, value in projected.items()})
+Withheld = dict[str, tuple[str, int | None]]  # method -> (why its figure is not shown, the miss)
+
+
+def _figure(real: int | None, projected: dict[str, int | None], withheld: Withheld | None = None) -> Figure:
+    shown = {}
+    for m, value in projected.items():
+        why, miss = (withheld or {}).get(m, (None, None))
+        shown[m] = Projected(None, None, why, miss) if why else Projected(value, error(value, real))
+    return Figure(real, shown)
+
+
+def _projection(result: dict, method: str) -> dict:
+    return (result.get("projections") or {}).get(method) or {}
 
 
 def _peaks(result: dict, methods: tuple[str, ...]) -> list[PeakLine]:
+    """A projection that prints no number (auditor.analysis.projection_validation.no_number)
+    shows none here either: a figure nobody may read is no figure to compare."""
     peak = result["peak"]
-    return [PeakLine(what, _figure(peak["real"][key], {m: peak[m][key] for m in methods}))
+    withheld: Withheld = {m: (why, None) for m in methods if (why := no_number(_projection(result, m)))}
+    return [PeakLine(what, _figure(peak["real"][key], {m: peak[m][key] for m in methods}, withheld))
             for what, key in (("live tensors", "live_tensors"), ("RSS", "rss"))]
 
 
-def _stage(s: dict, methods: tuple[str, ...]) -> StageLine:
-    def figure(key: str) -> Figure:
-        return _figure(s["real"][key], {m: (s[m] or {}).get(key) for m in methods})
-    return StageLine(s["path"], figure("tensor_peak"), figure("rss_peak"))
+_UNEXPLAINED = "not explained by its drivers"
+
+
+def _stages(result: dict, methods: tuple[str, ...]) -> list[StageLine]:
+    """Each stage; a projected stage its drivers do not explain (`explained: false`,
+    auditor.analysis.projection) shows no figure, as in the run report."""
+    from auditor.analysis.projection import json_stage_keys
+    keyed = {m: json_stage_keys(_projection(result, m)) for m in methods}
+    lines: list[StageLine] = []
+    seen: dict[str, int] = {}
+    for s in result["stages"]:
+        n = seen[s["path"]] = seen.get(s["path"], -1) + 1
+        entries = {m: keyed[m].get((s["path"], n)) or {} for m in methods}
+        withheld: Withheld = {m: (_UNEXPLAINED, e.get("miss")) for m, e in entries.items() if e.get("explained") is False}
+
+        def figure(key: str) -> Figure:
+            return _figure(s["real"][key], {m: (s[m] or {}).get(key) for m in methods}, withheld)
+        lines.append(StageLine(s["path"], figure("tensor_peak"), figure("rss_peak")))
+    return lines
+
+
+def _components(result: dict, methods: tuple[str, ...]) -> list[ComponentLine]:
+    """Each component at the real run's peak stage; one its drivers do not explain at that
+    stage (in any call of it) shows no figure, as in the run report."""
+    path = result["components_stage"]
+    missed: dict[str, Withheld] = {}
+    for m in methods:
+        for entry in _projection(result, m).get("stages") or []:
+            if entry.get("path") != path:
+                continue
+            for name, item in (entry.get("components") or {}).items():
+                if isinstance(item, dict) and item.get("explained") is False:
+                    missed.setdefault(name, {})[m] = (_UNEXPLAINED, item.get("residual"))
+    return [ComponentLine(c["name"], c["category"], _figure(c["real"], {m: c[m] for m in methods},
+                                                           missed.get(c["name"])))
+            for c in result["components"]]
 
 
 def _data_dependent(result: dict) -> DataDependent | None:

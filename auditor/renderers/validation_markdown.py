@@ -11,6 +11,7 @@ import shlex
 from auditor import units
 from auditor.analysis.validation_report import (Figure, Fit, GradProbeRun, Target, ValidationReport,
                                                 validation_report)
+from auditor.analysis.validation_report import Projected
 from auditor.renderers import markdown_text as md
 
 Table = tuple[list[str], list[list[str]]]
@@ -27,8 +28,15 @@ def _error(value: float | None) -> str:
 
 
 def _beside(figure: Figure, methods: tuple[str, ...]) -> list[str]:
-    """Each projection's figure and its error against the real one."""
-    return sum(([units.size(figure.projected[m].bytes), _error(figure.projected[m].error)] for m in methods), [])
+    """Each projection's figure and its error against the real one; where the projection
+    prints no figure, why not, and no error."""
+    return sum(([_projected(figure.projected[m]), _error(figure.projected[m].error)] for m in methods), [])
+
+
+def _projected(p: Projected) -> str:
+    if p.withheld:
+        return f"not shown: {p.withheld}" + (f" (miss {units.size(p.miss)})" if p.miss is not None else "")
+    return units.size(p.bytes)
 
 
 def tables(result: dict) -> dict[str, Table]:
@@ -52,11 +60,12 @@ def report_tables(report: ValidationReport) -> dict[str, Table]:
     return {"targets": targets, "peaks": peaks, "stages": stages, "components": components}
 
 
-def render(result: dict, command: list[str] | None = None) -> str:
+def render(result: dict, command: list[str] | str | None = None) -> str:
     return render_report(validation_report(result), command)
 
 
-def render_report(report: ValidationReport, command: list[str] | None = None) -> str:
+def render_report(report: ValidationReport, command: list[str] | str | None = None) -> str:
+    """`command`: the command that made it, as its words or as one line (a benchmark's record)."""
     small, target = report.small, report.target
     made = report_tables(report)
     out = [f"# Projection validation: {small.label} -> {target.label}", ""]
@@ -75,11 +84,11 @@ def render_report(report: ValidationReport, command: list[str] | None = None) ->
     else:
         out += ["**All targets met.**" if not report.not_checked else "**Every target with a number to check met.**",
                 ""]
-    if report.not_checked:  # the tables below still show such a projection's figures, for reading, not judging
+    if report.not_checked:  # nor do the tables below show such a projection's peaks
         out += ["Not checked: " + "; ".join(f"{', '.join(f'{t.what} ({t.method})' for t in unchecked)}: {why}"
                                             for why, unchecked in report.not_checked.items()) + ".", ""]
     if command:
-        out += ["```", shlex.join(command), "```", ""]
+        out += ["```", command if isinstance(command, str) else shlex.join(command), "```", ""]
     out += ["## Targets", "", _table(*made["targets"]), ""] + _resting_on_estimates(report.targets)
     out += ["## Peaks", "", "Live tensors: the highest live-tensor meter reading of any stage. RSS: the "
             "run's highest RSS.", "", _table(*made["peaks"]), ""]
