@@ -418,8 +418,11 @@ def test_findings_are_a_pure_function_of_the_record(pattern):
     assert first == again
     severities = [f.severity for f in first]
     assert severities == sorted(severities, key=rules.SEVERITIES.index)
-    assert {f.rule for f in first} == {"full-copy", "dense-gradients", "transient-spike",
-                                       "retained-at-end", "untracked-rss", "rss-above-live-tensors"}
+    # child-memory left out: the clean record's process runs beside this one as its child, and
+    # is read (or not) at its stage ends depending on when it finishes
+    assert {f.rule for f in first} - {"child-memory"} == {"full-copy", "dense-gradients", "transient-spike",
+                                                          "retained-at-end", "untracked-rss",
+                                                          "rss-above-live-tensors"}
 
 
 if __name__ == "__main__":  # the clean record's fresh process

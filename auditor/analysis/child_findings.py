@@ -106,7 +106,9 @@ def child_memory(record: RunRecord) -> list[Finding]:
     forked = bool(top is not None and top.forked)
     if forked:
         statement += _copy_on_write(record, children, weights, evidence)
-    statement += ". Read at top-level stage ends and as the run ended: what a child held between readings is not known"
+    if top is not None:
+        statement += (". Read at top-level stage ends and as the run ended: what a child held between readings is "
+                      "not known" if children.at_stage_ends else ". Read as the run ended only")
     if projection_views(record):
         statement += ("; no projection in this record counts it (a traced run's fake tensors fork no real "
                       "memory)")
@@ -139,8 +141,8 @@ def _held(own: int, basis: str, top: Held | None, children: Children) -> str:
     """'child processes held X of their own memory (USS) at the end of stage `s` (1 running, forked)'."""
     if top is None:
         return (f"a child process that ended during the run peaked at {units.size(own)} RSS (its own memory "
-                f"is not known: it ended between readings, and a forked child's RSS also counts the pages it "
-                f"shares with this process)")
+                f"is not known: the record has only the kernel's peak RSS for it, which for a forked child also "
+                f"counts the pages it shares with this process)")
     running = f"{top.alive} running" + (f", {top.forked} of them forked without exec" if top.forked else "")
     if basis == "uss":
         return (f"child processes held {units.size(own)} of their own memory (USS: pages no other process maps) "

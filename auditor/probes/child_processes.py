@@ -39,6 +39,7 @@ import threading
 
 MIN_GAP_S = 1.0      # between two readings at stage ends, unless the set of children changed
 MAX_READINGS = 200   # readings kept at stage ends (the end's reading is apart)
+_PROC_LISTS: bool | None = None  # /proc/PID/task/TID/children exists here (None: not looked yet)
 
 
 def ended_peak_rss() -> int:
@@ -92,8 +93,11 @@ def _summed(alive: list[tuple[int, int | None, bool]]) -> dict:
 def _child_pids() -> list[int]:
     """The running children and their descendants: from /proc's per-thread lists where Linux
     has them (no scan of every process: read at stage ends), else psutil."""
+    global _PROC_LISTS
     me = os.getpid()
-    if not os.path.exists(f"/proc/{me}/task/{threading.get_native_id()}/children"):
+    if _PROC_LISTS is None:  # a kernel without CONFIG_PROC_CHILDREN, or not Linux: psutil's scan
+        _PROC_LISTS = os.path.exists(f"/proc/{me}/task/{threading.get_native_id()}/children")
+    if not _PROC_LISTS:
         import psutil
         try:
             return [child.pid for child in psutil.Process().children(recursive=True)]
