@@ -123,6 +123,11 @@ def test_the_failed_stage_is_exact_with_the_traced_runs_own_record(failing):
     assert failure is not None and (failure.stage, failure.where) == ("score", "at")
     assert traced_failure(projection) is not None and traced_failure(projection).where == "at or after"
     assert traced_failure({**projection, "incomplete": None}) is None
+    # a projection that keeps each traced stage's status, or names the stage, needs no record
+    statuses = {**projection, "stages": [{**s, "status": "failed" if s["path"] == "score" else "ok"}
+                                         for s in projection["stages"]]}
+    assert traced_failure(statuses).phrase.startswith("failed at stage `score`: RuntimeError: no device map")
+    assert traced_failure({**projection, "failed_stage": "score"}).where == "at"
 
 
 def test_a_stand_in_target_model_is_said_where_the_traced_figure_is_shown(failing):
