@@ -143,7 +143,8 @@ def test_the_traced_projection_matches_a_real_run_at_the_target(program, tmp_pat
                               [f"{module}:prune", f"{module}:Stat.add_batch"], tmp_path / "validation")
     targets = {(t["what"], t["method"]): t for t in result["targets"]}
     assert set(targets) == {("peak live tensors", "traced"), ("live tensors, every stage", "traced"),
-                            ("peak RSS", "traced")}
+                            ("peak RSS", "traced"), ("peak RSS inside its band", "traced"),
+                            ("RSS inside its band, every stage", "traced")}
     assert abs(targets["peak live tensors", "traced"]["error"]) <= 0.02
     assert abs(targets["live tensors, every stage", "traced"]["error"]) <= 0.02
     assert result["scale_up"] > 8  # the target is held out: nothing of it was measured before

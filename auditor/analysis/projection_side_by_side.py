@@ -35,6 +35,8 @@ class StageSide:
     target_tensor_peak: int | None = None
     audited_rss_peak: int | None = None
     target_rss_peak: int | None = None
+    target_rss_low: int | None = None   # its band (auditor.analysis.rss_band), the most over its calls
+    target_rss_high: int | None = None
     target_miss: int | None = None  # a call's scaled figures its drivers do not explain: their miss
 
 
@@ -57,6 +59,7 @@ class SideBySide:
     stages: list[StageSide] = field(default_factory=list)
     components: list[ComponentSide] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the figures rest on
+    rss_band_basis: str | None = None  # how its RSS bands were made, in one sentence
 
     uncalibrated: bool = False  # a scaled projection fitted on no calibration run
 
@@ -112,7 +115,8 @@ def side_by_side(record: RunRecord) -> list[SideBySide]:
 def _side(record: RunRecord, projection: dict) -> SideBySide:
     side = SideBySide(method=str(projection.get("method", "scaled")),
                       target=str(projection.get("target", "?")), notes=_notes(projection),
-                      uncalibrated=scaled_caveat(projection) == UNCALIBRATED)
+                      uncalibrated=scaled_caveat(projection) == UNCALIBRATED,
+                      rss_band_basis=((projection.get("peak") or {}).get("rss_band") or {}).get("basis"))
     side.stages = _stages(record, projection)
     side.components = _components(record, projection)
     return side
@@ -154,6 +158,9 @@ def _stages(record: RunRecord, projection: dict) -> list[StageSide]:
             continue
         row.target_tensor_peak = _most(row.target_tensor_peak, stage.get("tensor_peak"))
         row.target_rss_peak = _most(row.target_rss_peak, stage.get("rss_peak"))
+        band = stage.get("rss_band") or {}
+        row.target_rss_low = _most(row.target_rss_low, band.get("low"))
+        row.target_rss_high = _most(row.target_rss_high, band.get("high"))
     return list(rows.values())
 
 

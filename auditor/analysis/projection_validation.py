@@ -99,7 +99,8 @@ def check_targets(result: dict) -> list[dict]:
             extra = {"stages": len(exact), "resting_on_estimates": _worst(estimated)}
         checked.append({**asdict(target), "error": err,
                         "met": err is not None and abs(err) <= target.limit, **extra})
-    return checked
+    from auditor.analysis.rss_band import band_targets
+    return checked + band_targets(result)
 
 
 def _stage_errors(stages: list[dict], method: str) -> tuple[list[tuple], list[tuple]]:

@@ -5,7 +5,9 @@ their nominal size), transients inside stages included; what it cannot see is th
 interpreter, libraries and allocator slack. Those are taken from the real run's stage of
 the same path (RSS beyond its live-tensor peak; a call the real run did not make takes the
 most of its stage's calls), plus the allocator's retention growth between the two runs'
-mmap thresholds (auditor.allocator_retention).
+mmap thresholds (auditor.allocator_retention). That part is not measured at the target, so each
+projected RSS has a band (`rss_band`: low, high) from the audited run's own readings, the run's
+peak with its basis in one sentence (auditor.analysis.rss_band).
 
 Data-dependent sizes (auditor.data_dependent) are estimates: each stage and component says how
 many of its projected bytes rest on them (`estimated`, from the traced record's
@@ -17,6 +19,7 @@ The result has the shape of `projection.project`'s, so a report shows both side 
 from __future__ import annotations
 
 from auditor import allocator_retention
+from auditor.analysis.rss_band import Retention, beyond_tensors, peak_band
 from auditor.record_schema import RunRecord, Stage
 
 
@@ -27,13 +30,14 @@ def project_traced(record: RunRecord, traced_record: RunRecord) -> dict:
     if refused is not None:  # an algorithm that cannot be traced: its traced run holds no work
         return refused
     real = _RealBeyond(record)
+    retention = Retention(record)
     estimated = _estimated_by_stage(traced_record)
     stages: list[dict] = []
     seen: dict[str, int] = {}
     for s in traced_record.stages:
         if s.status != "open":
             n = seen[s.path] = seen.get(s.path, -1) + 1
-            stages.append(_stage(s, real, estimated.get((s.path, n))))
+            stages.append(_stage(s, real, retention, estimated.get((s.path, n))))
     peak = max(stages, key=lambda s: s["rss_peak"], default=None)
     return {
         "method": "traced",
@@ -44,7 +48,7 @@ def project_traced(record: RunRecord, traced_record: RunRecord) -> dict:
         "data_dependent": data_dependent(traced_record),
         "stages": stages,
         "peak": {"stage": peak["path"], "rss": peak["rss_peak"], "live_tensors": peak["tensor_peak"],
-                 "estimated": peak["estimated"]} if peak else None,
+                 "estimated": peak["estimated"], "rss_band": peak_band(stages, retention)} if peak else None,
         "live_tensor_peak": max((s["tensor_peak"] for s in stages), default=None),
     }
 
@@ -69,7 +73,7 @@ def _estimated_by_stage(traced_record: RunRecord) -> dict:
     return keyed
 
 
-def _stage(traced: Stage, real: "_RealBeyond", estimated: dict | None = None) -> dict:
+def _stage(traced: Stage, real: "_RealBeyond", retention: Retention, estimated: dict | None = None) -> dict:
     paired = real.stage(traced.path)
     real_components = (paired.components if paired is not None else None) or {}
     estimated_components = (estimated or {}).get("components") or {}
@@ -85,10 +89,13 @@ def _stage(traced: Stage, real: "_RealBeyond", estimated: dict | None = None) ->
     measured, source = real.beyond(traced.path)
     growth = real.allocator_growth(traced.path, meter.allocator_threshold if meter is not None else None)
     beyond_tensors = measured + growth
+    growth_range = allocator_retention.growth_range(growth)
     return {"path": traced.path, "components": components,
             "tensor_peak": tensor_peak, "rss_peak": tensor_peak + beyond_tensors,
             "beyond_tensors": beyond_tensors, "beyond_measured": measured, "beyond_from": source,
-            "allocator_growth": growth, "allocator_growth_range": allocator_retention.growth_range(growth), "estimated": (estimated or {}).get("live_tensors", 0)}
+            "allocator_growth": growth, "allocator_growth_range": growth_range,
+            "rss_band": retention.band(traced, tensor_peak, measured, growth_range[1]),
+            "estimated": (estimated or {}).get("live_tensors", 0)}
 
 
 class _RealBeyond:
@@ -132,6 +139,4 @@ def _threshold(stage: Stage | None) -> int | None:
     return stage.live_tensors.allocator_threshold if stage is not None and stage.live_tensors else None
 
 
-def _beyond_tensors(real: Stage) -> int:
-    assert real.rss.peak is not None, "a finished stage's RSS peak"
-    return max(real.rss.peak - ((real.live_tensors.peak if real.live_tensors else None) or 0), 0)
+_beyond_tensors = beyond_tensors

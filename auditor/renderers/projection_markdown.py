@@ -15,7 +15,8 @@ MOST_COMPONENTS = 20
 _HOW = {
     "traced": "the program run again on fake tensors at the target's shapes: tensors are measured "
               "exactly; RSS adds the audited run's memory beyond tensors (interpreter, libraries, "
-              "allocator), which does not grow with the model",
+              "allocator) and the allocator's modeled growth, with a band for what that part may do "
+              "at the target's size",
     "scaled": "each audited component grown by what drives it (parameters, activations...), "
               "fitted on traced calibration runs where the record has them",
 }
@@ -38,6 +39,8 @@ def _section(target: TargetSides, views: Sequence[ProjectionView]) -> str:
         view = next((v for v in views if v.method == side.method and v.target == side.target), None)
         rests = [md.text(t) for t in (view.estimates, view.basis) if t] if view is not None else []
         rests += [f"**{md.text(note)}**" for note in side.notes]
+        if side.rss_band_basis:
+            rests.append(f"RSS band: {md.text(side.rss_band_basis)}")
         lines.append(md.wrapped(f"- {md.text(side.how)}: {_HOW.get(side.method, md.text(side.method))}."))
         lines += [md.wrapped(f"  - {r[0].upper()}{r[1:]}." if not r.startswith("**") else f"  - {r}.", indent="    ")
                   for r in rests]
@@ -66,7 +69,14 @@ def _stage_cells(s: StageSide | None) -> list[str]:
         return ["-", "-"]
     if s.target_miss is not None:
         return [unexplained(s.target_miss), unexplained(s.target_miss)]
-    return [units.size(s.target_tensor_peak), units.size(s.target_rss_peak)]
+    return [units.size(s.target_tensor_peak), rss_with_band(s.target_rss_peak, s.target_rss_low, s.target_rss_high)]
+
+
+def rss_with_band(rss: int | None, low: int | None, high: int | None) -> str:
+    """A projected RSS as "X (band L to H)", or X alone where it has no band."""
+    if low is None or high is None:
+        return units.size(rss)
+    return f"{units.size(rss)} (band {units.size(low)} to {units.size(high)})"
 
 
 def unexplained(miss: int | None) -> str:
