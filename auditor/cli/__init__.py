@@ -8,7 +8,13 @@ Errors in what the user typed: a subcommand raises UsageError and the user sees 
 One meaning per option name across the subcommands, each defined once here: a run folder is
 always `--run-dir DIR`, a file the command writes always `-o/--output FILE`, the program's
 callables `--stage` and `--model-from`. Spellings an option had before stay as hidden aliases
-(`old=`), so old command lines keep working.
+(`old=`), so old command lines keep working. No option is ever matched by an abbreviation
+(allow_abbrev=False): `--batch` is never taken for `--batch-size`.
+
+A command that runs a program (`run`, `validate-projection`) declares it with
+add_program_arguments: the command line is split at the program (SCRIPT, or -m MODULE / -c CODE)
+before argparse reads it, and everything after the program is the program's own, whatever its
+options are called (split_program).
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ import argparse
 import importlib
 import os
 import sys
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -67,6 +74,10 @@ def check_file_writable(output, where: str) -> None:
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)  # an abbreviation would take the script's options
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str):
         raise UsageError(f"{message}; see '{self.prog} --help'")
 
@@ -126,6 +137,109 @@ def add_memray_switch(parser) -> None:
     parser.add_argument("--memray", dest="memray", action="store_true", default=True, help=argparse.SUPPRESS)
 
 
+PROGRAM_ARGUMENTS = ("everything after the program is its own, options included (even one named as an "
+                     "option here); `--` before the program ends these options, and a `--` right after it is "
+                     "dropped")
+
+
+@dataclass
+class ProgramPart:
+    """What follows the command's own options: the program and its own arguments. `how`: "script",
+    "-m" or "-c"; `name`: the script's path, the module or the code (None: -m or -c without one)."""
+    how: str
+    name: str | None
+    args: list[str] = field(default_factory=list)
+
+
+def add_program_arguments(parser, group, script_help: str, modules: bool = False) -> None:
+    """SCRIPT [ARGS...] (and -m MODULE / -c CODE with `modules`) in `group` of `parser`, shown
+    in its help with how the program's arguments are separated. They are filled by main() from
+    split_program, never by argparse: args.script, args.args, args.module and args.code
+    (`[MODULE, ARGS...]`, `[CODE, ARGS...]`, as python's own -m and -c take them)."""
+    parser.program_options = ("-m", "-c") if modules else ()
+    if modules:
+        # REMAINDER for the help alone ("-m MODULE [ARGS...]"): argparse never sees them
+        group.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE",
+                           help="run library module MODULE as __main__, as python -m does")
+        group.add_argument("-c", dest="code", nargs=argparse.REMAINDER, metavar="CODE",
+                           help="run the code string CODE, as python -c does")
+    group.add_argument("script", nargs="?", metavar="SCRIPT", help=script_help)
+    group.add_argument("args", nargs="*", metavar="ARGS", help=PROGRAM_ARGUMENTS)
+
+
+def split_program(parser, tokens: list[str]) -> tuple[list[str], ProgramPart | None]:
+    """`tokens` (a subcommand's, after its name) split into the command's own options and the
+    program with its arguments: the program is the first token that is neither an option of
+    `parser` nor one of its values, or what follows `--`, or -m/-c with what follows it.
+    Nothing after it is read as the command's. A `--` right after the program is dropped, so
+    `SCRIPT -- ARGS` (the spelling that kept them apart before) still gives ARGS."""
+    options = getattr(parser, "program_options", ())
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token == "--":
+            rest = tokens[i + 1:]
+            return tokens[:i], (ProgramPart("script", rest[0], _own(rest[1:])) if rest else None)
+        if token in options:
+            rest = tokens[i + 1:]
+            return tokens[:i], ProgramPart(token, rest[0] if rest else None, _own(rest[1:]))
+        if token[:2] in options and not token.startswith("--"):  # python's -mjson.tool
+            return tokens[:i], ProgramPart(token[:2], token[2:], _own(tokens[i + 1:]))
+        if token.startswith("-") and token != "-":
+            i += 1 + _values_taken(parser, token, tokens[i + 1:])
+            continue
+        return tokens[:i], ProgramPart("script", token, _own(tokens[i + 1:]))
+    return tokens, None
+
+
+def _own(args: list[str]) -> list[str]:
+    return args[1:] if args[:1] == ["--"] else args
+
+
+def _values_taken(parser, token: str, rest: list[str]) -> int:
+    """How many of the tokens after option `token` argparse takes as its values (an unknown
+    option takes none: argparse then says it is unknown)."""
+    long = token.startswith("--")
+    name = token.split("=", 1)[0] if long else token[:2]
+    action = parser._option_string_actions.get(name)
+    if action is None or (long and "=" in token) or (not long and len(token) > 2):
+        return 0  # unknown, or its value attached (--opt=V, -oV)
+    nargs = action.nargs
+    if nargs is None:
+        return 1
+    if isinstance(nargs, int):
+        return nargs
+    if nargs == argparse.REMAINDER:
+        return len(rest)
+    values = 0
+    while values < len(rest) and not (rest[values].startswith("-") and rest[values] != "-"):
+        values += 1
+    return min(values, 1) if nargs == argparse.OPTIONAL else values
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """`argv` parsed by `parser`, the program a subcommand runs split off first (split_program)
+    and put into args.script/args.args/args.module/args.code."""
+    commands = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+    at = next((i for i, token in enumerate(argv) if not token.startswith("-")), None)
+    sub = commands.get(argv[at]) if at is not None else None
+    if sub is None or not hasattr(sub, "program_options"):
+        return parser.parse_args(argv)
+    own, program = split_program(sub, argv[at + 1:])
+    args = parser.parse_args([*argv[:at + 1], *own])
+    args.script, args.args = None, []
+    if sub.program_options:
+        args.module = args.code = None
+    if program is None:
+        return args
+    if program.how == "script":
+        args.script, args.args = program.name, program.args
+    else:
+        given = [program.name, *program.args] if program.name is not None else []
+        setattr(args, "module" if program.how == "-m" else "code", given)
+    return args
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="auditor", description="Stage-by-stage memory audits of Python code.",
                      formatter_class=HelpFormatter,
@@ -146,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = parse(build_parser(), argv)
         args.command_line = ["auditor", *argv]
         return args.handler(args)
     except UsageError as error:

@@ -14,7 +14,6 @@ with 143 (128 + SIGTERM), the status a shell shows for a process SIGTERM ended.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import shlex
@@ -25,8 +24,8 @@ import warnings
 from pathlib import Path
 
 from architectures.options import add_size_arguments, size_overrides
-from auditor.cli import (BAD_INPUT, UsageError, add_model_from_argument, add_run_dir_argument,
-                         add_stage_argument, epilog)
+from auditor.cli import (BAD_INPUT, UsageError, add_model_from_argument, add_program_arguments,
+                         add_run_dir_argument, add_stage_argument, epilog)
 from auditor.main_script import Main
 from auditor.record_schema import RunRecord, RunRecordError
 
@@ -78,13 +77,7 @@ def register(subparsers) -> None:
                             help="the target model's dtype (default: the dtype the program built)")
     add_model_from_argument(projection, "the traced runs")
     program = parser.add_argument_group("the program (exactly one; what follows it is its own arguments)")
-    program.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE",
-                         help="run library module MODULE as __main__, as python -m does")
-    program.add_argument("-c", dest="code", nargs=argparse.REMAINDER, metavar="CODE",
-                         help="run the code string CODE, as python -c does")
-    program.add_argument("script", nargs="?", metavar="SCRIPT", help="the Python script to run")
-    program.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
-                         help="the program's own arguments (options after the program are its own)")
+    add_program_arguments(parser, program, "the Python script to run", modules=True)
     parser.set_defaults(handler=main)
 
 
@@ -149,7 +142,7 @@ def _program(args) -> tuple[Main, list[str]]:
              if value is not None]
     if not given:
         raise UsageError("run needs a script, -m MODULE or -c CODE: auditor run [options] SCRIPT [ARGS...]")
-    if len(given) > 1:  # argparse gives what follows the program to it, so only in odd spellings
+    if len(given) > 1:  # split_program gives what follows the program to it: a safeguard
         raise UsageError(f"give one program, not {' and '.join(given)}: SCRIPT, -m MODULE or -c CODE")
     if args.module is not None:
         if not args.module or not args.module[0].strip():

@@ -14,14 +14,14 @@ ended); 2 bad input, or the target would not fit; 130 Ctrl-C.
 """
 from __future__ import annotations
 
-import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 
 from architectures.options import add_size_arguments, add_threads_argument, check_model_options, size_overrides
-from auditor.cli import (BAD_INPUT, UsageError, add_model_from_argument, add_output_argument, add_run_dir_argument,
-                         add_stage_argument, check_script, check_writable_report, epilog)
+from auditor.cli import (BAD_INPUT, UsageError, add_model_from_argument, add_output_argument, add_program_arguments,
+                         add_run_dir_argument, add_stage_argument, check_script, check_writable_report, epilog)
 from auditor.cli.gradprobe import add_settings_arguments, check_settings_arguments, settings_from
 
 
@@ -32,7 +32,10 @@ def register(subparsers) -> None:
                                              "--target tinystories-33m --target-layers 8",
                                              "auditor validate-projection --model-from pruning.tiny_llama:build_llama "
                                              "--stage pruning.hessian:HessianStat.add_batch --target llama-2-7b "
-                                             "--target-layers 2 --target-hidden 512 examples/prune_tiny_llama.py"],
+                                             "--target-layers 2 --target-hidden 512 examples/prune_tiny_llama.py",
+                                             "auditor validate-projection --model-from train:build --stage train:step "
+                                             "--target llama-2-7b --target-layers 4 --held-out-args '--layers 4' "
+                                             "train.py --layers 1 --batch 2"],
                                             [(0, "every target met"),
                                              (1, "a target missed, or a run failed (one line saying how it ended)"),
                                              (2, BAD_INPUT[1] + "; also a held-out run whose traced peak "
@@ -51,11 +54,16 @@ def register(subparsers) -> None:
     add_run_dir_argument(p, "folder for every run (default: a new folder under runs/)")
     add_output_argument(p, "markdown report (default: validation.md in the run folder)", metavar="REPORT.md")
     program = p.add_argument_group(
-        "a program of your own instead of GradProbe (SCRIPT runs unmodified; its model is swapped)")
-    add_model_from_argument(program, "the held-out runs")
+        "a program of your own instead of GradProbe (SCRIPT runs unmodified; the target's sizes "
+        "reach its model where --model-from builds it)")
+    add_model_from_argument(program, "the traced run and (without --held-out-args) the held-out run")
     add_stage_argument(program)
-    program.add_argument("script", nargs="?", metavar="SCRIPT", help="the program's Python script")
-    program.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's own arguments")
+    program.add_argument("--held-out-args", metavar="'ARGS'",
+                         help="the held-out real run is SCRIPT as written with these arguments instead "
+                              "(one string, split as a shell would), its own model built by them at the "
+                              "target's size: nothing replaced (default: SCRIPT ARGS with its model built at "
+                              "the --target sizes by the program's own builder)")
+    add_program_arguments(p, program, "the program's Python script")
     p.set_defaults(handler=main)
 
 
@@ -63,6 +71,7 @@ def main(args) -> int:
     from auditor.cli.run_dir import check_new_run_dir
     check_new_run_dir(args.run_dir)  # small/, target/, calibration/ must not exist yet
     program = _checked_program(args)
+    held_out_args = _held_out_args(args)
     small, target, target_overrides, output = _checked(args)
     from auditor.jobs.projection_validation import NotEnoughMemory, validate
     from auditor.analysis.validation_report import validation_report
@@ -84,7 +93,7 @@ def main(args) -> int:
                 result = validate_program(program, args.model_from, TargetModel(target, target_overrides),
                                           args.stages, folder, threads=args.threads or 1,
                                           available=available, margin=_size(args.margin, "--margin"),
-                                          progress=progress)
+                                          progress=progress, held_out_args=held_out_args)
             else:
                 result = validate(small, target, target_overrides, folder, threads=args.threads,
                                   available=available, margin=_size(args.margin, "--margin"),
@@ -100,7 +109,10 @@ def main(args) -> int:
     report = validation_report(result)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(render_report(report, args.command_line))
-    terminal.validation(terminal.console(stdout=True, highlight=True, piped_width=200), report, output)
+    console = terminal.console(stdout=True, highlight=True, piped_width=200)
+    if "held_out" in result:  # which real run the projection was held against
+        console.print(result["held_out"]["sentence"], markup=False, highlight=False, soft_wrap=True)
+    terminal.validation(console, report, output)
     return 1 if report.missed else 0
 
 
@@ -128,6 +140,25 @@ def _checked_program(args):
     finally:
         sys.path[:] = saved
     return Program(script=str(script.resolve()), args=list(args.args), cwd=os.getcwd(), path=[folder])
+
+
+def _held_out_args(args) -> list[str] | None:
+    """--held-out-args split as a shell would; UsageError (one line) for what cannot be one."""
+    text = args.held_out_args
+    if text is None:
+        return None
+    if args.script is None:
+        raise UsageError("--held-out-args are the held-out run's arguments for SCRIPT: give --model-from "
+                         "and SCRIPT (GradProbe's held-out run is set by --target and its sizes)")
+    try:
+        split = shlex.split(text)
+    except ValueError as error:  # "No closing quotation"
+        raise UsageError(f"--held-out-args {text!r}: {str(error).lower()}; give the arguments as one "
+                         "string, quoted as in a shell") from None
+    if not split:
+        raise UsageError("--held-out-args is empty; give the arguments that run SCRIPT at the target's size, "
+                         "e.g. --held-out-args '--layers 32 --hidden 4096'")
+    return split
 
 
 def _checked(args):
