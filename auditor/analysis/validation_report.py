@@ -99,6 +99,7 @@ class ProgramRun:
     ran: str                       # the script and its arguments, or the function called
     model_from: str
     stages: list[str]
+    held_out: str | None = None    # which held-out real run it was, in a sentence
 
 
 @dataclass
@@ -198,7 +199,7 @@ def validation_report(result: dict) -> ValidationReport:
     found = targets(result["targets"])
     low, high = result.get("scale_up_range", (4, 20))
     return ValidationReport(
-        small=_side(result["small"]), target=_side(result["target"]), ran=_ran(result["small"]),
+        small=_side(result["small"]), target=_side(result["target"]), ran=_ran(result["small"], result.get("held_out")),
         scale_up=result["scale_up"], scale_up_range=(low, high), methods=methods, targets=found,
         missed=[t for t in found if t.met is False], not_checked=_not_checked(found),
         peaks=_peaks(result, methods), stages=_stages(result, methods),
@@ -232,12 +233,12 @@ def _side(side: dict) -> Side:
     return Side(side["label"], side["parameters"], side["run"])
 
 
-def _ran(small: dict) -> GradProbeRun | ProgramRun:
+def _ran(small: dict, held_out: dict | None = None) -> GradProbeRun | ProgramRun:
     if "program" in small:  # a program of the user's, its model swapped at --model-from
         program = small["program"]
         ran = shlex.join([program["script"].rsplit("/", 1)[-1], *program["args"]]) if program.get("script") \
             else f"{program['function']}()"
-        return ProgramRun(ran, small["model_from"], small["stages"])
+        return ProgramRun(ran, small["model_from"], small["stages"], (held_out or {}).get("sentence"))
     s = small["settings"]
     return GradProbeRun(s["variant"], s["strategy"], s["sequence_length"], s["batch_size"], s["batches"],
                         s["sparsity"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import shlex
 
 from auditor import units
-from auditor.analysis.validation_report import (Figure, Fit, GradProbeRun, Target, ValidationReport,
+from auditor.analysis.validation_report import (Figure, Fit, GradProbeRun, ProgramRun, Target, ValidationReport,
                                                 validation_report)
 from auditor.analysis.validation_report import Projected
 from auditor.renderers import markdown_text as md
@@ -73,6 +73,8 @@ def render_report(report: ValidationReport, command: list[str] | str | None = No
             f"projected to **{target.label}** ({target.parameters:,} parameters, a "
             f"**{report.scale_up:.1f}x** scale-up in parameters), which then ran for real, "
             f"held out. {_what_ran(report)}", ""]
+    if isinstance(report.ran, ProgramRun) and report.ran.held_out:
+        out += [report.ran.held_out, ""]
     if not report.in_range:
         low, high = report.scale_up_range
         out += [f"Note: the targets are stated for a {low:g}x to {high:g}x scale-up; this one is "
@@ -145,8 +147,8 @@ def _what_ran(report: ValidationReport) -> str:
         return (f"GradProbe variant `{ran.variant}`, strategy `{ran.strategy}`, sequence "
                 f"{ran.sequence_length}, batch {ran.batch_size}, {ran.batches} "
                 f"batches, sparsity {ran.sparsity}.")
-    return (f"Program `{ran.ran}`, unmodified; its model built by `{ran.model_from}` (replaced "
-            "by the target's in the held-out runs); stages: "
+    return (f"Program `{ran.ran}`, unmodified; its model built by `{ran.model_from}` (at the "
+            "target's sizes in the traced run); stages: "
             + (", ".join(f"`{t}`" for t in ran.stages) or "none") + ". No scaled projection: "
             "its drivers are fitted for GradProbe's state, so a program is projected by tracing.")
 
