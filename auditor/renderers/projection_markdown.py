@@ -15,11 +15,14 @@ MOST_COMPONENTS = 20
 _HOW = {
     "traced": "the program run again on fake tensors at the target's shapes: tensors are measured "
               "exactly; RSS adds the audited run's memory beyond tensors (interpreter, libraries, "
-              "allocator) and the allocator's modeled growth, with a band for what that part may do "
-              "at the target's size",
+              "allocator), which does not grow with the model",
     "scaled": "each audited component grown by what drives it (parameters, activations...), "
               "fitted on traced calibration runs where the record has them",
 }
+# a traced projection whose RSS has a band (auditor.analysis.rss_band); older records have none
+_HOW_BANDED = ("the program run again on fake tensors at the target's shapes: tensors are measured exactly; "
+               "RSS adds the audited run's memory beyond tensors (interpreter, libraries, allocator) and the "
+               "allocator's modeled growth, with a band for what that part may do at the target's size")
 
 
 def heading(target: str) -> str:
@@ -41,7 +44,8 @@ def _section(target: TargetSides, views: Sequence[ProjectionView]) -> str:
         rests += [f"**{md.text(note)}**" for note in side.notes]
         if side.rss_band_basis:
             rests.append(f"RSS band: {md.text(side.rss_band_basis)}")
-        lines.append(md.wrapped(f"- {md.text(side.how)}: {_HOW.get(side.method, md.text(side.method))}."))
+        how = _HOW_BANDED if side.rss_band_basis else _HOW.get(side.method, md.text(side.method))
+        lines.append(md.wrapped(f"- {md.text(side.how)}: {how}."))
         lines += [md.wrapped(f"  - {r[0].upper()}{r[1:]}." if not r.startswith("**") else f"  - {r}.", indent="    ")
                   for r in rests]
     return (f"### {md.text(heading(target.target))}\n\nHow each projection was made, and what its figures rest on:"
