@@ -171,7 +171,8 @@ def _copy_on_write(record: RunRecord, children: Children, weights: int | None, e
     process held the weights by then, and what that means at another model size."""
     first = next((h for h in readings(children, record.duration_s) if h.forked), None)
     text = ""
-    stage = next((s for s in record.stages if first is not None and s.path == first.stage and s.parent is None), None)
+    stage = next((s for s in record.stages if first is not None and s.parent is None and s.path == first.stage
+                  and s.end_s is not None and first.at_s is not None and abs(s.end_s - first.at_s) < 1e-5), None)
     if first is not None and stage is not None:
         # not running at the top-level stage end before (a reading would show it): forked after it,
         # so after every census that ended before this stage began
