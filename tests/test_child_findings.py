@@ -86,6 +86,10 @@ def test_a_logger_forked_after_the_model_is_built_is_found_with_its_own_memory(t
     assert "spawn" in finding.remedy and "before the model is built" in finding.remedy
     caveat = projection_caveat(record)
     assert caveat is not None and "fake tensors" in caveat and "left out" in caveat
+    assert "no projection in this record counts it" not in finding.statement
+    record.annotations["projections"] = [{"method": "scaled", "target": "a larger model", "stages": []}]
+    projected = child_finding(record)
+    assert projected is not None and "no projection in this record counts it" in projected.statement
 
 
 def test_forked_before_the_model_the_logger_owns_none_of_it(tmp_path):

@@ -110,8 +110,8 @@ def child_memory(record: RunRecord) -> list[Finding]:
         statement += (". Read at top-level stage ends and as the run ended: what a child held between readings is "
                       "not known" if children.at_stage_ends else ". Read as the run ended only")
     if projection_views(record):
-        statement += ("; no projection in this record counts it (a traced run's fake tensors fork no real "
-                      "memory)")
+        statement += ("; no projection in this record counts it (a projection models this process alone, and a "
+                      "traced run's fake tensors fork no real memory)")
     return [Finding("child-memory", "high" if share >= CHILD_HIGH else "medium", statement + ".", evidence,
                     remedy=FORKED_REMEDY if forked else "")]
 
@@ -124,10 +124,10 @@ def projection_caveat(record: RunRecord) -> str | None:
     if found is None or children is None or is_tiny(found[0]):
         return None
     own, basis, top = found
-    forked = (" A forked child's own memory grows with the pages the parent writes after the fork "
-              "(with the model where it writes the model's tensors): at the target expect more."
+    forked = (" A forked child's own memory grows with the pages the parent writes after the fork: at a larger "
+              "target, expect more where the parent writes the model's tensors after the fork."
               if top is not None and top.forked else "")
-    return (f"Child processes are left out: in the run as audited {_held(own, basis, top, children)}, "
+    return (f"Child processes are left out: in the run as audited, {_held(own, basis, top, children)}, "
             f"beside its own peak; the traced run runs on fake tensors, whose children fork no real memory, "
             f"so no projected figure counts them.{forked}")
 
