@@ -33,13 +33,13 @@ in its `__init__`, so every way of calling it is seen.
 """
 from __future__ import annotations
 
+import ast
 import functools
 from dataclasses import asdict, dataclass, field
 
 from auditor import main_script
 from auditor.stage import active_audit
-from auditor.targets import (LatePatch, Patch, Target, import_named, patch, raw_attribute,
-                             resolve)
+from auditor.targets import Patch, Target, import_named, patch, raw_attribute, resolve
 
 
 
@@ -88,14 +88,27 @@ def _class_init(spec: str) -> Target:
 
 
 def _script_class(target: Target) -> bool:
-    """Whether a name in the audited script is bound by a top-level class statement."""
-    import ast
-    tree = main_script.parse(target.script or "")
-    return any(isinstance(node, ast.ClassDef) and node.name == target.name for node in tree.body)
+    return _script_binding(target) == "class"
 
 
-def is_class(target: Target) -> bool:
-    return target.attribute == "__init__"
+def _script_binding(target: Target) -> str:
+    """How the audited script binds a top-level name: "class" (a class statement), "object"
+    (assignments only: `model = LlamaForCausalLM(config)`), or "function" (a def, an import)."""
+    from auditor.script_names import bindings
+    nodes = bindings(main_script.parse(target.script or "").body).get(target.name.split(".")[0], [])
+    if any(isinstance(node, ast.ClassDef) for node in nodes):
+        return "class"
+    if nodes and all(isinstance(node, ast.Name) for node in nodes) and "." not in target.name:
+        return "object"
+    return "function"
+
+
+def kind(target: Target) -> str:
+    """What --model-from names: a "function" (or class/static method), a "class" (watched in its
+    `__init__`), or an "object" the script binds at top level (its class found in the real run)."""
+    if target.attribute == "__init__":
+        return "class"
+    return _script_binding(target) if target.script is not None else "function"
 
 
 class ModelFrom:
@@ -112,18 +125,53 @@ class ModelFrom:
         if target is not None and not self._observed:
             raise ValueError(f"--model-from {spec!r} was never called in the real run: there is "
                              "no model to replace")
-        self._patch: Patch | LatePatch | None = None
+        self._kind = kind(self._target)
+        self._patches: list = []  # Patch, LatePatch, or a watch's stop function
+        self._seen_objects: set[int] = set()
         self._depth = 0  # calls inside calls (the replacement's own build, a subclass's super().__init__)
 
     def __enter__(self) -> ModelFrom:
-        wrap = self._wrap_init if is_class(self._target) else self._wrap_function
-        self._patch = patch(self._target, lambda function, _: wrap(function), what="--model-from")
+        if self._kind == "function":
+            self._patches.append(patch(self._target, lambda function, _: self._wrap_function(function),
+                                       what="--model-from"))
+            return self
+        if self._kind == "object" and self.target is None:  # seen where the script binds it
+            self._patches.append(main_script.watch(self._target.script or "", self._target.name,
+                                                   self._bound))
+            return self
+        built_class = self._target if self._kind == "class" else self._observed_class()
+        self._patches.append(patch(built_class, lambda function, _: self._wrap_init(function),
+                                   what="--model-from"))
+        if self.target is not None and isinstance(built_class.owner, type):
+            loading = _from_pretrained_at_target(built_class.owner, self.target)
+            if loading is not None:
+                self._patches.append(loading)
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._patch is not None:
-            self._patch.restore()
-            self._patch = None
+        while self._patches:
+            done = self._patches.pop()
+            done() if callable(done) else done.restore()
+
+    def _bound(self, module) -> None:
+        """The script bound the named object: observed once per object it binds."""
+        import torch
+        value = getattr(module, self._target.name, None)
+        if isinstance(value, torch.nn.Module) and id(value) not in self._seen_objects:
+            self._seen_objects.add(id(value))
+            self._note(describe_model(value))
+
+    def _observed_class(self) -> Target:
+        """The class of the object the script bound in the real run, watched in its `__init__`."""
+        seen = self._observed[0]
+        module_name, _, qualname = str(seen.get("class_path", "")).partition(":")
+        if not qualname:
+            raise ValueError(f"--model-from {self.spec}: the real run recorded no class for it")
+        owner: object = import_named(module_name, "--model-from")
+        for part in qualname.split("."):
+            owner = getattr(owner, part)
+        return Target(name=f"{qualname}.__init__", owner=owner, attribute="__init__",
+                      spec=f"{module_name}:{qualname}")
 
     def _wrap_function(self, original):
         @functools.wraps(original)
@@ -216,6 +264,31 @@ class ModelFrom:
                                           **({"target": asdict(self.target)} if self.target else {})})
 
 
+def _from_pretrained_at_target(model_class: type, target: TargetModel) -> Patch | None:
+    """A watched class's `from_pretrained` (the class or a subclass) builds at the target's sizes
+    without reading weights, as inside a named function (auditor.target_config); other classes
+    load as usual."""
+    from auditor.target_config import AtTargetSizes, target_sizes
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:
+        return None
+    if not issubclass(model_class, PreTrainedModel):
+        return None
+
+    def wrap(original):
+        @functools.wraps(original)
+        def from_pretrained(cls, *args, **kwargs):
+            if not issubclass(cls, model_class):
+                return original(cls, *args, **kwargs)
+            with AtTargetSizes(target_sizes(target)) as sizes:
+                return sizes.from_pretrained(cls, *args, **kwargs)
+        return from_pretrained
+    return Patch(Target("PreTrainedModel.from_pretrained", PreTrainedModel, "from_pretrained",
+                        "transformers:PreTrainedModel.from_pretrained"), lambda function, _: wrap(function),
+                 what="--model-from")
+
+
 def describe_model(model) -> dict:
     """What a projection needs to build the same kind of model at another size."""
     import torch
@@ -229,6 +302,7 @@ def describe_model(model) -> dict:
             "device": str(first.device) if first is not None else "cpu",
             "training": model.training,
             "parameters": sum(p.numel() for p in parameters),
+            "class_path": f"{type(model).__module__}:{type(model).__qualname__}",
             "model_type": getattr(config, "model_type", None),
             "attention": getattr(config, "_attn_implementation", None),
             "attributes": _plain_attributes(model)}

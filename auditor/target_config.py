@@ -105,7 +105,7 @@ class AtTargetSizes:
         self._restore = [(PreTrainedModel, "__init__", init),
                          (PreTrainedModel, "from_pretrained", from_pretrained)]
         PreTrainedModel.__init__ = self._init(init)  # type: ignore[method-assign]
-        PreTrainedModel.from_pretrained = classmethod(self._from_pretrained)  # type: ignore[method-assign,assignment]
+        PreTrainedModel.from_pretrained = classmethod(self.from_pretrained)  # type: ignore[method-assign,assignment]
         return self
 
     def __exit__(self, *exc) -> None:
@@ -125,7 +125,7 @@ class AtTargetSizes:
             init(model, config, *args, **kwargs)
         return resized_init
 
-    def _from_pretrained(self, cls, name_or_path=None, *model_args, **kwargs):
+    def from_pretrained(self, cls, name_or_path=None, *model_args, **kwargs):
         """The checkpoint's model class built from its config at the target's sizes, as
         from_pretrained would return it (dtype, attention, device map, eval mode), weights
         random: a 7B checkpoint's weights are neither needed nor read."""

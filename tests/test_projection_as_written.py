@@ -76,14 +76,24 @@ def script(tmp_path, monkeypatch, one_thread):
     return tmp_path
 
 
-def _projected_and_real(folder: Path, model_from: str, args: list[str], real_args: list[str]):
-    stage = ["--stage", "__main__:calibrate"]
-    assert main(["run", "--run-dir", "small", *TARGET, "--model-from", model_from, *stage,
+STAGE = ["--stage", "__main__:calibrate"]
+
+
+def _projected(folder: Path, model_from: str, args: list[str], run_dir: str = "small") -> dict:
+    assert main(["run", "--run-dir", run_dir, *TARGET, "--model-from", model_from, *STAGE,
                  "prune_like.py", *args]) == 0
-    assert main(["run", "--run-dir", "real", "--live-tensors", *stage, "prune_like.py", *real_args]) == 0
-    (projection,) = json.loads((folder / "small" / "projections.json").read_text())
+    (projection,) = json.loads((folder / run_dir / "projections.json").read_text())
+    return projection
+
+
+def _real_peak(folder: Path, args: list[str]) -> int:
+    assert main(["run", "--run-dir", "real", "--live-tensors", *STAGE, "prune_like.py", *args]) == 0
     real = json.loads((folder / "real" / "run.json").read_text())
-    return projection, max(s["live_tensors"]["peak"] for s in real["stages"])
+    return max(s["live_tensors"]["peak"] for s in real["stages"])
+
+
+def _projected_and_real(folder: Path, model_from: str, args: list[str], real_args: list[str]):
+    return _projected(folder, model_from, args), _real_peak(folder, real_args)
 
 
 @pytest.mark.parametrize("build, attention", [("function", "eager"), ("top-level", "sdpa"),
@@ -99,6 +109,7 @@ def test_the_traced_peak_is_the_scripts_own_at_the_target_size(script, build, at
 
 
 def test_from_pretrained_builds_the_checkpoints_class_at_the_target_size(script):
+    # a model read from a checkpoint folder: at the target, the checkpoint's class from its config
     def save(folder: str, hidden: int, layers: int, heads: int, intermediate: int, vocab: int) -> None:
         torch.manual_seed(0)
         LlamaForCausalLM(LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
@@ -106,11 +117,14 @@ def test_from_pretrained_builds_the_checkpoints_class_at_the_target_size(script)
                                      vocab_size=vocab, max_position_embeddings=1024)).save_pretrained(folder)
     save("small-checkpoint", 64, 1, 2, 128, 512)
     save("target-checkpoint", **TARGET_SIZES)
-    projection, real = _projected_and_real(
-        script, "__main__:get_llm", ["--build", "pretrained", "--checkpoint", "small-checkpoint"],
-        ["--build", "pretrained", "--checkpoint", "target-checkpoint"])
-    assert projection["target_built"]["by"] == "program"
-    assert abs(projection["peak"]["live_tensors"] / real - 1) <= 0.005
+    small = ["--build", "pretrained", "--checkpoint", "small-checkpoint"]
+    real = _real_peak(script, ["--build", "pretrained", "--checkpoint", "target-checkpoint"])
+    # named by its function, or as the object the script binds at top level (`model = ...`):
+    # its class, found in the real run, is then watched, from_pretrained included
+    for model_from, run_dir in [("__main__:get_llm", "by-function"), ("__main__:model", "by-object")]:
+        projection = _projected(script, model_from, small, run_dir)
+        assert projection["target_built"]["by"] == "program", model_from
+        assert abs(projection["peak"]["live_tensors"] / real - 1) <= 0.005, model_from
 
 
 CUSTOM = '''
