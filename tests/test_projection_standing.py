@@ -102,14 +102,14 @@ def test_a_traced_run_that_fails_part_way_gives_no_headline_figure(failing):
     text = render(record)
     title = text.splitlines()[0]
     target_part = title.split("; at llama-2-7b", 1)[1]
-    assert "(traced) failed at or after stage `score`: RuntimeError: no device map on this model" in target_part
+    assert "(traced) failed at stage `score`: RuntimeError: no device map on this model" in target_part
     assert not SIZE.search(target_part)
     (summary_row,) = [line for line in text.splitlines() if line.startswith("| projected (traced: llama-2-7b")]
-    assert "failed at or after stage `score`" in summary_row and not SIZE.search(summary_row)
+    assert "failed at stage `score`" in summary_row and not SIZE.search(summary_row)
     table = _answer_table(text)
     traced_column = table[0].index("at llama-2-7b (layers 2, hidden 128, vocab 256, heads 2, intermediate 256) (traced)")
     cells = [row[traced_column] for row in table[2:]]
-    assert cells[-1].startswith("failed at or after stage `score`: RuntimeError: no device map")
+    assert cells[-1].startswith("failed at stage `score`: RuntimeError: no device map")
     assert set(cells[:-1]) == {"-"}
     # the details still hold what it finished, said to stop there
     assert "the stages after it are not projected" in text
@@ -121,7 +121,9 @@ def test_the_failed_stage_is_exact_with_the_traced_runs_own_record(failing):
     traced = auditor.load(out / projection["run_folder"], from_events=True)
     failure = traced_failure(projection, traced)
     assert failure is not None and (failure.stage, failure.where) == ("score", "at")
-    assert traced_failure(projection) is not None and traced_failure(projection).where == "at or after"
+    # the projection names the stage itself (failed_stage): exact from the record alone too
+    assert projection["failed_stage"] == "score"
+    assert traced_failure(projection) is not None and traced_failure(projection).where == "at"
     assert traced_failure({**projection, "incomplete": None}) is None
     # a projection that keeps each traced stage's status, or names the stage, needs no record
     statuses = {**projection, "stages": [{**s, "status": "failed" if s["path"] == "score" else "ok"}

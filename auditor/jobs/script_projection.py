@@ -134,6 +134,9 @@ def project_program(record: RunRecord, plan: Plan, folder: Path, timeout_s: int 
     projection["run_folder"] = folder.name
     if not child.ok:  # what it finished is projected; the rest is said to be missing
         projection["incomplete"] = child.failure("the traced run")
+        unfinished = [s.path for s in traced.stages if s.status != "ok"]
+        if unfinished:  # the innermost stage it was in when it failed
+            projection["failed_stage"] = unfinished[-1]
     return projection
 
 
