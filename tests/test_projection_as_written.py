@@ -167,3 +167,8 @@ def test_a_class_that_is_not_a_transformers_model_is_not_projected(script, capsy
     err = capsys.readouterr().err
     assert "is not a transformers model" in err
     assert not any("live tensors" in line and "traced projection" in line for line in err.splitlines())
+    (projection,) = json.loads((script / "out" / "projections.json").read_text())
+    assert projection["stages"] == [] and "is not a transformers model" in projection["incomplete"]
+    assert main(["report", "out", "-o", "report.md"]) == 0  # the headline says it failed, no figure
+    title = (script / "report.md").read_text().splitlines()[0]
+    assert "(traced) failed before any stage: TypeError: --model-from __main__:Net: the program's model (Net)" in title

@@ -179,8 +179,8 @@ def _target_model(args):
             raise UsageError("--target-* options need --target ARCH, the model to project to")
         return None
     if not args.model_from:
-        raise UsageError("--target needs --model-from MODULE:FUNCTION, the script's function that "
-                         "builds its model (the projection gives the target's model there)")
+        raise UsageError("--target needs --model-from MODULE:NAME, what builds the script's model (a "
+                         "function, a class, or the object the script binds), run there at the target's sizes")
     import architectures
     try:
         architectures.config_fields(args.target, **overrides)
@@ -225,6 +225,10 @@ def _project(console, audit, record: RunRecord | None, status: int, target, prog
         write_derived(audit.folder, "projections", [projection])
     except (RuntimeError, OSError, ValueError) as error:
         console.print(f"auditor: warning: {what} failed: {error}", markup=False, soft_wrap=True)
+        with contextlib.suppress(OSError):  # the report says it failed, where its figure would be
+            write_derived(audit.folder, "projections", [{
+                "method": "traced", "target": target.describe(), "target_dtype": target.dtype,
+                "model_from": args.model_from, "stages": [], "incomplete": str(error)}])
         return
     terminal.projection_summary(console, projection_summary(projection, audit.folder))
 
