@@ -101,6 +101,7 @@ def plan_for(record: RunRecord, program: Program, model_from: str, target: Targe
 def project_program(record: RunRecord, plan: Plan, folder: Path, timeout_s: int = 3600) -> dict:
     """The traced projection of the program to `plan.target`; RuntimeError (one line) when the
     traced run finished no stage."""
+    from auditor.analysis.child_findings import projection_caveat
     from auditor.analysis.estimated_bytes import estimated_bytes, has_estimates
     from auditor.analysis.traced_projection import project_traced
     if not plan.observed:
@@ -129,6 +130,9 @@ def project_program(record: RunRecord, plan: Plan, folder: Path, timeout_s: int 
              if isinstance(c, dict) and c.get("target_built")]
     if built:  # the program's own model at the target's sizes, or a stand-in: said with the figures
         projection["target_built"] = next((b for b in built if b.get("by") == "stand-in"), built[0])
+    leaves_out = projection_caveat(record)
+    if leaves_out:  # child processes that held memory: the traced run forks none
+        projection["leaves_out"] = leaves_out
     if plan.rank is not None:
         projection["traced_as_rank"] = {"rank": plan.rank, "world_size": plan.world_size}
     projection["run_folder"] = folder.name
