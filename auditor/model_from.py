@@ -231,9 +231,8 @@ class ModelFrom:
             built = {"by": "program", "sizes": resizing.resized[0]["sizes"],
                      "says": f"built by the program's own {self.spec} with {self.target.describe()}'s "
                              f"sizes ({describe_sizes(resizing.resized[0]['sizes'])}); its class "
-                             f"{type(model).__qualname__}, attention "
-                             f"({resizing.resized[0]['attention'] or 'default'}), dtype and other "
-                             "settings are the program's"}
+                             f"{type(model).__qualname__}, attention ({_attention(model) or 'default'}), "
+                             "dtype and other settings are the program's"}
             self._note({**describe_model(model), "replaces": seen, "target_built": built})
             return model
         not_resizable = (f"the program's model ({seen.get('class', '?')}) is not a transformers model, "
@@ -289,6 +288,11 @@ def _from_pretrained_at_target(model_class: type, target: TargetModel) -> Patch 
                  what="--model-from")
 
 
+def _attention(model) -> str | None:
+    """The attention implementation the model runs (transformers settles it as the model is built)."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None)
+
+
 def describe_model(model) -> dict:
     """What a projection needs to build the same kind of model at another size."""
     import torch
@@ -304,7 +308,7 @@ def describe_model(model) -> dict:
             "parameters": sum(p.numel() for p in parameters),
             "class_path": f"{type(model).__module__}:{type(model).__qualname__}",
             "model_type": getattr(config, "model_type", None),
-            "attention": getattr(config, "_attn_implementation", None),
+            "attention": _attention(model),
             "attributes": _plain_attributes(model)}
 
 
