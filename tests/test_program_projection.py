@@ -257,8 +257,8 @@ def test_a_method_of_objects_is_refused_as_model_from(tmp_path, monkeypatch, cap
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--model-from", "m:f"], "needs both --model-from MODULE:FUNCTION and SCRIPT"),
-    (["job.py"], "needs both --model-from MODULE:FUNCTION and SCRIPT"),
+    (["--model-from", "m:f"], "needs both --model-from MODULE:NAME and SCRIPT"),
+    (["job.py"], "needs both --model-from MODULE:NAME and SCRIPT"),
     (["--stage", "m:f"], "--stage applies to a program of your own"),
     (["--model-from", "m:f", "missing.py"], "script 'missing.py' does not exist"),
     (["--model-from", "no_such_module_y:f", "job.py"], "--model-from: no module named 'no_such_module_y'"),

@@ -121,11 +121,13 @@ def add_stage_argument(parser) -> None:
 
 
 def add_model_from_argument(parser, runs: str) -> None:
-    """--model-from MODULE:FUNCTION: where the program builds its model; `runs` says which runs
-    get the target's model there."""
-    parser.add_argument("--model-from", metavar="MODULE:FUNCTION",
-                        help=f"the program's function that builds its model; {runs} get the target's "
-                             "model there (the program runs unmodified)")
+    """--model-from MODULE:NAME: what builds the program's model; `runs` says which runs build
+    it at the target's sizes."""
+    parser.add_argument("--model-from", metavar="MODULE:NAME",
+                        help=f"what builds the program's model: a function, a class, a class's "
+                             f"from_pretrained/from_config, or the model object the script binds "
+                             f"(__main__:model); {runs} run it as written with the target's sizes in "
+                             "its transformers config (the program runs unmodified)")
 
 
 def add_memray_switch(parser) -> None:

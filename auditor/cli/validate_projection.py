@@ -123,7 +123,7 @@ def _checked_program(args):
             raise UsageError("--stage applies to a program of your own: give --model-from and SCRIPT")
         return None
     if args.script is None or not args.model_from:
-        raise UsageError("a program of your own needs both --model-from MODULE:FUNCTION and SCRIPT")
+        raise UsageError("a program of your own needs both --model-from MODULE:NAME and SCRIPT")
     script = check_script(args.script)
     from auditor.jobs.script_projection import Program
     from auditor.model_from import check
