@@ -212,9 +212,9 @@ class ModelFrom:
         from auditor.target_config import AtTargetSizes, describe_sizes, target_sizes
         assert self.target is not None
         seen = self._observed[min(len(self.calls), len(self._observed) - 1)]
-        if "class" not in seen or seen.get("returned") != "module":
+        if seen.get("returned") != "module":
             raise TypeError(f"--model-from {self.spec} returned a {seen.get('class', '?')} in "
-                            "the real run, not a torch.nn.Module: it cannot be built at the target's sizes")
+                            "the real run, holding no torch.nn.Module: it cannot be built at the target's sizes")
         sizes = target_sizes(self.target)
         failed = None
         with AtTargetSizes(sizes) as resizing:
@@ -225,22 +225,24 @@ class ModelFrom:
                     raise
                 model, failed = None, f"{type(error).__name__}: {error}".splitlines()[0][:200]
         if resizing.resized:
-            if self.target.dtype:
+            module, _ = _model_in(model)  # what it returned may hold more: (model, tokenizer)
+            if self.target.dtype and module is not None:
                 import torch
-                model.to(getattr(torch, self.target.dtype))
+                module.to(getattr(torch, self.target.dtype))
             built = {"by": "program", "sizes": resizing.resized[0]["sizes"],
                      "says": f"built by the program's own {self.spec} with {self.target.describe()}'s "
                              f"sizes ({describe_sizes(resizing.resized[0]['sizes'])}); its class "
-                             f"{type(model).__qualname__}, attention ({_attention(model) or 'default'}), "
+                             f"{type(module).__qualname__}, attention ({_attention(module) or 'default'}), "
                              "dtype and other settings are the program's"}
             self._note({**describe_model(model), "replaces": seen, "target_built": built})
             return model
         not_resizable = (f"the program's model ({seen.get('class', '?')}) is not a transformers model, "
                          f"so its sizes cannot be set to {self.target.describe()}'s"
                          + (f" (its builder failed at the target: {failed})" if failed else ""))
-        if in_place:
-            raise TypeError(f"--model-from {self.spec}: {not_resizable}; name a function that builds "
-                            "it, and a stand-in of the target's architecture is used in its place")
+        if in_place or seen.get("returned_in"):  # nothing a stand-in can take the place of
+            alone = "returns it alone" if seen.get("returned_in") else "builds it"
+            raise TypeError(f"--model-from {self.spec}: {not_resizable}; name a function that {alone}, "
+                            "and a stand-in of the target's architecture is used in its place")
         del model  # the program's small model: the stand-in takes its place
         self._depth += 1  # the stand-in's own from_config is not the program's call
         try:
@@ -293,11 +295,27 @@ def _attention(model) -> str | None:
     return getattr(getattr(model, "config", None), "_attn_implementation", None)
 
 
-def describe_model(model) -> dict:
-    """What a projection needs to build the same kind of model at another size."""
+def _model_in(value) -> tuple:
+    """The model a builder returned, and where in what it returned (None: the value itself):
+    research code often returns `(model, tokenizer)` or a dict of both."""
     import torch
-    if not isinstance(model, torch.nn.Module):
-        return {"returned": "other", "class": type(model).__qualname__}
+    if isinstance(value, torch.nn.Module):
+        return value, None
+    items = (enumerate(value) if isinstance(value, (tuple, list))
+             else value.items() if isinstance(value, dict) else ())
+    for key, item in items:
+        if isinstance(item, torch.nn.Module):
+            return item, f"[{key!r}]"
+    return None, None
+
+
+def describe_model(value) -> dict:
+    """What a projection needs to build the same kind of model at another size."""
+    model, where = _model_in(value)
+    if model is None:
+        return {"returned": "other", "class": type(value).__qualname__}
+    if where is not None:
+        return {**describe_model(model), "returned_in": f"{type(value).__name__}{where}"}
     parameters = list(model.parameters())
     first = parameters[0] if parameters else None
     config = getattr(model, "config", None)

@@ -41,17 +41,18 @@ def config():
                        max_position_embeddings=1024, attn_implementation=args.attn)
 
 
-def get_llm():
+def get_llm():  # returns (model, tokenizer), as much research code does
     torch.manual_seed(0)
+    tokenizer = {"pad_token_id": 0}
     if args.build == "pretrained":
         model = AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=torch.float32)
         model.seqlen = args.seq
-        return model
+        return model, tokenizer
     model = LlamaForCausalLM(config()).eval()
     if args.build == "moved":  # moved, cast, and placed as from_pretrained's device_map would
         model = model.to("cpu").to(torch.bfloat16)
         model.hf_device_map = {"": "cpu"}
-    return model
+    return model, tokenizer
 
 
 def calibrate(model, ids):
@@ -60,7 +61,7 @@ def calibrate(model, ids):
         return model(ids.to(device)).logits.float().sum()
 
 
-model = LlamaForCausalLM(config()).eval() if args.build == "top-level" else get_llm()
+model = LlamaForCausalLM(config()).eval() if args.build == "top-level" else get_llm()[0]
 calibrate(model, torch.randint(0, 64, (1, args.seq), generator=torch.Generator().manual_seed(0)))
 '''
 
