@@ -131,6 +131,8 @@ def _checked_program(args):
     folder = str(script.resolve().parent)
     saved = list(sys.path)
     sys.path.insert(0, folder)  # as the script will import them
+    from auditor import main_script
+    main_script.declare(script)  # --model-from and --stage may name the script's own (__main__:get_llm)
     try:
         check(args.model_from)
         for stage in args.stages:
