@@ -37,6 +37,8 @@ RENDERED = {  # report -> (the benchmark script's arguments that render it again
                                          "reports/projection-validation-matrix.json"],
                                         ["reports/projection-validation-matrix.json"]),
     "reliability.md": (["benchmarks/reliability.py", "--from", "reports/reliability.json"], ["reports/reliability.json"]),
+    "rss-band-validation.md": (["benchmarks/rss_band_validation.py", "--from", "reports/rss-band-validation.json"],
+                               ["reports/rss-band-validation.json"]),
     # identical runs of one workload: the spread of each figure a finding's rule compares, the findings per run
     "findings-stability.md": (["benchmarks/findings_stability.py", "--from", "reports/findings-stability.json"],
                               ["reports/findings-stability.json"]),
