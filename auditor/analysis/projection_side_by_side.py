@@ -60,6 +60,7 @@ class SideBySide:
     components: list[ComponentSide] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the figures rest on
     rss_band_basis: str | None = None  # how its RSS bands were made, in one sentence
+    target_model: str | None = None  # how its target model was built (auditor.model_from's target_built)
 
     uncalibrated: bool = False  # a scaled projection fitted on no calibration run
 
@@ -116,7 +117,8 @@ def _side(record: RunRecord, projection: dict) -> SideBySide:
     side = SideBySide(method=str(projection.get("method", "scaled")),
                       target=str(projection.get("target", "?")), notes=_notes(projection),
                       uncalibrated=scaled_caveat(projection) == UNCALIBRATED,
-                      rss_band_basis=((projection.get("peak") or {}).get("rss_band") or {}).get("basis"))
+                      rss_band_basis=((projection.get("peak") or {}).get("rss_band") or {}).get("basis"),
+                      target_model=(projection.get("target_built") or {}).get("says"))
     side.stages = _stages(record, projection)
     side.components = _components(record, projection)
     return side
@@ -132,12 +134,31 @@ def _notes(projection: dict) -> list[str]:
     as_rank = projection.get("traced_as_rank")
     if as_rank:
         notes.append(rank_caveat(as_rank))
+    notes += _sized_empty(projection)
+    if projection.get("leaves_out"):
+        notes.append(str(projection["leaves_out"]))
+    return notes
+
+
+def _sized_empty(projection: dict) -> list[str]:
+    """Value-dependent sizes traced as empty make the figures a lower bound: the sites the traced
+    run had no ratio for (`data_dependent.unknown`). Sites sized from the real run's ratios are
+    estimates, said by the estimate note, not a lower bound. A projection that lists no sites
+    (an older one) is a lower bound unless it says it estimated them."""
+    found = projection.get("data_dependent")
+    if isinstance(found, dict):
+        unknown = [s for s in found.get("unknown") or [] if isinstance(s, dict)]
+        if not unknown:
+            return []
+        sites = ", ".join(f"{s.get('op', '?')} at {s.get('site', '?')}" for s in unknown[:3])
+        more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+        return [f"value-dependent sizes with no ratio observed in the real run ({sites}{more}) were "
+                "traced as empty: the figures are a lower bound there"]
     dependent = projection.get("data_dependent_ops") or {}
     if dependent and not projection.get("estimates"):
         ops = ", ".join(f"{op} x {n:,}" for op, n in dependent.items())
-        notes.append(f"value-dependent sizes ({ops}) were traced as empty: the figures are a "
-                     "lower bound")
-    return notes
+        return [f"value-dependent sizes ({ops}) were traced as empty: the figures are a lower bound"]
+    return []
 
 
 def _stages(record: RunRecord, projection: dict) -> list[StageSide]:

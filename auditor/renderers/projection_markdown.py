@@ -41,6 +41,8 @@ def _section(target: TargetSides, views: Sequence[ProjectionView]) -> str:
     for side in target.sides:
         view = next((v for v in views if v.method == side.method and v.target == side.target), None)
         rests = [md.text(t) for t in (view.estimates, view.basis) if t] if view is not None else []
+        if side.target_model:
+            rests.insert(0, f"Its model: {md.text(side.target_model)}")
         rests += [f"**{md.text(note)}**" for note in side.notes]
         if side.rss_band_basis:
             rests.append(f"RSS band: {md.text(side.rss_band_basis)}")
