@@ -295,15 +295,17 @@ def test_projection_columns_scaled_and_traced_side_by_side(built, tmp_path):
     table = table_after(text, "## What was alive at the peak")  # one table, each method a column
     assert table[0][3].startswith("at gpt-neo-125m (scaled") and table[0][4] == "at gpt-neo-125m (traced)"
     projected = next(s for s in scaled["stages"] if s["path"] == stage)
+    # the stand-in traced run is the audited size, not the target's: the scaled figures differ from
+    # it beyond the validation matrix's targets, so the scaled column is withheld, said in its peak row
     for name, item in projected["components"].items():
-        assert row(table, f"`{name}`")[3] == units.size(item["projected"])
+        assert row(table, f"`{name}`")[3] == "-"
         assert row(table, f"`{name}`")[4] == units.size(stage_bytes(RunRecord.from_json(traced_run), stage, name))
-    assert row(table, "**peak RSS**")[3] == f"**{units.size(projected['rss_peak'])}**"
+    assert row(table, "**peak RSS**")[3].startswith("not shown: differs from the traced projection by +")
     if attribute(peak_stage(record)).unseen:
-        assert row(table, UNSEEN_TENSORS)[3] == units.size(projected["unseen_tensors"]["projected"])
+        assert row(table, UNSEEN_TENSORS)[3] == "-"
     assert text.count("### Projection to gpt-neo-125m") == 1  # not one copy of the tables a method
     summary = table_after(text, "## Summary")
-    assert row(summary, "projected (scaled: gpt-neo-125m)")[1].startswith(f"{units.size(scaled['peak']['rss'])} peak RSS")
+    assert row(summary, "projected (scaled: gpt-neo-125m)")[1].startswith("not shown: differs from the traced projection")
     assert row(summary, "projected (traced: gpt-neo-125m)")[1].startswith("RSS not projected")
     assert "projections | none" not in text
 
@@ -311,14 +313,14 @@ def test_projection_columns_scaled_and_traced_side_by_side(built, tmp_path):
 def test_an_uncalibrated_scaled_projection_says_so(built):
     """Without calibration runs the scaled figures rest on assumed drivers: the summary and
     every saving at the target say so; fitted on calibration runs, they do not."""
-    from auditor.analysis.components import UNCALIBRATED
+    from auditor.analysis.components import UNCALIBRATED, UNCHECKED
     from auditor.analysis.projection import project
     record = copy.deepcopy(built["pattern"][0])
     record.annotations["workload"] = {"architecture": "tinystories-33m", "overrides": TINY_GPT_NEO, "tokens": 32}
     record.annotations["projections"] = [project(record, "gpt-neo-125m", calibration=[])]
     text = render(record)
     assert UNCALIBRATED in row(table_after(text, "## Summary"), "projected (scaled: gpt-neo-125m)")[1]
-    assert "at gpt-neo-125m (scaled, uncalibrated)" in text and "(scaled)" not in text
+    assert f"at gpt-neo-125m (scaled, uncalibrated, {UNCHECKED})" in text and "(scaled)" not in text
     calibration = built["pattern"][0].to_json()  # stands in for a calibration run (its JSON)
     calibration["workload"] = {"architecture": "tinystories-33m", "tokens": 32,
                                "overrides": {**TINY_GPT_NEO, "layers": 2 * TINY_GPT_NEO["layers"]}}

@@ -254,6 +254,10 @@ class ProjectionView:
     basis: str | None = None  # what its peak RSS is made of (auditor.analysis.traced_projection)
     failed: Failure | None = None  # its traced run ended in an error: no headline figure
     stand_in: str | None = None  # its target model is a stand-in architecture, in a sentence
+    # a scaled projection held to the traced one of its target (`hold_to_traced`): why its headline
+    # figures are not shown ("not shown: differs from ..."), else None; its figures stay for the details
+    withheld: str | None = None
+    unchecked: str | None = None  # a scaled projection with no traced one to hold it to: UNCHECKED
 
     @property
     def label(self) -> str:
@@ -295,7 +299,49 @@ def projection_views(record: RunRecord) -> list[ProjectionView]:
             view = None
         if view is not None:
             views.append(view)
-    return sorted(views, key=lambda v: (v.target, v.target_dtype or "", _METHOD_ORDER.get(v.method, 2), v.method))
+    views.sort(key=lambda v: (v.target, v.target_dtype or "", _METHOD_ORDER.get(v.method, 2), v.method))
+    for view in views:
+        hold_to_traced(view, views)
+    return views
+
+
+UNCHECKED = "unchecked: no traced projection to hold it to"
+
+
+def hold_to_traced(view: ProjectionView, views: list[ProjectionView]) -> None:
+    """A scaled projection's headline figures (peak RSS, peak live tensors) are shown only where
+    they agree with the traced projection of the same target and dtype within the validation
+    matrix's targets for the scaled method (auditor.analysis.projection_validation.TARGETS): the
+    traced projection is exact on live tensors on every held-out case, so it is the check at a
+    scale no real run reaches. Sets `withheld` where they differ by more, `unchecked` where there
+    is no traced projection with figures to hold them to (none made, or its run failed)."""
+    from auditor.analysis.projection_validation import TARGETS, error
+    if view.method != "scaled" or (view.peak_rss is None and view.live_tensor_peak is None):
+        return  # nothing shown to check (its drivers do not explain it: said as such)
+    traced = next((v for v in views if v.method == "traced" and v.target == view.target
+                   and v.target_dtype == view.target_dtype and v.failed is None
+                   and v.live_tensor_peak is not None), None)
+    if traced is None:
+        view.unchecked = UNCHECKED
+        return
+    figures = {"peak live tensors": (view.live_tensor_peak, traced.live_tensor_peak),
+               "peak RSS": (view.peak_rss, traced.peak_rss)}
+    missed = []
+    for target in TARGETS:
+        if target.method != "scaled" or target.what not in figures:
+            continue
+        off = error(*figures[target.what])
+        if off is not None and abs(off) > target.limit:
+            missed.append(f"{off:+.1%} on {target.what} (target {target.limit:.0%})")
+    if missed:
+        view.withheld = "not shown: differs from the traced projection by " + " and ".join(missed)
+
+
+def method_words(view: ProjectionView) -> str:
+    """How a projection was made, as its column, the title and the fixes name it ("scaled,
+    uncalibrated"; "scaled, unchecked: no traced projection to hold it to")."""
+    return (view.method + (", uncalibrated" if view.caveat == UNCALIBRATED else "")
+            + (f", {view.unchecked}" if view.unchecked else ""))
 
 
 def _projection_view(item: dict) -> ProjectionView:

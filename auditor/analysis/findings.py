@@ -29,8 +29,8 @@ from auditor.analysis import source_paths, unstaged
 from auditor.analysis.child_findings import CHILD_HIGH, CHILD_SHARE, child_memory
 from auditor.analysis.finding_model import SEVERITIES, Finding
 from auditor.analysis.noise_band import BORDERLINE, RSS_BAND, Band, rss_band, tensor_band
-from auditor.analysis.components import (UNCALIBRATED, ProjectedStage, census_order, finished, growers,
-                                         is_buffer, is_traced, largest_weights, live_tensor_peak, peak_stage,
+from auditor.analysis.components import (ProjectedStage, census_order, finished, growers, is_buffer, is_traced,
+                                         largest_weights, live_tensor_peak, method_words, peak_stage,
                                          projection_views, weights_bytes)
 from auditor.analysis.program_kind import Kind, program_kind
 from auditor.analysis.remedies import GENERIC, TEMPORARIES, remedy
@@ -500,8 +500,10 @@ def _remedy_words(finding: Finding, kind: Kind, record: RunRecord) -> str | None
 def saving(finding: Finding, record: RunRecord) -> dict | None:
     """What the remedy would save: the evidence's bytes here and at each projection target.
 
-    {bytes, projected: [{target, bytes | None}], basis}; None for rules whose remedy saves
-    nothing in the algorithm's tensors (RSS beyond the census, the live-tensor gap, failures)."""
+    {bytes, projected: [{target, method, bytes | None, why?, withheld?}], basis}; None for rules
+    whose remedy saves nothing in the algorithm's tensors (RSS beyond the census, the live-tensor
+    gap, failures). `withheld`: a scaled projection the traced one does not bear out
+    (ProjectionView.withheld): its figure is for the details, not the fixes table."""
     evidence = finding.evidence
     if finding.rule in ("full-copy", "dense-gradients", "reference-cycle"):
         names, stage, here = [evidence["component"]], evidence.get("to_stage") or evidence.get("stage"), evidence["bytes"]
@@ -534,8 +536,9 @@ def saving(finding: Finding, record: RunRecord) -> dict | None:
             value = None if any(v is None for v in found) else sum(v for v in found if v is not None)
             if value is None:
                 why = "the projection does not model " + ("these components" if len(names) > 1 else "this component")
-        method = view.method + (", uncalibrated" if view.caveat == UNCALIBRATED else "")
-        projected.append({"target": view.target, "method": method, "bytes": value, **({"why": why} if why else {})})
+        held = {"withheld": view.withheld} if view.withheld and value is not None else {}  # the details keep it
+        projected.append({"target": view.target, "method": method_words(view), "bytes": value,
+                          **({"why": why} if why else {}), **held})
     basis = ("the transient inside the stage" if names is None else
              f"the evidence's components at stage `{stage}`")
     return {"bytes": here, "projected": projected, "basis": basis}

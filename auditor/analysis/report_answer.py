@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from auditor.analysis.components import (BEYOND_CENSUS, BEYOND_LIVE, UNCALIBRATED, UNSEEN_TENSORS, Attribution,
-                                         ProjectedStage, ProjectionView)
+from auditor.analysis.components import (BEYOND_CENSUS, BEYOND_LIVE, UNSEEN_TENSORS, Attribution, ProjectedStage,
+                                         ProjectionView)
 from auditor.analysis.findings import Finding, stage_transient
 from auditor.analysis.program_kind import ProgramKind
 from auditor.analysis.projection_reasons import TRANSIENT, Why, shrinking
@@ -34,6 +34,8 @@ class AtTarget:
     estimated: int = 0          # of `bytes`, resting on estimated data-dependent sizes
     why: str | None = None      # why the figure does not grow with the model, or is not projected
     failed: str | None = None   # its traced run stopped part-way ("failed at stage `X`: ..."): no figure
+    withheld: str | None = None  # a scaled figure not shown ("not shown: differs from the traced ..."),
+    # `bytes` kept for the details (ProjectionView.withheld)
 
 
 @dataclass
@@ -141,16 +143,14 @@ def peak_answer(census: Attribution, projected: list[tuple[ProjectionView, Proje
                               noted(each(stage_transient, lambda p: ["transient"]), TRANSIENT, risen)))
     rows.append(AnswerRow("peak", "peak RSS", census.rss_peak if census.rss_peak is not None else census.rss_end,
                           each(lambda p: p.rss_peak, lambda p: ["peak"])))
-    for i, (view, _) in enumerate(projected):  # a traced run that stopped part-way fills no cell
-        if view.failed is not None:
+    for i, (view, _) in enumerate(projected):  # a traced run that stopped part-way fills no cell,
+        if view.failed is not None:             # nor does a scaled one the traced one does not bear out
             for row in rows:
                 row.at_targets[i] = AtTarget(failed=view.failed.phrase)
+        elif view.withheld is not None:
+            for row in rows:
+                row.at_targets[i] = AtTarget(withheld=view.withheld)
     return Answer(census.stage, census.weights, census.buffers, [v for v, _ in projected], rows)
-
-
-def method_words(view: ProjectionView) -> str:
-    """How a projection was made, as its column and the title name it ("scaled, uncalibrated")."""
-    return view.method + (", uncalibrated" if view.caveat == UNCALIBRATED else "")
 
 
 def _sum(values) -> int | None:
@@ -171,7 +171,8 @@ def fix_table(found: list[Finding], kind: ProgramKind | None = None) -> Fixes:
                 fixes.targets.append(label)
     for finding in found:
         saving = finding.saving or {}
-        by_label = {f"{p['target']} ({p.get('method', 'projected')})": AtTarget(p.get("bytes"), why=p.get("why"))
+        by_label = {f"{p['target']} ({p.get('method', 'projected')})":
+                    AtTarget(p.get("bytes"), why=p.get("why"), withheld=p.get("withheld"))
                     for p in saving.get("projected") or []}
         names = []
         for item in finding.validated:

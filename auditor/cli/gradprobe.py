@@ -211,19 +211,23 @@ def _default_output(args, targets: list[str]) -> Path:
 
 
 def _print_summary(record: RunRecord, output: Path, folder: Path) -> None:
-    from auditor.analysis.components import scaled_caveat
+    from auditor.analysis.components import projection_views, scaled_caveat
     from auditor.analysis.estimated_bytes import estimate_note
     from auditor.units import size
     print(f"peak RSS {size(record.peak.rss)} in {record.peak.stage}")
+    views = {(v.method, v.target, v.target_dtype): v for v in projection_views(record)}  # held to the traced one
     for p in record.annotations.get("projections", []):
+        view = views.get((p.get("method", "scaled"), str(p.get("target")), p.get("target_dtype")))
         if p.get("not_projected"):
             print(f"{p['method']:>6} projection to {p['target']}: none ({p['not_projected']})")
         elif p.get("explained") is False:  # no number its drivers do not explain
             miss = p.get("miss") or {}
             print(f"{p['method']:>6} projection to {p['target']}: not explained by its drivers (miss "
                   f"{size(miss.get('bytes'))} in {miss.get('stage')}): see traced")
+        elif view is not None and view.withheld:  # its figures are in the report's details
+            print(f"{p['method']:>6} projection to {p['target']}: {view.withheld}")
         elif p.get("peak"):
-            caveat = scaled_caveat(p)
+            caveat = "; ".join(c for c in (scaled_caveat(p), view.unchecked if view is not None else None) if c)
             print(f"{p['method']:>6} projection to {p['target']}: peak RSS {size(p['peak']['rss'])}, "
                   f"live tensors {size(p['live_tensor_peak'])}" + (f" ({caveat})" if caveat else ""))
             if estimate_note(p):

@@ -10,7 +10,8 @@ import re
 from auditor import units
 from auditor.analysis import run_report as model
 from auditor.analysis.projection_side_by_side import TargetSides
-from auditor.analysis.report_answer import Answer, AtTarget, Fixes, Variant, method_words
+from auditor.analysis.components import method_words
+from auditor.analysis.report_answer import Answer, AtTarget, Fixes, Variant
 from auditor.analysis.unstaged import PeakPlace
 from auditor.renderers import markdown_text as md
 from auditor.renderers.components_markdown import unstaged_peak
@@ -44,7 +45,7 @@ def answer_section(answer: Answer | None, place: PeakPlace, components: model.Co
             rows.append([INDENT + "of which " + md.text(row.name), units.size(row.bytes), ratio, *cells])
         elif row.kind == "peak":
             rows.append(["**peak RSS**", f"**{units.size(row.bytes)}**", f"**{ratio}**",
-                         *(c if a.failed else f"**{c}**" for a, c in zip(row.at_targets, cells))])
+                         *(c if a.failed or a.withheld else f"**{c}**" for a, c in zip(row.at_targets, cells))])
         else:
             rows.append([md.text(row.name), units.size(row.bytes), ratio, *cells])
     table = md.table(["category / component", "bytes here", "x the weights", *columns], rows,
@@ -56,7 +57,16 @@ def answer_section(answer: Answer | None, place: PeakPlace, components: model.Co
             f"{units.size(answer.weights)} of parameters{buffers}.")
     if targets:
         lead += " At each target the same stage is projected; the title gives the target's own peak, wherever it falls."
-    return f"{head}\n\n{lead}\n\n{table}" + notes.text() + _caveats(targets, components)
+    return f"{head}\n\n{lead}\n\n{table}" + notes.text() + _withheld(answer) + _caveats(targets, components)
+
+
+def _withheld(answer: Answer) -> str:
+    """Each scaled column not shown: why, and where its figures are."""
+    lines = [md.wrapped(f"At {md.text(_target(v.target, v.target_dtype))} ({md.text(method_words(v))}): "
+                        f"{md.text(v.withheld)}; its figures are in the details "
+                        f"([how]({md.anchor(projection_heading(v.target))})).")
+             for v in answer.views if v.withheld and v.failed is None]
+    return "".join(f"\n\n{line}" for line in lines)
 
 
 def _live_only(components: model.Components) -> str:
@@ -96,6 +106,8 @@ def _cell(at: AtTarget, notes: md.Notes, peak: bool = False) -> str:
     figure in any (what it finished is in the projection's details)."""
     if at.failed is not None:
         return md.phrase(at.failed) if peak else "-"
+    if at.withheld is not None:  # a scaled figure the traced projection does not bear out
+        return md.text(at.withheld) if peak else "-"
     if at.miss is not None:
         return unexplained(at.miss)
     if at.bytes is None and at.why:
@@ -121,7 +133,8 @@ def fixes_section(fixes: Fixes) -> str:
     for fix in fixes.rows:
         f = fix.finding
         what = f"**{f.severity}** {md.text(f.rule)}" + (f": {md.phrase(fix.subject)}" if fix.subject else "")
-        targets = ["-" if fix.saving is None else units.size(c.bytes) if c.bytes is not None
+        targets = ["-" if fix.saving is None else "not shown" + notes.mark(c.withheld) if c.withheld
+                   else units.size(c.bytes) if c.bytes is not None
                    else "not projected" + (notes.mark(c.why) if c.why else "") for c in fix.at_targets]
         rows.append([what, md.phrase(fix.remedy) or "-", units.size(fix.saving), *targets,
                      ", ".join(md.code(v) for v in fix.variants) or "-"])
@@ -185,7 +198,8 @@ def _saving(saving: dict | None) -> str:
     projected = list(saving.get("projected") or [])
     if not projected:
         return text + " (no projection in this record)."
-    parts = [f"{units.size(p['bytes'])} at {p['target']} ({p.get('method', 'projected')})"
+    parts = [f"{units.size(p['bytes'])} at {p['target']} ({p.get('method', 'projected')}"
+             + (f"; {p['withheld']}" if p.get("withheld") else "") + ")"
              if p["bytes"] is not None else f"not projected at {p['target']} ({p.get('method', 'projected')})"
              + (f": {p['why']}" if p.get("why") else "")
              for p in projected]

@@ -24,8 +24,7 @@ from urllib.parse import quote
 
 from auditor import units
 from auditor.analysis import run_report as model
-from auditor.analysis.components import ProjectionView
-from auditor.analysis.report_answer import method_words
+from auditor.analysis.components import ProjectionView, method_words
 from auditor.analysis.run_report import MAX_STAGE_ROWS, RunReport, run_report  # MAX_STAGE_ROWS: tests read it here
 from auditor.analysis.stage_groups import StageRow
 from auditor.analysis.unstaged import PeakPlace
@@ -111,8 +110,9 @@ def _title(summary: model.Summary) -> str:
                   else f"live tensors {units.size(view.live_tensor_peak)}" if view.live_tensor_peak is not None
                   else "not projected")
         name = view.target + (f" {view.target_dtype}" if view.target_dtype else "")
-        targets.setdefault(name, []).append(f"{figure} ({method_words(view)})" if view.failed is None  # no
-                                            else f"({method_words(view)}) {view.failed.phrase}")  # figure: it stopped
+        not_shown = view.failed.phrase if view.failed is not None else view.withheld  # no figure: it stopped,
+        targets.setdefault(name, []).append(f"{figure} ({method_words(view)})" if not_shown is None  # or the
+                                            else f"({method_words(view)}) {not_shown}")  # traced one differs
     line = ", ".join(said) + "".join(f"; at {t} {', '.join(f)}" for t, f in targets.items())
     return f"# Memory report: {md.text(summary.name)}: {md.text(line)}"
 
@@ -224,6 +224,8 @@ def _projected(headline: model.ProjectionHeadline) -> str:
     view = headline.view
     if view.failed is not None:  # what it finished is in the details, never a headline figure
         return f"{_phrase(view.failed.phrase)} ([how]({md.anchor(projection_heading(view.target))}))"
+    if view.withheld is not None:  # the traced projection does not bear it out: its figures in the details
+        return f"{md.text(view.withheld)} ([how]({md.anchor(projection_heading(view.target))}))"
     value = (f"{units.size(view.peak_rss)} peak RSS" if view.peak_rss is not None
              else _deferred(view, headline.traced) if view.unexplained is not None else "RSS not projected")
     if view.peak_stage:
@@ -232,6 +234,8 @@ def _projected(headline: model.ProjectionHeadline) -> str:
         value += f"; live tensors {units.size(view.live_tensor_peak)}"
     if view.caveat:
         value += f"; **{md.text(view.caveat)}**"
+    if view.unchecked:
+        value += f"; **{md.text(view.unchecked)}**"
     return value + f" ([how]({md.anchor(projection_heading(view.target))}))"
 
 
