@@ -43,6 +43,8 @@ def _section(target: TargetSides, views: Sequence[ProjectionView]) -> str:
         rests = [md.text(t) for t in (view.estimates, view.basis) if t] if view is not None else []
         if side.target_model:
             rests.insert(0, f"Its model: {md.text(side.target_model)}")
+        if view is not None and view.withheld:  # its figures are here, its headline is not
+            rests.insert(0, f"**Its headline figures are {md.text(view.withheld)}**")
         rests += [f"**{md.text(note)}**" for note in side.notes]
         if side.rss_band_basis:
             rests.append(f"RSS band: {md.text(side.rss_band_basis)}")
