@@ -174,7 +174,8 @@ def test_a_model_function_that_returns_no_module_is_a_warning_not_a_new_status(t
     assert status == 0
     err = capsys.readouterr().err
     assert "auditor: warning: projection to llama-2-7b" in err and "not a torch.nn.Module" in err
-    assert not (tmp_path / "out" / "projections.json").exists()
+    (projection,) = json.loads((tmp_path / "out" / "projections.json").read_text())  # said where its figure would be
+    assert projection["stages"] == [] and "not a torch.nn.Module" in projection["incomplete"]
 
 
 @pytest.mark.parametrize("args, message", [

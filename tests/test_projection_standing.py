@@ -4,11 +4,11 @@ each says "failed at stage X: reason" instead. A target model built as a stand-i
 the traced figure is shown."""
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
 import re
+import subprocess
 import sys
 import textwrap
 import uuid
@@ -19,7 +19,6 @@ from rich.console import Console
 import auditor
 from auditor.analysis.projection_standing import traced_failure
 from auditor.analysis.terminal_summary import projection_summary
-from auditor.cli import main
 from auditor.renderers import terminal
 from auditor.renderers.markdown import render
 
@@ -72,20 +71,14 @@ def failing(tmp_path_factory):
     module = f"algo_{uuid.uuid4().hex[:8]}"
     (folder / f"{module}.py").write_text(textwrap.dedent(ALGORITHM))
     (folder / "prune.py").write_text(textwrap.dedent(SCRIPT.format(module=module)))
-    here, path = os.getcwd(), list(sys.path)
-    err = io.StringIO()
-    try:
-        os.chdir(folder)
-        with contextlib.redirect_stderr(err):
-            status = main(["run", "--run-dir", "out", "--model-from", f"{module}:get_llm",
-                           "--stage", f"{module}:copy_weights", "--stage", f"{module}:score", *TARGET,
-                           "prune.py"])
-    finally:
-        os.chdir(here)
-        sys.path[:] = path
-        sys.modules.pop(module, None)
-    assert status == 0, err.getvalue()[-2000:]  # the real run finished: the projection's failure is no new status
-    return folder / "out", err.getvalue()
+    # a fresh process, as a user runs it: a test worker's own RSS would hold the run's peak
+    done = subprocess.run([sys.executable, "-m", "auditor", "run", "--run-dir", "out", "--model-from",
+                           f"{module}:get_llm", "--stage", f"{module}:copy_weights", "--stage",
+                           f"{module}:score", *TARGET, "prune.py"], cwd=folder, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "COLUMNS": "400"})
+    # the real run finished: the projection's failure is no new status
+    assert done.returncode == 0, done.stderr[-2000:]
+    return folder / "out", done.stderr
 
 
 def test_a_traced_run_that_fails_part_way_gives_no_headline_figure(failing):

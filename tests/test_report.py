@@ -72,7 +72,8 @@ def table_after(markdown: str, heading: str) -> list[list[str]]:
 
 def row(table, first_cell_contains: str) -> list[str]:
     """The one row whose first cell is, or else contains, the text."""
-    matches = [r for r in table if first_cell_contains == r[0]] or [r for r in table if first_cell_contains in r[0]]
+    matches = ([r for r in table if first_cell_contains == r[0].strip("*")]  # a failed stage is bold
+               or [r for r in table if first_cell_contains in r[0]])
     assert len(matches) == 1, (first_cell_contains, [r[0] for r in table])
     return matches[0]
 
