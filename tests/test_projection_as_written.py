@@ -17,6 +17,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from auditor import units
 from auditor.cli import main
 
 SCRIPT = '''
@@ -105,10 +106,13 @@ def _projected_and_real(folder: Path, model_from: str, args: list[str], real_arg
 
 @pytest.mark.parametrize("build, attention", [("function", "eager"), ("top-level", "sdpa"),
                                               ("moved", "sdpa")])
-def test_the_traced_peak_is_the_scripts_own_at_the_target_size(script, build, attention):
+def test_the_traced_peak_is_the_scripts_own_at_the_target_size(script, build, attention, capsys):
     model_from = "transformers:LlamaForCausalLM" if build == "top-level" else "__main__:get_llm"
     options = ["--build", build, "--attn", attention]
     projection, real = _projected_and_real(script, model_from, options, [*options, *AT_TARGET])
+    band = projection["peak"]["rss_band"]  # the terminal line gives the peak RSS with its band
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("traced projection to")]
+    assert f"(band {units.mib_or_gib(band['low'])} to {units.mib_or_gib(band['high'])})" in line
     assert "incomplete" not in projection
     assert projection["target_built"]["by"] == "program"
     assert f"attention ({attention})" in projection["target_built"]["says"]

@@ -125,6 +125,7 @@ class ProjectionSummary:
     as_rank: str | None = None     # "rank R of N": traced on torch's fake process group
     failed: str | None = None      # "failed at stage X: reason": its figures are not the target's peak
     stand_in: str | None = None    # the target model is a stand-in architecture, in a sentence
+    rss_band: tuple[int, int] | None = None  # (low, high) the peak RSS may take (auditor.analysis.rss_band)
 
 
 def stage_end(entry: dict) -> StageEnd:
@@ -211,7 +212,14 @@ def projection_summary(projection: dict, folder: Path) -> ProjectionSummary:
     return ProjectionSummary(projection["target"], projection.get("live_tensor_peak"), peak.get("rss"), peak.get("stage"),
                              projection.get("incomplete") or None, folder,
                              f"rank {as_rank['rank']} of {as_rank['world_size']}" if as_rank else None,
-                             failed.plain if failed is not None else None, stand_in(projection))
+                             failed.plain if failed is not None else None, stand_in(projection),
+                             _band(peak.get("rss_band")))
+
+
+def _band(band) -> tuple[int, int] | None:
+    if isinstance(band, dict) and isinstance(band.get("low"), int) and isinstance(band.get("high"), int):
+        return band["low"], band["high"]
+    return None
 
 
 def _traced_record(projection: dict, folder: Path) -> RunRecord | None:

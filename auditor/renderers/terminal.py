@@ -254,10 +254,14 @@ def projection_summary(out: Console, summary: ProjectionSummary) -> None:
                    "(the stages it finished: auditor report)")
     else:
         _line(out, f"traced projection to {summary.target}{rank}: peak live tensors {mib(summary.live_tensor_peak)}, "
-                   f"peak RSS {mib(summary.peak_rss)} in stage {summary.peak_stage}")
+                   f"peak RSS {mib(summary.peak_rss)}{_band(summary.rss_band)} in stage {summary.peak_stage}")
         if summary.stand_in:
             _line(out, f"  target model: {summary.stand_in}")
     _line(out, f"per stage and component: auditor report {summary.folder}")
+
+
+def _band(band: tuple[int, int] | None) -> str:
+    return f" (band {mib(band[0])} to {mib(band[1])})" if band else ""
 
 
 def _line(out: Console, text: str) -> None:
