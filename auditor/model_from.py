@@ -167,9 +167,12 @@ class ModelFrom:
         module_name, _, qualname = str(seen.get("class_path", "")).partition(":")
         if not qualname:
             raise ValueError(f"--model-from {self.spec}: the real run recorded no class for it")
-        owner: object = import_named(module_name, "--model-from")
+        owner: object = import_named(module_name, "--model-from") if module_name != "__main__" else None
         for part in qualname.split("."):
-            owner = getattr(owner, part)
+            owner = getattr(owner, part, None)
+        if not isinstance(owner, type):  # a class of the script's own: not there before it runs
+            raise ValueError(f"--model-from {self.spec}: its class {qualname} is defined in the script; "
+                             f"name the class (__main__:{qualname}) or the function that builds it")
         return Target(name=f"{qualname}.__init__", owner=owner, attribute="__init__",
                       spec=f"{module_name}:{qualname}")
 
