@@ -39,6 +39,9 @@ RENDERED = {  # report -> (the benchmark script's arguments that render it again
     "reliability.md": (["benchmarks/reliability.py", "--from", "reports/reliability.json"], ["reports/reliability.json"]),
     "rss-band-validation.md": (["benchmarks/rss_band_validation.py", "--from", "reports/rss-band-validation.json"],
                                ["reports/rss-band-validation.json"]),
+    # third-party-shaped programs against themselves run as written at the target size (docs/projection.md)
+    "projection-as-written.md": (["benchmarks/projection_as_written.py", "--from", "reports/projection-as-written.json"],
+                                 ["reports/projection-as-written.json"]),
     # identical runs of one workload: the spread of each figure a finding's rule compares, the findings per run
     "findings-stability.md": (["benchmarks/findings_stability.py", "--from", "reports/findings-stability.json"],
                               ["reports/findings-stability.json"]),

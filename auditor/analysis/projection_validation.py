@@ -50,6 +50,12 @@ def compare(small: RunRecord, real: RunRecord, projections: dict[str, dict]) -> 
     peak_key = next((k for k, s in measured.items() if s.id == real.peak.stage_id),
                     (real.peak.stage, 0) if real.peak.stage is not None else None)
     peak_stage = measured.get(peak_key) if peak_key is not None else None
+    components_why = "the real run's peak stage"
+    if peak_stage is None and measured:  # its RSS peak fell between stages: the live-tensor high's stage
+        peak_key, peak_stage = max(measured.items(), key=lambda item: (
+            item[1].live_tensors.peak or 0) if item[1].live_tensors else 0)
+        components_why = ("the stage of the real run's highest live tensors; its RSS peak fell in time "
+                          "no stage covers")
     real_peak = {"live_tensors": max((s["real"]["tensor_peak"] or 0 for s in stages), default=None),
                  "rss": real.peak.rss, "stage": real.peak.stage}
     peak: dict = {"real": real_peak}
@@ -66,7 +72,7 @@ def compare(small: RunRecord, real: RunRecord, projections: dict[str, dict]) -> 
                 row[method] = p["projected"] if p else None
             components.append(row)
     return {"stages": stages, "peak": peak, "components": components,
-            "components_stage": peak_stage.path if peak_stage else None,
+            "components_stage": peak_stage.path if peak_stage else None, "components_why": components_why,
             "small_peak": {"live_tensors": max(((s.live_tensors.peak or 0) if s.live_tensors else 0
                                                 for s in small.stages), default=None),
                            "rss": small.peak.rss}}

@@ -177,13 +177,14 @@ class ValidationReport:
     not_checked: dict[str, list[Target]]  # why -> the targets with no number to check
     peaks: list[PeakLine]
     stages: list[StageLine]
-    components_stage: str | None   # the real run's peak stage
+    components_stage: str | None   # the real run's peak stage (or its live-tensor high's)
     components: list[ComponentLine]
     data_dependent: DataDependent | None
     fit: Fit | None                # the scaled projection's
     folder: str
     available: int | None          # memory available when checked
     margin: int
+    components_why: str = "the real run's peak stage"  # why the components are that stage's
 
     @property
     def in_range(self) -> bool:
@@ -205,7 +206,8 @@ def validation_report(result: dict) -> ValidationReport:
         peaks=_peaks(result, methods), stages=_stages(result, methods),
         components_stage=result["components_stage"], components=_components(result, methods),
         data_dependent=_data_dependent(result), fit=_fit(result), folder=result["folder"],
-        available=result["available"], margin=result["margin"])
+        available=result["available"], margin=result["margin"],
+        components_why=result.get("components_why") or "the real run's peak stage")
 
 
 def targets(checked: list[dict]) -> list[Target]:

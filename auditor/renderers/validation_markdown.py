@@ -95,7 +95,7 @@ def render_report(report: ValidationReport, command: list[str] | str | None = No
     out += ["## Peaks", "", "Live tensors: the highest live-tensor meter reading of any stage. RSS: the "
             "run's highest RSS.", "", _table(*made["peaks"]), ""]
     out += ["## Stages", "", "Peak inside each stage, real against projected.", "", _table(*made["stages"]), ""]
-    out += [f"## Components at the end of `{report.components_stage}` (the real run's peak stage)", "",
+    out += [f"## Components at the end of `{report.components_stage}` ({md.text(report.components_why)})", "",
             _table(*made["components"]), ""]
     out += _data_dependent(report)
     if report.fit is not None:
