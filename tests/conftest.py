@@ -36,6 +36,21 @@ def tokens():
     return synthetic_batches(256, sequence_length=16, batch_size=2, num_batches=2, seed=0)
 
 
+# The source of a tiny Llama builder, as research scripts write one (`get_llm()`): the start of
+# test programs written to files; each appends its own algorithm below it.
+TINY_LLAMA_SCRIPT = """
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def get_llm():
+    torch.manual_seed(0)
+    config = LlamaConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64,
+                         num_attention_heads=2, num_key_value_heads=2, vocab_size=256)
+    return LlamaForCausalLM(config).eval()
+"""
+
+
 def one_error_line(capsys) -> str:
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()

@@ -18,7 +18,7 @@ from auditor.cli import main
 from auditor.jobs.program_validation import validate_program
 from auditor.jobs.script_projection import Program
 from auditor.model_from import TargetModel
-from conftest import one_error_line
+from conftest import TINY_LLAMA_SCRIPT, one_error_line
 
 TARGET = ["--target", "llama-2-7b", "--target-layers", "2", "--target-hidden", "128",
           "--target-intermediate", "256", "--target-heads", "2", "--target-vocab", "256"]
@@ -273,17 +273,7 @@ def test_validate_projection_of_a_program_checks_its_input_first(tmp_path, monke
     assert not (tmp_path / "v").exists()
 
 
-SPARSE_STATE = """
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-
-
-def get_llm():
-    torch.manual_seed(0)
-    config = LlamaConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64,
-                         num_attention_heads=2, num_key_value_heads=2, vocab_size=256)
-    return LlamaForCausalLM(config).eval()
-
+SPARSE_STATE = TINY_LLAMA_SCRIPT + """
 
 def keep_candidates(model, fraction=0.3):
     # the values a pruner may restore, kept only at its candidates: sizes that follow the data

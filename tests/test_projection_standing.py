@@ -21,24 +21,14 @@ from auditor.analysis.projection_standing import traced_failure
 from auditor.analysis.terminal_summary import projection_summary
 from auditor.renderers import terminal
 from auditor.renderers.markdown import render
+from conftest import TINY_LLAMA_SCRIPT
 
 TARGET = ["--target", "llama-2-7b", "--target-layers", "2", "--target-hidden", "128",
           "--target-intermediate", "256", "--target-heads", "2", "--target-vocab", "256"]
 
 # A program whose second step dies only in the traced run, as one reading a value fake tensors
 # lack (Wanda's `hf_device_map`) does: the real run finishes, the traced one stops in `score`.
-ALGORITHM = """
-import os
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-
-
-def get_llm():
-    torch.manual_seed(0)
-    config = LlamaConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64,
-                         num_attention_heads=2, num_key_value_heads=2, vocab_size=256)
-    return LlamaForCausalLM(config).eval()
-
+ALGORITHM = "\nimport os" + TINY_LLAMA_SCRIPT + """
 
 def copy_weights(model):
     return {name: p.detach().clone() for name, p in model.named_parameters()}

@@ -17,20 +17,11 @@ from auditor.analysis.rss_band import Retention, band_targets, beyond_tensors, w
 from auditor.jobs.program_validation import validate_program
 from auditor.jobs.script_projection import Program
 from auditor.model_from import TargetModel
+from conftest import TINY_LLAMA_SCRIPT
 
 # A pruner keeping a statistic per linear and every layer's activations for a second pass, so the
 # heap holds more at the target than audited.
-ALGORITHM = """
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-
-
-def get_llm():
-    torch.manual_seed(0)
-    config = LlamaConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64,
-                         num_attention_heads=2, num_key_value_heads=2, vocab_size=256)
-    return LlamaForCausalLM(config).eval()
-
+ALGORITHM = TINY_LLAMA_SCRIPT + """
 
 def calibrate(model, samples):
     kept = []
