@@ -17,6 +17,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+import architectures
+import auditor
 from auditor import units
 from auditor.cli import main
 
@@ -104,8 +106,7 @@ def _projected_and_real(folder: Path, model_from: str, args: list[str], real_arg
     return _projected(folder, model_from, args), _real_peak(folder, real_args)
 
 
-@pytest.mark.parametrize("build, attention", [("function", "eager"), ("top-level", "sdpa"),
-                                              ("moved", "sdpa")])
+@pytest.mark.parametrize("build, attention", [("moved", "eager"), ("top-level", "sdpa")])
 def test_the_traced_peak_is_the_scripts_own_at_the_target_size(script, build, attention, capsys):
     model_from = "transformers:LlamaForCausalLM" if build == "top-level" else "__main__:get_llm"
     options = ["--build", build, "--attn", attention]
@@ -183,3 +184,37 @@ def test_a_class_that_is_not_a_transformers_model_is_not_projected(script, capsy
     assert main(["report", "out", "-o", "report.md"]) == 0  # the headline says it failed, no figure
     title = (script / "report.md").read_text().splitlines()[0]
     assert "(traced) failed before any stage: TypeError: --model-from __main__:Net: the program's model (Net)" in title
+
+
+FACTORY = '''
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+class Factory:
+    def __init__(self, hidden):
+        self.hidden = hidden
+
+    def build(self):
+        torch.manual_seed(0)
+        return LlamaForCausalLM(LlamaConfig(hidden_size=self.hidden, num_hidden_layers=1, num_attention_heads=2,
+                                            num_key_value_heads=2, intermediate_size=128, vocab_size=512)).eval()
+
+
+factory = Factory(64)
+'''
+
+
+def test_a_callable_attribute_of_an_object_builds_the_model(script):
+    # `--model-from models:factory.build`: a method of a module-level object, as registries do
+    (script / "models.py").write_text(FACTORY)
+    (script / "run.py").write_text("import torch\nfrom models import factory\n\n\ndef calibrate(model):\n"
+                                   "    with torch.no_grad():\n        model(torch.randint(0, 64, (1, 64)))\n\n\n"
+                                   "calibrate(factory.build())\n")
+    assert main(["run", "--run-dir", "out", *TARGET, "--model-from", "models:factory.build",
+                 "--stage", "__main__:calibrate", "run.py"]) == 0
+    (projection,) = json.loads((script / "out" / "projections.json").read_text())
+    assert projection["target_built"]["by"] == "program" and "incomplete" not in projection
+    traced = auditor.load(script / "out" / projection["run_folder"])
+    (call,) = traced.annotations["model_from"]["calls"]
+    assert call["parameters"] == architectures.count_parameters("llama-2-7b", **TARGET_SIZES)
