@@ -3,7 +3,7 @@ and traced at a target with `--model-from`, then the same script runs for real w
 target's sizes as its own arguments, and the traced peak live tensors must match it.
 
 The script builds its model its own way each time: sdpa or eager attention (eager's fp32
-score matrix is 12% of this peak: a stand-in of another attention misses by that much), moved
+score matrix adds about a tenth to this peak: a stand-in of another attention misses by that), moved
 and cast with `.to()` with a device map the script reads back (as Wanda does), with a class
 call at top level, or loaded with `from_pretrained` from a checkpoint folder."""
 from __future__ import annotations
