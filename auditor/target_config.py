@@ -120,8 +120,7 @@ class AtTargetSizes:
                 self._done.add(id(config))
                 applied = resize(config, self.sizes)
                 self.resized.append({"class": type(model).__qualname__,
-                                     "config": type(config).__qualname__, "sizes": applied,
-                                     "attention": getattr(config, "_attn_implementation", None)})
+                                     "config": type(config).__qualname__, "sizes": applied})
             init(model, config, *args, **kwargs)
         return resized_init
 
