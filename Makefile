@@ -32,7 +32,7 @@ AUDIT_RUN := reports/gradprobe-tinystories-33m-runs/audit
 reports: setup
 	rm -rf $(AUDIT_RUN)
 	$(GRADPROBE_AUDIT) --run-dir $(AUDIT_RUN) -o reports/gradprobe-tinystories-33m.md
-	$(VENV)/bin/python -m auditor.portable_paths $(AUDIT_RUN)  # committed: no folder of this machine
+	$(VENV)/bin/python -m auditor.record.portable_paths $(AUDIT_RUN)  # committed: no folder of this machine
 
 # The suite runs in two worker processes (pytest-xdist), a test file to a worker: about 14 minutes
 # on 2 cores. `pytest tests/FILE.py` runs one file in this process. The project's own modules are

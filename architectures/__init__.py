@@ -165,7 +165,7 @@ def _load_checkpoint_config(folder: str):
                                   f"config.json ({reason})") from None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _transformers_model_types() -> frozenset[str] | None:
     """The model types the installed transformers knows, read from its files without importing it
     (its config classes import torch: seconds). None when it keeps no generated table (older

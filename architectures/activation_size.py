@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from auditor.units import size
+from auditor.facts.units import size
 
 # Every precision a training step can run in: (the weights' dtype, the autocast dtype or None),
 # by torch's dtype names. The one list: the train-step job and its command line read it here.

@@ -9,11 +9,11 @@ events.jsonl and run.json) -> analysis -> renderers. Nothing here knows what is 
             ...
     record = auditor.load("runs/x")       # a RunRecord: record.stages[0].rss.peak, record.annotations
 """
-from auditor.audit import Audit, AuditorWarning
-from auditor.expected_fraction import expect_fraction
-from auditor.record import RunRecordError, load, rebuild
-from auditor.record_schema import RunRecord
-from auditor.stage import active_audit, mark, stage, track
+from auditor.capture.audit import Audit, AuditorWarning
+from auditor.capture.stage import active_audit, mark, stage, track
+from auditor.capture.tracing.expected_fraction import expect_fraction
+from auditor.record.run_folder import RunRecordError, load, rebuild
+from auditor.record.schema import RunRecord
 
 __all__ = ["Audit", "AuditorWarning", "RunRecord", "RunRecordError", "active_audit", "expect_fraction", "load",
            "mark", "rebuild", "stage", "track"]

@@ -59,10 +59,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from auditor import units
-from auditor.audit import Audit  # already loaded with the package: costs nothing more
-from auditor.record_schema import RunRecord, Stage
-from auditor.stage import active_audit, stage
+from auditor.capture.audit import Audit  # already loaded with the package: costs nothing more
+from auditor.capture.stage import active_audit, stage
+from auditor.facts import units
+from auditor.record.schema import RunRecord, Stage
 
 MARKER = "memory_budget"
 BODY = "test body"
@@ -314,7 +314,7 @@ def stage_table(record: RunRecord, over: set[int]) -> list[str]:
         rows.append(["  " * depth + s.name + ("  <- over budget" if id(s) in over else ""),
                      units.size(s.rss.peak), units.size(live), units.seconds(duration)])
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    return ["  " + "  ".join([row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])])
+    return ["  " + "  ".join([row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=False)])
             for row in rows]
 
 

@@ -125,7 +125,7 @@ def summary(runs: list[dict]) -> list[str]:
                      f"{statistics.median(total) / statistics.median(base_prune):>9.3f}"
                      f"{statistics.median(r['cpu_s'] for r in mode_runs) / statistics.median(base_cpu):>8.3f}"
                      f"{mode_runs[0]['stages'] or '-':>8}")
-    pairs = [d["prune_s"] / u["prune_s"] for u, d in zip(base, by_mode["default"])]
+    pairs = [d["prune_s"] / u["prune_s"] for u, d in zip(base, by_mode["default"], strict=False)]
     lines.append(f"\ndefault/unaudited, per round (back-to-back pairs): "
                  f"{', '.join(f'{p:.3f}' for p in pairs)}; median {statistics.median(pairs):.3f}")
     lines.append("time spent inside the auditor's stage boundaries (its own clock), share of that "

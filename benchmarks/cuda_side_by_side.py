@@ -1,5 +1,5 @@
 """GradProbe on CPU against CUDA, made from run records alone: one configuration, its variants
-on two devices, side by side (auditor.analysis.device_side_by_side, rendered by
+on two devices, side by side (auditor.report_models.device_side_by_side, rendered by
 auditor.renderers.device_side_by_side_markdown).
 
     .venv/bin/python benchmarks/cuda_side_by_side.py RUN_DIR [RUN_DIR ...] -o side-by-side.md
@@ -17,10 +17,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from auditor.analysis.device_side_by_side import DeviceSideBySide, SideBySideError, device_side_by_side
-from auditor.record import load
-from auditor.record_schema import RunRecordError
+from auditor.record.run_folder import load
+from auditor.record.schema import RunRecordError
 from auditor.renderers.device_side_by_side_markdown import render
+from auditor.report_models.device_side_by_side import DeviceSideBySide, SideBySideError, device_side_by_side
 
 
 def side_by_side(runs: list[str]) -> DeviceSideBySide:

@@ -61,7 +61,7 @@ def main() -> None:
 
 def per_operator_cost(n: int = 100_000) -> float:
     """Seconds the recorder adds to one operator it does no work for (the common case)."""
-    from auditor.data_dependent import SizeRecorder
+    from auditor.capture.tracing.data_dependent import SizeRecorder
     x = torch.ones(4)
 
     def loop() -> float:

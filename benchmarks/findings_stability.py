@@ -5,7 +5,7 @@ Two workloads (WORKLOADS), each run --runs times, each run its own process: the 
 GradProbe audit on TinyStories-33M without its projection runs (they do not change the audited
 run's figures) and without memray, and the committed Hessian-pruner example's `auditor run`
 without memray. The committed main record (made by `make reports`, memray on) is read beside the
-GradProbe runs. The noise band of auditor.analysis.noise_band is set from what this measures.
+GradProbe runs. The noise band of auditor.analysis.findings.noise_band is set from what this measures.
 
     .venv/bin/python benchmarks/findings_stability.py [--runs 4] [--run-dir runs/findings-stability]
     .venv/bin/python benchmarks/findings_stability.py --from reports/findings-stability.json
@@ -24,11 +24,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import benchmark_record  # noqa: E402  (beside this script)
-from auditor import units  # noqa: E402
-from auditor.analysis import noise_band  # noqa: E402
-from auditor.analysis.components import attribute, census_order, finished, live_tensor_high, peak_stage  # noqa: E402
-from auditor.analysis.findings import findings  # noqa: E402
-from auditor.record import load  # noqa: E402
+
+from auditor.analysis.findings import noise_band  # noqa: E402
+from auditor.analysis.findings.rules import findings  # noqa: E402
+from auditor.analysis.run.components import attribute, census_order, finished, live_tensor_high, peak_stage  # noqa: E402
+from auditor.facts import units  # noqa: E402
+from auditor.record.run_folder import load  # noqa: E402
 
 WORKLOADS = {  # name -> (what it is, its command: {run} is the run folder, the committed record read beside)
     "gradprobe": ("GradProbe on TinyStories-33M, the audited run of `make audit` without its projection runs "
@@ -158,7 +159,7 @@ def render(record: dict) -> str:
             body.append((f"- {r['run']}: " if len(tallies) > 1 else "- ")
                         + ", ".join(f"{f}" + (f" x{n}" if n > 1 else "") for f, n in counted.items()))
         body.append("")
-    lines += summary + ["", f"The noise band the rules use (auditor/analysis/noise_band.py): ±{band:.0%} of the peak "
+    lines += summary + ["", f"The noise band the rules use (auditor/analysis/findings/noise_band.py): ±{band:.0%} of the peak "
                         "for every figure from RSS readings, or what the run's own record says glibc may keep "
                         "between runs where that is larger; none for tensor bytes. Inside it a finding is "
                         "\"borderline\". Made by "

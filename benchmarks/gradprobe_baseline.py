@@ -61,7 +61,7 @@ def cli_table(runs: list[dict[str, str]]) -> str:
 def _table(rows: list[list[str]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     align = lambda i, cell, w: cell.ljust(w) if i == 0 else cell.rjust(w)  # noqa: E731
-    lines = ["| " + " | ".join(align(i, c, w) for i, (c, w) in enumerate(zip(row, widths))) + " |"
+    lines = ["| " + " | ".join(align(i, c, w) for i, (c, w) in enumerate(zip(row, widths, strict=False))) + " |"
              for row in rows]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)

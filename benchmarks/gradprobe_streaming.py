@@ -51,7 +51,8 @@ from pathlib import Path
 
 import benchmark_record
 
-from auditor.units import GiB, MiB, mib
+from auditor.facts.units import GiB, MiB, mib
+
 PYTHON = sys.executable
 SETTINGS = ["--seq-len", "128", "--batch-size", "1", "--batches", "2", "--sparsity", "0.1",
             "--reduction", "0.1", "--threshold", "2.0", "--strategy", "magnitude"]
@@ -271,7 +272,7 @@ def exactness(threads: int) -> None:
                                                        torch.cat([a[1] for a in alone]), stacked=2)
             stacked = (torch.equal(y2, torch.cat([a[2] for a in alone]))
                        and torch.equal(x_grad2, torch.cat([a[3] for a in alone]))
-                       and all(torch.equal(r, a[4]) for r, a in zip(received2, alone)))
+                       and all(torch.equal(r, a[4]) for r, a in zip(received2, alone, strict=False)))
             print(f"| {list(shape)} | {reduction or 'no'} | {len(list(weight.row_blocks()))} | "
                   f"{len(list(weight.column_blocks()))} | " + " | ".join("identical" if s else "DIFFERENT" for s in same)
                   + f" | {'identical' if stacked else 'DIFFERENT'} |")
@@ -324,7 +325,7 @@ def writes(rounds: int) -> None:
     times: dict[str, list[float]] = {"buffered (page cache)": [], "O_DIRECT bulk (the pruner's)": []}
     try:
         for number in range(rounds):
-            for (way, write) in zip(times, (plain, direct)):
+            for (way, write) in zip(times, (plain, direct), strict=False):
                 before, start = os.times(), time.perf_counter()
                 write(os.path.join(folder, f"{number}-{len(times[way])}-{write.__name__}"))
                 seconds, after = time.perf_counter() - start, os.times()

@@ -118,7 +118,7 @@ def runs_table(rounds: list[dict[str, dict]]) -> str:
 def _table(rows: list[list[str]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     align = lambda cell, w: cell.rjust(w) if cell[:1].isdigit() else cell.ljust(w)  # noqa: E731
-    lines = ["| " + " | ".join(align(c, w) for c, w in zip(row, widths)) + " |" for row in rows]
+    lines = ["| " + " | ".join(align(c, w) for c, w in zip(row, widths, strict=False)) + " |" for row in rows]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
 

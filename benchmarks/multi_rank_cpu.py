@@ -5,7 +5,7 @@
 The runs themselves are torchrun commands (written in the report); `auditor report` merges each
 into its own report. This fills the report's `table` block: per run, the global peaks (RSS and
 live tensors) with their rank and stage, and the imbalance across ranks, read from the merged
-ranks (auditor.analysis.ranks) of each run folder.
+ranks (auditor.analysis.ranks.merged) of each run folder.
 """
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import argparse
 from pathlib import Path
 
 import benchmark_record
-from auditor import units
-from auditor.analysis.ranks import Spread, merge_ranks
+
+from auditor.analysis.ranks.merged import Spread, merge_ranks
+from auditor.facts import units
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = {"2-ranks": "2 ranks, balanced",  # run folder -> how it was run (the report's commands)

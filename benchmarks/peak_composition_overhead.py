@@ -30,11 +30,12 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
-import auditor  # noqa: E402
 import benchmark_record  # noqa: E402  (beside this script)
-from auditor.probes.live_tensors import LiveTensorProbe  # noqa: E402
 from pruning import hessian  # noqa: E402
 from pruning.tiny_llama import build_llama, calibration_samples  # noqa: E402
+
+import auditor  # noqa: E402
+from auditor.capture.probes.live_tensors import LiveTensorProbe  # noqa: E402
 
 MODES = ("no meter", "meter", "meter+at_peak")
 TARGETS = ("pruning.hessian:prune_with_hessians", "pruning.hessian:HessianStat.add_batch")
@@ -110,7 +111,7 @@ def measure(args) -> dict:
 def track_cost(rounds: int = 15, count: int = 2000) -> dict[bool, float]:
     """Microseconds the meter spends on one new storage, with and without at_peak's row
     (median of interleaved rounds; the finalizer's release included)."""
-    from auditor.probes.live_tensors import LiveTensorMeter
+    from auditor.capture.probes.live_tensors import LiveTensorMeter
     meters = {keep: LiveTensorMeter(keep) for keep in (False, True)}
     op, source = torch.ops.aten.mul.Tensor, torch.ones(8)
     times = {keep: [] for keep in meters}

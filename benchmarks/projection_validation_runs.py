@@ -23,8 +23,9 @@ import sys
 from pathlib import Path
 
 import benchmark_record
+
+from auditor.facts.units import size
 from auditor.renderers import validation_markdown
-from auditor.units import size
 
 BASELINE_SMALL = ["--arch", "tinystories-33m", "--hidden", "256", "--layers", "2"]
 SMALL_MISTRAL = ["--arch", "mistral-7b", "--layers", "1", "--hidden", "256", "--vocab", "32000", "--heads", "4",

@@ -38,7 +38,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from auditor.record_schema import RunRecord
+from auditor.record.schema import RunRecord
 
 # The small (audited) and the held-out size: Mistral's family, 2 layers, 9.8x in parameters; the
 # target's intermediate size (1378) and vocabulary (8191) do not split evenly over 4 ranks.
@@ -81,7 +81,7 @@ def finished_or_run(chosen, world_size: int, folder: Path) -> dict[int, RunRecor
 def finished_ranks(chosen, world_size: int, folder: Path) -> dict[int, RunRecord] | None:
     """The records of a finished run of `chosen` in `folder` (None: no folder); a folder holding
     another run is bad input: one line, exit status 2."""
-    from auditor.analysis.ranks import load_ranks
+    from auditor.analysis.ranks.merged import load_ranks
     if not folder.is_dir():
         return None
     found = load_ranks(folder)
@@ -93,7 +93,7 @@ def finished_ranks(chosen, world_size: int, folder: Path) -> dict[int, RunRecord
 
 
 def validate(args) -> None:
-    from auditor.analysis.rank_projection import held_out_row, project_ranks
+    from auditor.analysis.ranks.projection import held_out_row, project_ranks
     from auditor.jobs.rank_projection import traced_ranks
     run_dir = Path(args.run_dir)
     start = time.perf_counter()
@@ -133,7 +133,7 @@ def use_malloc(regime: str) -> str:
 
 
 def project(args) -> None:
-    from auditor.analysis.rank_projection import project_ranks
+    from auditor.analysis.ranks.projection import project_ranks
     from auditor.jobs.rank_projection import traced_ranks
     run_dir = Path(args.run_dir)
     suffix = use_malloc(args.malloc)
@@ -211,7 +211,7 @@ the CUDA context and the caching allocator's slack come on top and are not proje
 
 
 def render(args) -> None:
-    from auditor.analysis.rank_projection import HeldOutRow, ProjectedWorld, held_out_findings, rank_projection
+    from auditor.analysis.ranks.projection import HeldOutRow, ProjectedWorld, held_out_findings, rank_projection
     from auditor.renderers import rank_projection_markdown as md
     run_dir = Path(args.run_dir)
     lines = ["# Per-rank projection of sharded GradProbe (FSDP2) at target world sizes", "",

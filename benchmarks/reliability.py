@@ -45,12 +45,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+import benchmark_record  # noqa: E402  (beside this script)
 import pytest  # noqa: E402  (the test modules' skips are pytest's exceptions)
 import test_bad_input as bad_input  # noqa: E402
 import test_faults as faults  # noqa: E402
 
 import auditor  # noqa: E402
-import benchmark_record  # noqa: E402  (beside this script)
 
 COMMAND = ".venv/bin/python benchmarks/reliability.py -o reports/reliability.md"
 
@@ -107,7 +107,7 @@ def tables(module) -> list[tuple[str, object, list[dict]]]:
             names = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
             rows = [getattr(v, "values", v) for v in values]  # pytest.param(...) or a plain tuple
             rows = [row if len(names) > 1 else (row,) for row in rows]
-            per_mark.append([dict(zip(names, row)) for row in rows])
+            per_mark.append([dict(zip(names, row, strict=False)) for row in rows])
         found.append((name, function, [dict(kv for part in combo for kv in part.items())
                                        for combo in itertools.product(*per_mark)]))
     return found

@@ -1,6 +1,6 @@
 """The traced projection's RSS band against real held-out runs: each case one `auditor
 validate-projection` at 8x or more in parameters, its real peak RSS (and every stage's) placed
-in the band auditor.analysis.rss_band gives from the audited run's own readings.
+in the band auditor.analysis.projection.rss_band gives from the audited run's own readings.
 
     python benchmarks/rss_band_validation.py --run-dir runs/rss-band -o reports/rss-band-validation.md [--case NAME ...]
     python benchmarks/rss_band_validation.py --from reports/rss-band-validation.json \\
@@ -66,9 +66,9 @@ def run_case(name: str, args: list[str], folder: Path) -> dict:
 def measure(run_dir: Path) -> dict:
     """The band computed again from the run folder's records, beside the real held-out run."""
     import auditor
-    from auditor.analysis.projection import json_stage_keys, stage_keys
-    from auditor.analysis.rss_band import where
-    from auditor.analysis.traced_projection import project_traced
+    from auditor.analysis.projection.rss_band import where
+    from auditor.analysis.projection.scaled import json_stage_keys, stage_keys
+    from auditor.analysis.projection.traced import project_traced
     small, real = auditor.load(run_dir / "small"), auditor.load(run_dir / "target")
     traced = project_traced(small, auditor.load(run_dir / "traced-target"))
     validation = json.loads((run_dir / "validation.json").read_text())
@@ -89,14 +89,14 @@ def measure(run_dir: Path) -> dict:
 
 
 def render(rows: list[dict], argv: list[str]) -> str:
-    from auditor import units
+    from auditor.facts import units
     measured = [r for r in rows if "low" in r]
     inside = sum(1 for r in measured if r["outside"] == 0.0)
     stages = sum(r["stages"] for r in measured)
     stages_inside = sum(r["stages_inside"] for r in measured)
     lines = ["# The traced projection's RSS band against real held-out runs", "",
              "Each row is one `auditor validate-projection` run: audited for real at a small scale, traced at "
-             "the held-out target, and the target run for real. The band is auditor.analysis.rss_band's, "
+             "the held-out target, and the target run for real. The band is auditor.analysis.projection.rss_band's, "
              "from the audited run's own readings: low is the tensors at the target plus the audited run's RSS "
              "beyond tensors with no retention growth, high grows that run's retention as its heap's high water "
              "grows at the target (or the allocator model's upper growth); both widened by the noise between "

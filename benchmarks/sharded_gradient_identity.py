@@ -16,8 +16,8 @@ import torch.distributed as dist
 from architectures import build_model
 from architectures.calibration import synthetic_batches
 from gradprobe import GradProbe, mask_digest
-from gradprobe.variants.shards import REDUCTIONS
 from gradprobe.variants.sharded import ShardedGradProbe
+from gradprobe.variants.shards import REDUCTIONS
 
 SHAPES = {"tinystories-33m": dict(layers=2, hidden=64, vocab=250, heads=4),
           "mistral-7b": dict(layers=2, hidden=64, vocab=250, heads=4, kv_heads=2, intermediate=128)}

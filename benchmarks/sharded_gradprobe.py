@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 import benchmark_record
-from auditor.record_schema import RunRecord, Stage
+
+from auditor.record.schema import RunRecord, Stage
 
 ROOT = Path(__file__).resolve().parents[1]
 SUMMARY = "summary.json"
@@ -172,7 +173,7 @@ def _write_tables(run_dirs: list[Path], output: str) -> None:
 def table(run_dir: Path) -> str:
     """The markdown table of one `compare`, made from what it left in its run folder alone."""
     from auditor import load
-    from auditor.analysis.ranks import merge_ranks
+    from auditor.analysis.ranks.merged import merge_ranks
     made = json.loads((run_dir / COMPARE).read_text())
     rows = []
     for run in made["runs"]:
@@ -214,7 +215,7 @@ def _code(stage: str) -> str:
 
 
 def render(rows: list, made: dict) -> str:
-    from auditor.units import size
+    from auditor.facts.units import size
     base_digest = rows[0][2]["mask_digest"]
     lines = ["| run | ranks | rank | peak RSS | in stage | peak live tensors | in stage | prune: peak live | "
              "masks = baseline's | wall (whole run) |", "|---|---:|---:|---:|---|---:|---|---:|---|---:|"]

@@ -1,5 +1,5 @@
 """What does a stage cost with no audit active, now against an earlier revision? Both
-versions of auditor/stage.py are loaded into one process (torch imported, as in a real
+versions of auditor/capture/stage.py are loaded into one process (torch imported, as in a real
 program) and timed alternately, so a slow spell falls on both alike.
 
     .venv/bin/python benchmarks/stage_cost_ab.py --before REV [--rounds 15] [--calls 200000] \
@@ -17,14 +17,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import benchmark_record
 import torch  # noqa: F401 (the stage reads torch's profiler flag once torch is imported)
 
 import auditor  # noqa: F401
-import benchmark_record
 
 
 def load_before(revision: str):
-    source = subprocess.run(["git", "show", f"{revision}:auditor/stage.py"], capture_output=True,
+    source = subprocess.run(["git", "show", f"{revision}:auditor/capture/stage.py"], capture_output=True,
                             text=True, check=True).stdout
     path = Path(tempfile.mkdtemp()) / "stage_before.py"
     path.write_text(source)
@@ -68,7 +68,7 @@ def main() -> None:
 
 
 def measure(args) -> dict:
-    versions = {args.before: load_before(args.before), "now": sys.modules["auditor.stage"]}
+    versions = {args.before: load_before(args.before), "now": sys.modules["auditor.capture.stage"]}
     times: dict[str, list[float]] = {name: [] for name in versions}
     for _ in range(args.rounds):
         for name, module in versions.items():

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import benchmark_record
 
-from auditor.record_schema import RunRecord
+from auditor.record.schema import RunRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 STREAMING_RECORD = Path("reports") / "gradprobe-streaming.json"  # read from where the script is run
@@ -96,10 +96,10 @@ def _per_rank(ranks: dict | None) -> str:
 def _reprojected(record: RunRecord, run_dir: Path) -> list[dict]:
     """A reused run's projections made again from its records (the audit, its calibration and the
     traced run stay as they are), so that the table follows the analysis code; written back."""
-    from auditor.analysis.projection import project
-    from auditor.analysis.traced_projection import project_traced
+    from auditor.analysis.projection.scaled import project
+    from auditor.analysis.projection.traced import project_traced
     from auditor.jobs.gradprobe import load_traced
-    from auditor.record import write_derived
+    from auditor.record.run_folder import write_derived
     made = []
     for old in record.annotations.get("projections") or []:
         if old.get("method", "scaled") == "traced":
@@ -133,7 +133,7 @@ def _projected(item: dict | None) -> str:
         return "not projected (see below)"
     if item.get("explained") is False:  # the report prints no number for it either
         miss = (item.get("miss") or {}).get("bytes")
-        from auditor.units import size
+        from auditor.facts.units import size
         return f"not explained by its drivers (miss {size(miss)}): see traced"
     peak = item.get("peak") or {}
     text = _gib(peak.get("rss"))

@@ -11,7 +11,6 @@ import argparse
 import gc
 
 import torch
-
 from pruning.activation_norm import prune_by_activation_norm
 from pruning.evaluation import perplexity
 from pruning.hessian import prune_with_hessians

@@ -21,7 +21,7 @@ class CalibrationBatches:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         read = 0
-        for _, batch in zip(range(self.count), self.loader):  # range first: never reads a batch too many
+        for _, batch in zip(range(self.count), self.loader, strict=False):  # range first: never reads a batch too many
             read += 1
             yield _as_pair(batch, self.device)
         if read < self.count:

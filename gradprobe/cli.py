@@ -21,10 +21,19 @@ import os
 import sys
 import time
 
-from architectures.options import (HelpFormatter, add_device_argument, add_seed_argument,
-                                   add_sequence_arguments, add_size_arguments, add_threads_argument,
-                                   check_model_options, epilog, finite_float, installed_version,
-                                   size_overrides)
+from architectures.options import (
+    HelpFormatter,
+    add_device_argument,
+    add_seed_argument,
+    add_sequence_arguments,
+    add_size_arguments,
+    add_threads_argument,
+    check_model_options,
+    epilog,
+    finite_float,
+    installed_version,
+    size_overrides,
+)
 
 from . import settings
 

@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from architectures import build_model, make_config
-from architectures.activation_size import (PRECISIONS, residual_stream, saved_per_layer,
-                                              saved_total)
+from architectures.activation_size import PRECISIONS, residual_stream, saved_per_layer, saved_total
 
 TINY = {
     "gpt_neo": ("tinystories-33m", dict(layers=2, hidden=64, heads=4, vocab=512)),

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 import auditor
-from auditor import allocation_sites
+from auditor.facts import allocation_sites
 
 MiB = 1 << 20
 

@@ -7,10 +7,10 @@ import os
 
 import torch
 
-from auditor.analysis.traced_projection import project_traced
-from auditor.allocator_retention import FACTOR, MMAP_THRESHOLD_START, RANGE, malloc_settings, threshold_fixed
-from auditor.probes.live_tensors import LiveTensorMeter
-from auditor.record_schema import RunRecord
+from auditor.analysis.projection.traced import project_traced
+from auditor.capture.probes.live_tensors import LiveTensorMeter
+from auditor.facts.allocator_retention import FACTOR, MMAP_THRESHOLD_START, RANGE, malloc_settings, threshold_fixed
+from auditor.record.schema import RunRecord
 
 MiB = 2**20
 
@@ -65,7 +65,7 @@ def test_the_run_record_keeps_the_malloc_settings(tmp_path):
     done = subprocess.run([sys.executable, "-c", program, str(tmp_path / "run")], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    from auditor.record import load
+    from auditor.record.run_folder import load
     record = load(tmp_path / "run")
     assert record.environment.malloc == {"mmap_threshold": "131072", "arena_max": "2"}
     from auditor.renderers.markdown import malloc_setting
@@ -128,8 +128,8 @@ def _finding(tmp_path, name: str, env: dict):
     import subprocess
     import sys
 
-    from auditor.analysis.findings import findings
-    from auditor.record import load
+    from auditor.analysis.findings.rules import findings
+    from auditor.record.run_folder import load
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}, **env}
     done = subprocess.run([sys.executable, "-c", _FREES_A_BLOCK, str(tmp_path / name)], env=env,
                           capture_output=True, text=True, timeout=300)
@@ -146,7 +146,7 @@ def test_the_rss_finding_names_a_risen_mmap_threshold_and_how_to_keep_it(tmp_pat
     # with the threshold fixed there is nothing about it to say: the rule's own remedy
     fixed = _finding(tmp_path, "fixed", {"MALLOC_MMAP_THRESHOLD_": "131072"})
     assert "mmap_threshold" not in fixed.evidence and "glibc" not in fixed.statement
-    from auditor.analysis.findings import REMEDIES
+    from auditor.analysis.findings.rules import REMEDIES
     assert fixed.remedy == REMEDIES["rss-above-live-tensors"]
 
 
@@ -167,6 +167,6 @@ def test_the_meter_keeps_the_high_water_of_cpu_storages_glibc_s_heap_serves():
 
 
 def test_what_the_heap_may_keep_grows_with_its_high_water():
-    from auditor.allocator_retention import HEAP_KEEPS_AT_MOST, heap_may_keep
+    from auditor.facts.allocator_retention import HEAP_KEEPS_AT_MOST, heap_may_keep
     assert heap_may_keep(10 * MiB, 110 * MiB) == round(HEAP_KEEPS_AT_MOST * 100 * MiB)
     assert heap_may_keep(10 * MiB, 5 * MiB) == 0  # the target's heap served less: nothing more to keep

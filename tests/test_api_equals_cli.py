@@ -21,7 +21,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from auditor.analysis.component_history import fold_component
+
+from auditor.analysis.run.component_history import fold_component
 
 HERE = Path(__file__).resolve().parent / "api_equals_cli"
 PARAMETERS = 427_264
@@ -116,9 +117,9 @@ def test_a_training_loop_gets_gradients_and_optimizer_state_untracked(tmp_path):
 
 def test_one_census_draws_the_high_beside_the_end(both):
     """One stage gives one census: not an empty frame, but the stage's high beside its end."""
-    from auditor.analysis.run_report import run_report
-    from auditor.record_schema import RunRecord
+    from auditor.record.schema import RunRecord
     from auditor.renderers import components_plot
+    from auditor.report_models.run import run_report
     figure = components_plot.draw(run_report(RunRecord.from_json(both[1])))
     axes = figure.axes[0]
     assert [t.get_text() for t in axes.get_xticklabels()] == ["at its live-tensor high", "at its end (census)"]

@@ -436,7 +436,7 @@ def test_the_names_checked_without_torch_are_the_registries_names():
     from gradprobe.strategies import STRATEGIES
     from gradprobe.streaming.pruner import STRATEGIES as STREAMING_STRATEGIES
     from gradprobe.variants import VARIANTS
-    assert settings.VARIANTS == tuple(VARIANTS)
+    assert tuple(VARIANTS) == settings.VARIANTS
     assert settings.STRATEGIES == tuple(STRATEGIES) == tuple(STREAMING_STRATEGIES)
 
 

@@ -21,10 +21,10 @@ import transformers
 from torch import nn
 
 import auditor
-from auditor.analysis.stage_groups import fold_key, stage_rows
-from auditor.audit import AuditorWarning
-from auditor.call_labels import ModuleNames
-from auditor.record_schema import RunRecord
+from auditor.analysis.run.stage_groups import fold_key, stage_rows
+from auditor.capture.audit import AuditorWarning
+from auditor.capture.staging.call_labels import ModuleNames
+from auditor.record.schema import RunRecord
 
 HIDDEN, INTERMEDIATE = 32, 64
 LINEARS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",

@@ -43,9 +43,8 @@ def stage_by_path(record: dict, path: str) -> dict:
 
 
 def test_kept_torch_tensor_shows_in_end_minus_start(tmp_path):
-    with auditor.Audit(tmp_path / "run") as audit:
-        with auditor.stage("keep"):
-            kept = keep_tensor(N)
+    with auditor.Audit(tmp_path / "run") as audit, auditor.stage("keep"):
+        kept = keep_tensor(N)
     rss = stage_by_path(audit.record, "keep")["rss"]
     assert abs((rss["end"] - rss["start"]) - N) < 0.05 * N
     assert rss["peak"] >= rss["end"]
@@ -53,18 +52,16 @@ def test_kept_torch_tensor_shows_in_end_minus_start(tmp_path):
 
 
 def test_kept_numpy_array_shows_in_end_minus_start(tmp_path):
-    with auditor.Audit(tmp_path / "run") as audit:
-        with auditor.stage("keep"):
-            kept = np.ones(N // 8)  # float64
+    with auditor.Audit(tmp_path / "run") as audit, auditor.stage("keep"):
+        kept = np.ones(N // 8)  # float64
     rss = stage_by_path(audit.record, "keep")["rss"]
     assert abs((rss["end"] - rss["start"]) - N) < 0.05 * N
     del kept
 
 
 def test_transient_peak_is_caught_where_boundary_readings_miss_it(tmp_path):
-    with auditor.Audit(tmp_path / "run") as audit:
-        with auditor.stage("spike"):
-            transient_tensor(N)
+    with auditor.Audit(tmp_path / "run") as audit, auditor.stage("spike"):
+        transient_tensor(N)
     rss = stage_by_path(audit.record, "spike")["rss"]
     assert rss["peak"] >= rss["start"] + 0.95 * N
     assert abs(rss["end"] - rss["start"]) < 0.05 * N
@@ -77,12 +74,11 @@ def test_transient_peak_is_caught_where_boundary_readings_miss_it(tmp_path):
 
 
 def test_nested_stages_keep_the_parent_peak(tmp_path):
-    with auditor.Audit(tmp_path / "run") as audit:
-        with auditor.stage("outer"):
-            with auditor.stage("spike"):
-                transient_tensor(N)
-            with auditor.stage("calm"):  # resets the high-water mark: must not erase outer's
-                time.sleep(0.01)
+    with auditor.Audit(tmp_path / "run") as audit, auditor.stage("outer"):
+        with auditor.stage("spike"):
+            transient_tensor(N)
+        with auditor.stage("calm"):  # resets the high-water mark: must not erase outer's
+            time.sleep(0.01)
     record = audit.record
     outer, spike, calm = (stage_by_path(record, p) for p in ("outer", "outer/spike", "outer/calm"))
     assert [s["path"] for s in record["stages"]] == ["outer", "outer/spike", "outer/calm"]
@@ -142,9 +138,8 @@ def test_marks_are_point_readings_under_the_current_stage(tmp_path):
 
 
 def test_record_fields_and_run_json_on_disk(tmp_path):
-    with auditor.Audit(tmp_path / "run", name="fields") as audit:
-        with auditor.stage("a"):
-            pass
+    with auditor.Audit(tmp_path / "run", name="fields") as audit, auditor.stage("a"):
+        pass
     record = audit.record
     for key in ("schema", "name", "command", "started_at", "device", "environment", "process",
                 "stages", "peak", "probes", "marks", "exit"):
@@ -164,11 +159,9 @@ def test_record_fields_and_run_json_on_disk(tmp_path):
 
 
 def test_an_exception_fails_open_stages_and_still_writes_the_record(tmp_path):
-    with pytest.raises(KeyError):
-        with auditor.Audit(tmp_path / "run") as audit:
-            with auditor.stage("outer"):
-                with auditor.stage("inner"):
-                    raise KeyError("boom")
+    with pytest.raises(KeyError), auditor.Audit(tmp_path / "run") as audit, auditor.stage("outer"):
+        with auditor.stage("inner"):
+            raise KeyError("boom")
     record = auditor.load(tmp_path / "run")
     assert [(s.path, s.status) for s in record.stages] == [("outer", "failed"), ("outer/inner", "failed")]
     assert record.stages[1].error == "KeyError: 'boom'"
@@ -178,10 +171,8 @@ def test_an_exception_fails_open_stages_and_still_writes_the_record(tmp_path):
 
 
 def test_keyboard_interrupt_is_recorded_as_interrupted(tmp_path):
-    with pytest.raises(KeyboardInterrupt):
-        with auditor.Audit(tmp_path / "run"):
-            with auditor.stage("long"):
-                raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), auditor.Audit(tmp_path / "run"), auditor.stage("long"):
+        raise KeyboardInterrupt
     record = auditor.load(tmp_path / "run")
     assert record.stages[0].status == "failed"
     assert record.exit.status == "interrupted"
@@ -189,13 +180,10 @@ def test_keyboard_interrupt_is_recorded_as_interrupted(tmp_path):
 
 def test_one_audit_at_a_time_and_entered_once(tmp_path):
     first = auditor.Audit(tmp_path / "a")
-    with first:
-        with pytest.raises(RuntimeError, match="already active"):
-            with auditor.Audit(tmp_path / "b"):
-                pass
-    with pytest.raises(RuntimeError, match="runs once"):
-        with first:
-            pass
+    with first, pytest.raises(RuntimeError, match="already active"), auditor.Audit(tmp_path / "b"):
+        pass
+    with pytest.raises(RuntimeError, match="runs once"), first:
+        pass
 
 
 def test_output_folder_errors_create_nothing(tmp_path):
@@ -225,7 +213,7 @@ def test_no_op_cost_without_an_audit():
 
 
 def test_sampler_fallback_where_clear_refs_is_unavailable(tmp_path, monkeypatch):
-    from auditor.probes import rss as rss_probe
+    from auditor.capture.probes import rss as rss_probe
     monkeypatch.setattr(rss_probe, "_CLEAR_REFS", str(tmp_path / "no-clear-refs"))  # as off Linux
     with pytest.warns(auditor.AuditorWarning, match="sampling every 2 ms"):
         with auditor.Audit(tmp_path / "run") as audit:

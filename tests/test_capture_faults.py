@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import auditor
-from auditor.record import write_json_atomically
+from auditor.record.run_folder import write_json_atomically
 
 
 @contextmanager
@@ -102,9 +102,8 @@ def test_descriptors_the_program_closes_and_reuses_are_never_written(tmp_path):
 
 
 def test_a_complete_event_log_says_so(tmp_path):
-    with auditor.Audit(tmp_path / "run") as audit:
-        with auditor.stage("one"):
-            pass
+    with auditor.Audit(tmp_path / "run") as audit, auditor.stage("one"):
+        pass
     lines = (tmp_path / "run" / "events.jsonl").read_text().splitlines()
     events = [json.loads(line)["event"] for line in lines]
     assert audit.record["event_log"] == {"state": "complete", "lines": events.index("run_finished") + 1}
@@ -223,11 +222,12 @@ def test_several_of_the_auditors_own_callables_staged_at_once(tmp_path):
     assert inside.count("len") == 2 and inside.count("perf_counter") == 1
 
 
-@pytest.mark.parametrize("target", ["auditor.stage:stage.__enter__", "auditor.audit:Audit.open_stage",
+@pytest.mark.parametrize("target", ["auditor.capture.stage:stage.__enter__", "auditor.capture.audit:Audit.open_stage",
                                     "auditor:mark"])
 def test_the_auditors_own_callables_are_refused_up_front(tmp_path, target, capsys):
-    from auditor.cli import main
     from conftest import one_error_line
+
+    from auditor.cli import main
     (tmp_path / "job.py").write_text("raise SystemExit('the script must not run')\n")
     assert main(["run", "--out", str(tmp_path / "run"), "--stage", target, str(tmp_path / "job.py")]) == 2
     assert "is the auditor's own code" in one_error_line(capsys)

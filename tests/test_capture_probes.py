@@ -12,7 +12,7 @@ import auditor
 from auditor import AuditorWarning
 
 COUNT = 1_000_000
-HAS_CENSUS = importlib.util.find_spec("auditor.census") is not None
+HAS_CENSUS = importlib.util.find_spec("auditor.capture.census.take") is not None
 
 
 def test_python_heap_readings_for_a_big_list(tmp_path):
@@ -63,13 +63,12 @@ def test_cuda_is_reported_absent_on_cpu(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_stage_readings(tmp_path):
     n = 256 * 2**20
-    with auditor.Audit(tmp_path / "run", cuda_history=True) as audit:
-        with auditor.stage("outer"):
-            with auditor.stage("spike"):
-                x = torch.ones(n // 4, device="cuda")
-                del x
-            with auditor.stage("keep"):
-                kept = torch.ones(n // 4, device="cuda")
+    with auditor.Audit(tmp_path / "run", cuda_history=True) as audit, auditor.stage("outer"):
+        with auditor.stage("spike"):
+            x = torch.ones(n // 4, device="cuda")
+            del x
+        with auditor.stage("keep"):
+            kept = torch.ones(n // 4, device="cuda")
     stages = {s["path"]: s["cuda"] for s in audit.record["stages"]}
     assert stages["outer/spike"]["peak_allocated"] - stages["outer/spike"]["allocated_start"] >= n
     assert stages["outer"]["peak_allocated"] >= stages["outer/spike"]["peak_allocated"]
@@ -100,13 +99,12 @@ def test_memray_is_absent_when_another_tracker_is_active(tmp_path):
     assert audit.record["stages"][0]["status"] == "ok"
 
 
-@pytest.mark.skipif(HAS_CENSUS, reason="auditor.census exists")
+@pytest.mark.skipif(HAS_CENSUS, reason="auditor.capture.census.take exists")
 def test_census_without_the_module_warns_and_goes_on(tmp_path):
-    with pytest.warns(AuditorWarning, match="census absent"):
-        with auditor.Audit(tmp_path / "run", census=True) as audit:
-            auditor.track("weights", torch.ones(10))
-            with auditor.stage("a"):
-                pass
+    with pytest.warns(AuditorWarning, match="census absent"), auditor.Audit(tmp_path / "run", census=True) as audit:
+        auditor.track("weights", torch.ones(10))
+        with auditor.stage("a"):
+            pass
     assert audit.record["probes"]["census"]["state"] == "absent"
     assert audit.record["stages"][0]["components"] is None
 
@@ -119,7 +117,7 @@ class Holder:
         self.extra = torch.ones(500_000)
 
 
-@pytest.mark.skipif(not HAS_CENSUS, reason="auditor.census not written yet")
+@pytest.mark.skipif(not HAS_CENSUS, reason="auditor.capture.census.take not written yet")
 def test_census_components_per_stage_and_weak_roots(tmp_path):
     import gc
     import weakref

@@ -10,8 +10,8 @@ import textwrap
 import pytest
 
 import auditor
-from auditor import record as run_record
-from auditor.record import RunRecordError
+from auditor.record import run_folder as run_record
+from auditor.record.run_folder import RunRecordError
 
 
 def test_events_are_on_disk_before_the_run_ends(tmp_path):
@@ -60,9 +60,8 @@ def test_a_killed_run_is_recovered_from_its_event_log(tmp_path):
 
 def test_a_half_written_last_event_is_dropped(tmp_path):
     folder = tmp_path / "run"
-    with auditor.Audit(folder):
-        with auditor.stage("a"):
-            pass
+    with auditor.Audit(folder), auditor.stage("a"):
+        pass
     events = (folder / "events.jsonl").read_text().splitlines()
     # Cut inside the run_finished event, as a kill mid-write would.
     (folder / "events.jsonl").write_text("\n".join(events[:-1]) + "\n" + events[-1][:25])

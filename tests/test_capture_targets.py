@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 import auditor
-from auditor.targets import Staging, resolve
+from auditor.capture.staging.targets import Staging, resolve
 
 
 class Worker:

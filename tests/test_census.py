@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import architectures
-from auditor.census import Root, take_census
+from auditor.capture.census.take import Root, take_census
 
 
 def nbytes(t: torch.Tensor) -> int:

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from auditor.census import Root, take_census
+from auditor.capture.census.take import Root, take_census
 
 
 def component(census: dict, name: str) -> dict:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from auditor.census import Root, storage_key, take_census
+from auditor.capture.census.take import Root, storage_key, take_census
 
 
 class Hessian:

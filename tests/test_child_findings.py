@@ -10,8 +10,8 @@ import textwrap
 from pathlib import Path
 
 import auditor
-from auditor.analysis.child_findings import FORKED_REMEDY, own_memory, projection_caveat
-from auditor.analysis.findings import findings
+from auditor.analysis.findings.child_processes import FORKED_REMEDY, own_memory, projection_caveat
+from auditor.analysis.findings.rules import findings
 
 MiB = 1 << 20
 WEIGHTS = 64 * MiB  # nn.Linear(4096, 4096) in fp32

@@ -119,7 +119,7 @@ def test_a_script_without_children_says_nothing_of_them(tmp_path):
 def test_the_merged_report_names_the_rank_whose_children_held_memory(tmp_path):
     """Two ranks as torchrun starts them (RANK, WORLD_SIZE, LOCAL_RANK in the environment): only
     rank 1 starts a child."""
-    from auditor.analysis.ranks import merge_ranks
+    from auditor.analysis.ranks.merged import merge_ranks
     from auditor.renderers.ranks_markdown import render
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent("""

@@ -11,11 +11,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import one_error_line
+from test_validate_held_out_args import SMALL, TARGET, write_driver
 
 import auditor
 from auditor.cli import build_parser, main, parse
-from conftest import one_error_line
-from test_validate_held_out_args import SMALL, TARGET, write_driver
 
 # A script of the usual shape: options of its own, some named as the auditor's are.
 ECHO = """

@@ -9,11 +9,11 @@ import subprocess
 import sys
 
 import pytest
+from conftest import one_error_line
 
 from auditor.cli import main
 from auditor.comparison import Comparison, Side, Tolerance, run_comparison
 from auditor.renderers import comparison_markdown
-from conftest import one_error_line
 
 MiB = 1 << 20
 
@@ -310,9 +310,8 @@ def scene(workdir):
     """What a careless -o could destroy: a real run record, a user's JSON file, a file where a
     folder is expected, a folder where the chart would go."""
     import auditor
-    with auditor.Audit(workdir / "run", name="kept"):
-        with auditor.stage("work"):
-            pass
+    with auditor.Audit(workdir / "run", name="kept"), auditor.stage("work"):
+        pass
     (workdir / "data.json").write_text('{"mine": 1}\n')
     (workdir / "afile").write_text("not a folder\n")
     (workdir / "busy.png").mkdir()

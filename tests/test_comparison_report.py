@@ -2,8 +2,8 @@
 markdown report and the chart show, before any formatting."""
 from pathlib import Path
 
-from auditor.analysis.comparison_report import comparison_report
 from auditor.comparison import Comparison
+from auditor.report_models.comparison import comparison_report
 
 RECORD = Path(__file__).resolve().parents[1] / "reports" / "compare-tinystories-33m.json"
 

@@ -26,10 +26,10 @@ from conftest import audit_script
 
 import auditor
 from auditor import load
-from auditor.analysis.components import census_order, weights_bytes
-from auditor.analysis.findings import _copies_by_size, findings
-from auditor.probes.live_tensors import LiveTensorMeter
-from auditor.provenance import live_provenance
+from auditor.analysis.findings.rules import _copies_by_size, findings
+from auditor.analysis.run.components import census_order, weights_bytes
+from auditor.capture.census.provenance import live_provenance
+from auditor.capture.probes.live_tensors import LiveTensorMeter
 
 HERE = Path(__file__).resolve().parent / "copy_provenance"
 SCRIPT = HERE / "research_pruner.py"

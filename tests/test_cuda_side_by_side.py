@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from auditor.analysis.device_side_by_side import SideBySideError, device_side_by_side
-from auditor.record import load
-from auditor.record_schema import CudaReadings
+from auditor.facts.units import mib
+from auditor.record.run_folder import load
+from auditor.record.schema import CudaReadings
 from auditor.renderers.device_side_by_side_markdown import render
-from auditor.units import mib
+from auditor.report_models.device_side_by_side import SideBySideError, device_side_by_side
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--arch", "tinystories-33m", "--layers", "1", "--hidden", "64", "--heads", "2", "--intermediate", "128",
@@ -80,7 +80,7 @@ def test_the_report_sets_each_run_s_own_figures_side_by_side(cpu_runs, tmp_path)
     table = text.split("## Memory and time")[1].split("\n\n")[1].splitlines()
     assert table[0].startswith("| run | device | variant | peak RSS | peak RSS in | CUDA peak allocated |")
     stages = len(records[0].stages)
-    for line, record, run in zip(table[2:], records, runs):
+    for line, record, run in zip(table[2:], records, runs, strict=False):
         name, *cells = [cell.strip() for cell in line.strip("|").split("|")]
         assert name == f"`{Path(run).name}`"
         settings = record.annotations["workload"]["settings"]

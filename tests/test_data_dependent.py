@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import auditor
-from auditor.analysis.estimated_bytes import estimate_note, estimated_bytes
-from auditor.analysis.traced_projection import project_traced
-from auditor.audit import Audit
 from auditor import expect_fraction
-from auditor.record_schema import SCHEMA, RunRecord
+from auditor.analysis.projection.estimated_bytes import estimate_note, estimated_bytes
+from auditor.analysis.projection.traced import project_traced
+from auditor.capture.audit import Audit
+from auditor.record.schema import SCHEMA, RunRecord
 
 WIDTH = 64
 
@@ -121,9 +121,8 @@ def test_declaration_is_a_no_op_in_a_real_run():
     weights = torch.arange(10.0)
     with expect_fraction(0.9):
         assert weights[weights > 6].numel() == 3
-    with pytest.raises(ValueError, match="fraction from 0 to 1"):
-        with expect_fraction(1.5):
-            pass
+    with pytest.raises(ValueError, match="fraction from 0 to 1"), expect_fraction(1.5):
+        pass
 
 
 def test_unknown_site_is_empty_and_named(tmp_path):
@@ -181,9 +180,8 @@ def test_one_quantity_estimated_in_two_passes_is_reconciled_and_counted(tmp_path
         decided = first <= second * 3.0
     assert decided.shape == first.shape == (101,) and second.shape == (100,)
     assert sum(s["conflicts"] for s in run.record["traced"]["estimated_sizes"]) == 1
-    with pytest.raises(RuntimeError):
-        with Audit(out=tmp_path / "plain", live_tensors=True, traced=True):
-            torch.zeros(101) <= torch.zeros(100)
+    with pytest.raises(RuntimeError), Audit(out=tmp_path / "plain", live_tensors=True, traced=True):
+        torch.zeros(101) <= torch.zeros(100)
 
 
 def test_projection_carries_estimated_bytes_per_stage_and_component():
@@ -225,7 +223,7 @@ def test_unique_is_sized_by_its_own_ratio(tmp_path):
 
 
 def test_report_views_carry_the_estimates():
-    from auditor.analysis.components import projection_views
+    from auditor.analysis.run.components import projection_views
     traced = _record(name="t", workload={"architecture": "big"},
                      traced={"estimated_sizes": [{"site": "a.py:1 f", "op": "aten::index", "calls": 1,
                                                   "output_numel": 10, "ratio": 0.1, "source": "observed"}]},

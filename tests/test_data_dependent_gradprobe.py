@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from auditor.analysis.traced_projection import project_traced
+from auditor.analysis.projection.traced import project_traced
 from auditor.jobs import gradprobe as job
 
 pytestmark = pytest.mark.slow  # a real audit and two traced runs in fresh processes (~15 s)

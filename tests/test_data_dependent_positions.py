@@ -1,5 +1,5 @@
 """Data-dependent sizes placed call by call: a traced run sizes each call by the real run's calls
-at the same relative position (auditor.size_profiles), not by the site's aggregate ratio alone.
+at the same relative position (auditor.capture.tracing.size_profiles), not by the site's aggregate ratio alone.
 
 The algorithm below selects rows block by block from layers whose densities differ 45-fold
 (90% of layer 0's rows pass, 2% of the others'), keeps one value per selected row, and holds
@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import auditor
-from auditor.audit import Audit
-from auditor.size_profiles import MAX_POINTS, Profile, Replay
+from auditor.capture.audit import Audit
+from auditor.capture.tracing.size_profiles import MAX_POINTS, Profile, Replay
 
 DENSITIES = (0.9, 0.02, 0.02, 0.02)  # of each layer's rows: scale-free (evenly spread scores)
 WIDTH, BLOCK = 256, 16               # row length (bytes), rows per block
@@ -36,7 +36,7 @@ def prune_rows(rows: int) -> list[torch.Tensor]:
         chosen = [scores < density for density in DENSITIES]
         kept = [torch.empty(int(mask.sum()), dtype=torch.float64) for mask in chosen]
     with auditor.stage("blocks"):
-        for layer, mask, out in zip(data, chosen, kept):
+        for layer, mask, out in zip(data, chosen, kept, strict=False):
             placed = 0
             for start in range(0, rows, BLOCK):
                 picked = layer[start:start + BLOCK][mask[start:start + BLOCK]].to(torch.float64)

@@ -36,9 +36,8 @@ def test_a_compiled_function_under_the_meter_is_counted_and_right(tmp_path):
         return x * 2
 
     compiled = torch.compile(double, backend="eager")
-    with auditor.Audit(out=tmp_path / "run", live_tensors=True) as audit:
-        with auditor.stage("compiled"):
-            result = compiled(torch.ones(250_000))
+    with auditor.Audit(out=tmp_path / "run", live_tensors=True) as audit, auditor.stage("compiled"):
+        result = compiled(torch.ones(250_000))
     assert torch.equal(result, torch.full((250_000,), 2.0))
     assert "torch._dynamo" in sys.modules
     stage = audit.record["stages"][0]["live_tensors"]

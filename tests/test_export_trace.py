@@ -13,12 +13,12 @@ import threading
 
 import pytest
 import torch
+from conftest import one_error_line
 
 import auditor
 from auditor.cli import main
-from auditor.record_schema import RunRecord
+from auditor.record.schema import RunRecord
 from auditor.renderers.chrome_trace import render
-from conftest import one_error_line
 
 FLOATS = 1_000_000  # 4 MB float32 tensors: clear of noise, quick to allocate
 NS = 1e-3  # in microseconds: the record keeps 1 us, so ns is rounding only
@@ -81,10 +81,8 @@ def with_memray(tmp_path_factory):
     process costs tens of seconds (first dispatch-mode calls traced with native stacks)."""
     pytest.importorskip("memray")
     folder = tmp_path_factory.mktemp("memray") / "run"
-    with auditor.Audit(folder, name="memray", memray=True) as audit:
-        with auditor.stage("outer"):
-            with auditor.stage("spike"):
-                float(torch.ones(5 * FLOATS)[-1])
+    with auditor.Audit(folder, name="memray", memray=True) as audit, auditor.stage("outer"), auditor.stage("spike"):
+        float(torch.ones(5 * FLOATS)[-1])
     if audit.record["memray"] is None:
         pytest.skip("memray absent: " + audit.record["probes"]["memray"].get("reason", ""))
     return audit.record, export(folder, folder.parent / "trace.json")
@@ -344,7 +342,7 @@ def test_marks_are_instants_on_their_thread(exported):
     names = thread_names(trace)
     marks = [e for e in events(trace, "i") if e["cat"] == "mark"]
     assert len(marks) == len(record["marks"])
-    for mark, event in zip(record["marks"], marks):
+    for mark, event in zip(record["marks"], marks, strict=False):
         assert (event["name"], event["s"], names[event["tid"]]) == (mark["name"], "t", mark["thread"])
         assert event["ts"] == pytest.approx(us(mark["t_s"]), abs=NS)
         assert (event["args"]["rss"], event["args"].get("stage")) == (mark["rss"], mark["stage"])
@@ -377,9 +375,8 @@ def test_cuda_readings_become_a_counter(finished):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_cuda_run_exports_its_cuda_counter(tmp_path):
-    with auditor.Audit(tmp_path / "run") as audit:
-        with auditor.stage("on gpu"):
-            kept = torch.ones(FLOATS, device="cuda")
+    with auditor.Audit(tmp_path / "run") as audit, auditor.stage("on gpu"):
+        kept = torch.ones(FLOATS, device="cuda")
     trace = export(tmp_path / "run", tmp_path / "trace.json")
     assert counter_points(trace) == record_readings(audit.record)
     assert any(name == "CUDA allocated" for name, _, _ in counter_points(trace))

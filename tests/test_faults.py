@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 import auditor
-from auditor.record import assembled
+from auditor.record.run_folder import assembled
 
 AUDITOR_PACKAGE = str(Path(auditor.__file__).parent)
 TIMEOUT_S = 120
@@ -173,7 +173,7 @@ def test_a_script_that_handles_sigterm_itself_keeps_its_own_ending(tmp_path):
 # where torchrun's lands on a rank that had just finished when another rank failed.
 SIGTERM_AS_THE_RECORD_IS_WRITTEN = """
     import os, signal, sys
-    from auditor.audit import Audit
+    from auditor.capture.audit import Audit
     finish = Audit._finish
     def finish_under_sigterm(self, exc):
         os.kill(os.getpid(), signal.SIGTERM)
@@ -505,7 +505,7 @@ def started_together(tmp_path: Path, count: int = 8) -> list[Injected]:
                                       stderr=subprocess.PIPE, text=True) for _ in range(count)]
         outputs = [p.communicate(timeout=TIMEOUT_S) for p in processes]
         return [subprocess.CompletedProcess(command, p.returncode, *output)
-                for p, output in zip(processes, outputs)]
+                for p, output in zip(processes, outputs, strict=False)]
 
     alone = together(plain(script))
     results = together(audited(script))
@@ -513,7 +513,7 @@ def started_together(tmp_path: Path, count: int = 8) -> list[Injected]:
     folders = sorted(runs.iterdir()) if runs.is_dir() else []
     folders += [None] * (count - len(folders))
     return [Injected(shell_status(a.returncode), shell_status(r.returncode), r, folder, [("load", "ok")], a.stderr)
-            for a, r, folder in zip(alone, results, folders)]
+            for a, r, folder in zip(alone, results, folders, strict=False)]
 
 
 def test_runs_started_together_never_share_a_folder(tmp_path):

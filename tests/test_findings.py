@@ -27,13 +27,13 @@ import torch
 import architectures
 import auditor
 from architectures.calibration import synthetic_batches
-from auditor.analysis import findings as rules
-from auditor.analysis.components import attribute, census_order, peak_stage, weights_bytes
-from auditor.analysis.findings import evaluate, findings
-from auditor.probes.live_tensors import LiveTensorMeter
-from auditor.probes.rss import current_rss
-from auditor.record import load, write_json_atomically
-from auditor.record_schema import RunRecord
+from auditor.analysis.findings import rules
+from auditor.analysis.findings.rules import evaluate, findings
+from auditor.analysis.run.components import attribute, census_order, peak_stage, weights_bytes
+from auditor.capture.probes.live_tensors import LiveTensorMeter
+from auditor.capture.probes.rss import current_rss
+from auditor.record.run_folder import load, write_json_atomically
+from auditor.record.schema import RunRecord
 
 TINY_GPT_NEO = dict(layers=2, hidden=64, vocab=256, heads=4)
 _RECORDS: dict[str, tuple] = {}
@@ -193,9 +193,8 @@ def _failed(folder) -> RunRecord:
     with auditor.Audit(folder, name="failed", tracemalloc=True) as audit:
         with auditor.stage("fine"):
             kept = list(range(100_000))
-        with contextlib.suppress(ValueError):
-            with auditor.stage("boom"):
-                raise ValueError("bad batch")
+        with contextlib.suppress(ValueError), auditor.stage("boom"):
+            raise ValueError("bad batch")
     assert audit.record["exit"]["status"] == "ok"
     del kept
     return load(folder)
@@ -318,7 +317,7 @@ def test_transient_spike(pattern, clean):
 
 
 def test_transient_threshold_is_ten_percent_of_the_peak(clean):
-    # 5% of the peak either side is its noise band (auditor.analysis.noise_band): borderline there
+    # 5% of the peak either side is its noise band (auditor.analysis.findings.noise_band): borderline there
     for share, fires in ((0.04, None), (0.06, "borderline"), (0.14, "borderline"), (0.16, "fires")):
         edited = copy.deepcopy(clean)
         stage = next(s for s in edited.stages if s.path == "forward again")

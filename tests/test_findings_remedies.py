@@ -12,10 +12,10 @@ import shutil
 
 import pytest
 
-from auditor import units
-from auditor.analysis.findings import RULES, evaluate, findings
+from auditor.analysis.findings.rules import RULES, evaluate, findings
 from auditor.comparison.verdict import summarise
-from auditor.record_schema import RunRecord
+from auditor.facts import units
+from auditor.record.schema import RunRecord
 from auditor.renderers.markdown import render
 
 MiB, GiB = 2**20, 2**30
@@ -30,7 +30,7 @@ KEPT = 40 * MiB
 def _stage(id_, path, start, end, rss, components, live=None, call=None):
     entry = {"id": id_, "name": path.rpartition("/")[2], "path": path,
              "parent": path.rpartition("/")[0] or None, "status": "ok", "start_s": start, "end_s": end,
-             "rss": dict(zip(("start", "end", "peak"), rss)), "components": components}
+             "rss": dict(zip(("start", "end", "peak"), rss, strict=False)), "components": components}
     if live is not None:
         entry["live_tensors"] = live
     if call is not None:

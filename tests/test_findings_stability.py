@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from auditor.analysis import noise_band
-from auditor.analysis.components import attribute, live_tensor_high, peak_stage
-from auditor.analysis.findings import findings
-from auditor.record import load
-from auditor.record_schema import RunRecord
+from auditor.analysis.findings import noise_band
+from auditor.analysis.findings.rules import findings
+from auditor.analysis.run.components import attribute, live_tensor_high, peak_stage
+from auditor.record.run_folder import load
+from auditor.record.schema import RunRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = json.loads((ROOT / "reports" / "findings-stability.json").read_text())

@@ -1,4 +1,4 @@
-"""The fresh-process runner (auditor.jobs.fresh_process): an isolated import path, how a child
+"""The fresh-process runner (auditor.capture.fresh_process): an isolated import path, how a child
 ended (exit status, signal by name, timeout), its finished stages recovered from the event log,
 and the jobs that start children through it. Real children, real signals, real files."""
 from __future__ import annotations
@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import TINY_GPT_NEO
 
-from auditor.jobs import fresh_process, train_step
-from auditor.jobs.fresh_process import Interrupted, python_command, run_module
+from auditor.capture import fresh_process
+from auditor.capture.fresh_process import Interrupted, python_command, run_module
+from auditor.jobs import train_step
 
 SLEEPER = """\
     import sys, time, auditor
@@ -133,7 +134,7 @@ def test_the_validation_real_run_is_a_job_that_runs_the_installed_packages(decoy
 
 
 def test_analysis_starts_no_process():
-    source = Path(fresh_process.__file__).parent.parent / "analysis" / "projection_validation.py"
+    source = Path(fresh_process.__file__).parent.parent / "analysis" / "projection" / "validation.py"
     assert "subprocess" not in source.read_text() and "sys.executable" not in source.read_text()
 
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from auditor import units
-from auditor.analysis.ranks import COLLECTIVE_OUTPUTS, collective_bytes, communication_kinds, merge_ranks
+from auditor.analysis.ranks.merged import COLLECTIVE_OUTPUTS, collective_bytes, communication_kinds, merge_ranks
 from auditor.cli import main
-from auditor.communication_buffers import DDP_BUCKETS, FSDP2_ALL_GATHER, FSDP2_REDUCE_SCATTER
-from auditor.record import load
-from auditor.record_schema import AtPeak, AtPeakRow
+from auditor.facts import units
+from auditor.facts.communication_buffers import DDP_BUCKETS, FSDP2_ALL_GATHER, FSDP2_REDUCE_SCATTER
+from auditor.record.run_folder import load
+from auditor.record.schema import AtPeak, AtPeakRow
 
 HERE = Path(__file__).parent / "fsdp2_buffers"
 SCRIPT = HERE / "train_llama.py"
@@ -86,7 +86,7 @@ def test_fsdpmemtracker_sees_the_same_buffers_at_the_same_peak(run):
         steps = [s for s in load(run / f"rank-{rank}").stages if s.path.split("#")[0] == "train_step" and "/" not in s.path]
         assert len(tracked) == len(steps) == 3
         same = 0
-        for stage, theirs in zip(steps, tracked):
+        for stage, theirs in zip(steps, tracked, strict=False):
             ours = communication_kinds(stage.live_tensors.at_peak) or {}
             assert stage.live_tensors.peak >= theirs["Total"]  # ours counts every storage it does
             if stage.live_tensors.peak - theirs["Total"] > SAME_MOMENT:

@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
+from test_gradprobe_pruner import STORY, save_word_tokenizer
 
 from gradprobe.cli import main
-from test_gradprobe_pruner import STORY, save_word_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

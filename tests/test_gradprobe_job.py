@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from auditor import record as run_record
-from auditor.units import size
+from auditor.facts.units import size
+from auditor.record import run_folder as run_record
 
 TINY = ["--arch", "tinystories-33m", "--layers", "2", "--hidden", "64", "--vocab", "256",
         "--heads", "4", "--seq-len", "16"]
@@ -41,7 +41,7 @@ def test_audits_projects_and_reports(tmp_path):
     weights = components["model.parameters"].bytes
     assert components["pruner.saved_state"].weights_copied == weights
     assert components["model.buffers"].category == "buffers"  # GPT-Neo's causal masks: never masks
-    from auditor.analysis.findings import findings
+    from auditor.analysis.findings.rules import findings
     [copy] = [f for f in findings(record) if f.rule == "full-copy"]
     assert copy.evidence["component"] == "pruner.saved_state" and copy.evidence["basis"] == "provenance"
     assert copy.severity == "high" and copy.evidence["weights_copied"] == weights

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import TINY_GPT_NEO
 
 from architectures import UnknownArchitecture, build_model
 from architectures.calibration import synthetic_batches, text_file_batches
 from gradprobe import GradProbe, mask_digest
-
-from conftest import TINY_GPT_NEO
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

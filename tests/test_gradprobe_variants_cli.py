@@ -36,7 +36,7 @@ def test_masks_and_summary_files_describe_the_run(tmp_path, capsys):
     assert summary["sparsity"] == summary["pruned"] / summary["prunable"]
     rss = [summary[f"rss_{when}"] for when in ("before_build", "after_build", "after_prune")]
     assert all(isinstance(b, int) and 0 < b <= summary["peak_rss"] for b in rss)  # bytes
-    assert 0 < summary["prune_seconds"] and 0 < summary["build_seconds"]
+    assert summary["prune_seconds"] > 0 and summary["build_seconds"] > 0
     # Masks: one uint8 0/1 tensor per parameter name (the tied head is the embedding's name).
     assert "transformer.wte.weight" in masks and "lm_head.weight" not in masks and len(masks) == 30
     assert all(m.dtype == torch.uint8 and int(m.max()) <= 1 for m in masks.values())

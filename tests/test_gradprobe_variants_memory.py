@@ -12,6 +12,7 @@ import gc
 
 import pytest
 import torch
+from conftest import TINY_GPT_NEO
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -20,8 +21,6 @@ from architectures import build_model
 from architectures.calibration import synthetic_batches
 from gradprobe.variants import make_pruner
 from gradprobe.variants.checkpointing import is_checkpointing, set_checkpointing
-
-from conftest import TINY_GPT_NEO
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

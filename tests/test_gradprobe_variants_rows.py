@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import TINY_GPT_NEO, TINY_MISTRAL
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from architectures import build_model
 from architectures.calibration import synthetic_batches
 from gradprobe import mask_digest
-from gradprobe.variants import PackedMask, PackedMasks, make_pruner
-from gradprobe.variants import row_gradients
-
-from conftest import TINY_GPT_NEO, TINY_MISTRAL
+from gradprobe.variants import PackedMask, PackedMasks, make_pruner, row_gradients
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

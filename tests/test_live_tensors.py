@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import auditor
-from auditor.record import rebuild
+from auditor.record.run_folder import rebuild
 
 MB = 10**6
 
@@ -81,7 +81,7 @@ def test_annotations_survive_a_rebuild_and_cannot_overwrite_audit_fields(tmp_pat
 
 def test_meta_tensors_allocate_nothing_and_are_not_counted():
     """A model's structure kept on the meta device (streaming keeps one) holds no memory."""
-    from auditor.probes.live_tensors import LiveTensorMeter
+    from auditor.capture.probes.live_tensors import LiveTensorMeter
     meter = LiveTensorMeter()
     with meter:
         structure = torch.empty(1 << 20, device="meta")  # 4 MiB nominal, nothing allocated
@@ -95,7 +95,7 @@ def test_a_wrapper_subclass_counts_its_inner_tensors_only(tmp_path):
     import torch.distributed as dist
     from torch.distributed.tensor import DeviceMesh, Shard, distribute_tensor
 
-    from auditor.probes.live_tensors import LiveTensorMeter
+    from auditor.capture.probes.live_tensors import LiveTensorMeter
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
         distributed = distribute_tensor(torch.randn(1000, 100), DeviceMesh("cpu", [0]), [Shard(0)])
@@ -115,7 +115,7 @@ def test_a_forked_child_s_operators_pass_through_the_meter():
     import os
     import time
 
-    from auditor.probes.live_tensors import LiveTensorMeter
+    from auditor.capture.probes.live_tensors import LiveTensorMeter
     meter = LiveTensorMeter()
     with meter:
         read, write = os.pipe()

@@ -1,4 +1,4 @@
-"""The audited script's own functions as stage targets and --model-from (auditor.main_script),
+"""The audited script's own functions as stage targets and --model-from (auditor.capture.staging.main_script),
 the script run as `python SCRIPT` runs it, and a traced projection of a script that builds its
 model and trains it with AdamW in the script itself. Real subprocesses, as a user runs them."""
 from __future__ import annotations

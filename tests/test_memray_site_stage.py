@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import auditor
-from auditor import allocation_sites
-from auditor.probes import memray_trace
+from auditor.capture.probes import memray_trace
+from auditor.facts import allocation_sites
 
 MiB = 1 << 20
 

@@ -11,16 +11,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import one_error_line
 
 import auditor
-from auditor import units
-from auditor.analysis.ranks import COLLECTIVE_WRAPPERS, collective_bytes, is_multi_rank, merge_ranks
-from auditor.analysis.unstaged import peak_place
+from auditor.analysis.ranks.merged import COLLECTIVE_WRAPPERS, collective_bytes, is_multi_rank, merge_ranks
+from auditor.analysis.run.unstaged import peak_place
 from auditor.cli import UsageError, main
 from auditor.cli.run_dir import check_new_run_dir
-from auditor.record import load
-from auditor.record_schema import AtPeak, AtPeakRow
-from conftest import one_error_line
+from auditor.facts import units
+from auditor.record.run_folder import load
+from auditor.record.schema import AtPeak, AtPeakRow
 
 ROOT = Path(__file__).parents[1]
 EXAMPLE = ROOT / "examples" / "multi_rank_cpu.py"
@@ -170,9 +170,8 @@ def as_rank(monkeypatch):
 
 
 def _audited(out, name="r") -> Path:
-    with auditor.Audit(out=out, name=name) as audit:
-        with auditor.stage("work"):
-            bytearray(1 << 20)
+    with auditor.Audit(out=out, name=name) as audit, auditor.stage("work"):
+        bytearray(1 << 20)
     return audit.folder
 
 

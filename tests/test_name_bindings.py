@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from auditor import name_bindings
+from auditor.capture.staging import name_bindings
 
 
 @pytest.fixture

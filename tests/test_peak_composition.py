@@ -7,8 +7,8 @@ import weakref
 import torch
 
 import auditor
-from auditor import record as run_record
-from auditor.ownership import ACTIVATIONS
+from auditor.capture.census.ownership import ACTIVATIONS
+from auditor.record import run_folder as run_record
 
 MiB = 1 << 20
 
@@ -45,11 +45,10 @@ class Holder:
 def test_a_temporary_and_a_kept_tensor_at_the_stage_peak(tmp_path):
     weight = _floats(MiB, torch.ones)  # before the audit: seeded, no stage, no operator
     holder = Holder()
-    with auditor.Audit(out=tmp_path / "run", live_tensors=True) as audit:
-        with auditor.stage("work"):
-            holder.kept = _floats(4 * MiB)
-            temporary = _floats(16 * MiB)
-            del temporary
+    with auditor.Audit(out=tmp_path / "run", live_tensors=True) as audit, auditor.stage("work"):
+        holder.kept = _floats(4 * MiB)
+        temporary = _floats(16 * MiB)
+        del temporary
     live = _stages(audit.record)["work"]["live_tensors"]
     _consistent(live)
     assert live["peak"] - live["start"] == 20 * MiB
@@ -91,14 +90,13 @@ def test_storages_alive_at_the_end_are_named_by_the_census(tmp_path):
 
 
 def test_the_composition_is_the_set_alive_at_the_high_not_later_or_earlier(tmp_path):
-    with auditor.Audit(out=tmp_path / "run", live_tensors=True) as audit:
-        with auditor.stage("work"):
-            first = _floats(8 * MiB, torch.zeros)
-            second = _floats(8 * MiB, torch.ones)   # 16 MiB: a high, then first goes
-            del first
-            third = torch.full((12 * MiB // 4,), 2.0)  # 20 MiB: the peak
-            del third, second
-            _floats(MiB, torch.rand)  # after the peak: not part of it
+    with auditor.Audit(out=tmp_path / "run", live_tensors=True) as audit, auditor.stage("work"):
+        first = _floats(8 * MiB, torch.zeros)
+        second = _floats(8 * MiB, torch.ones)   # 16 MiB: a high, then first goes
+        del first
+        third = torch.full((12 * MiB // 4,), 2.0)  # 20 MiB: the peak
+        del third, second
+        _floats(MiB, torch.rand)  # after the peak: not part of it
     live = _stages(audit.record)["work"]["live_tensors"]
     _consistent(live)
     assert live["peak"] - live["start"] == 20 * MiB
@@ -108,14 +106,13 @@ def test_the_composition_is_the_set_alive_at_the_high_not_later_or_earlier(tmp_p
 
 
 def test_a_parent_takes_the_composition_of_the_child_that_held_its_peak(tmp_path):
-    with auditor.Audit(out=tmp_path / "run", live_tensors=True) as audit:
-        with auditor.stage("P"):
-            with auditor.stage("C1"):
-                big = _floats(16 * MiB)
-                del big
-            with auditor.stage("C2"):
-                small = _floats(8 * MiB, torch.ones)
-                del small
+    with auditor.Audit(out=tmp_path / "run", live_tensors=True) as audit, auditor.stage("P"):
+        with auditor.stage("C1"):
+            big = _floats(16 * MiB)
+            del big
+        with auditor.stage("C2"):
+            small = _floats(8 * MiB, torch.ones)
+            del small
     stages = _stages(audit.record)
     for stage in stages.values():
         _consistent(stage["live_tensors"])
@@ -143,11 +140,10 @@ def test_an_unstaged_spike_has_its_composition(tmp_path):
 
 def test_rows_are_capped_and_what_is_left_out_is_counted(tmp_path):
     kept = []
-    with auditor.Audit(out=tmp_path / "run", live_tensors=True) as audit:
-        with auditor.stage("P"):
-            for index in range(30):
-                with auditor.stage(f"c{index}"):
-                    kept.append(_floats((index + 1) * 4096))
+    with auditor.Audit(out=tmp_path / "run", live_tensors=True) as audit, auditor.stage("P"):
+        for index in range(30):
+            with auditor.stage(f"c{index}"):
+                kept.append(_floats((index + 1) * 4096))
     live = _stages(audit.record)["P"]["live_tensors"]
     _consistent(live)
     at_peak = live["at_peak"]
@@ -157,12 +153,11 @@ def test_rows_are_capped_and_what_is_left_out_is_counted(tmp_path):
 
 
 def test_no_tensor_is_kept_alive_by_the_meter(tmp_path):
-    with auditor.Audit(out=tmp_path / "run", live_tensors=True):
-        with auditor.stage("work"):
-            temporary = _floats(4 * MiB)
-            gone = weakref.ref(temporary)
-            del temporary
-            assert gone() is None  # freed at once, while its row is part of the peak
+    with auditor.Audit(out=tmp_path / "run", live_tensors=True), auditor.stage("work"):
+        temporary = _floats(4 * MiB)
+        gone = weakref.ref(temporary)
+        del temporary
+        assert gone() is None  # freed at once, while its row is part of the peak
 
 
 def test_state_freed_before_the_end_keeps_the_owner_a_census_saw(tmp_path):

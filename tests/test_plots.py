@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 import auditor
-from auditor.analysis.run_report import run_report
-from auditor.analysis.timeline import timeline
+from auditor.analysis.run.timeline import timeline
 from auditor.renderers import components_plot, timeline_plot
+from auditor.report_models.run import run_report
 
 ROOT = Path(__file__).resolve().parents[1]
 GRADPROBE = ROOT / "reports" / "gradprobe-tinystories-33m-runs" / "audit"    # nested, census, staged peak
@@ -160,8 +160,8 @@ def test_the_components_chart_keeps_its_text_inside(gradprobe):
 
 @pytest.mark.parametrize("count", [1, 8])
 def test_the_training_step_chart_keeps_its_title_inside(count):
-    from auditor.analysis.train_step_report import train_step_report
     from auditor.renderers import train_step_chart
+    from auditor.report_models.train_step import train_step_report
     folders = sorted(p for p in TRAIN_STEP.iterdir() if p.is_dir())[:count]
     figure = train_step_chart.draw(train_step_report([auditor.load(f) for f in folders]))
     assert figure.axes[0].get_title().startswith("Components of one training step")
@@ -170,9 +170,9 @@ def test_the_training_step_chart_keeps_its_title_inside(count):
 
 @pytest.mark.parametrize("name", [None, "a comparison with a very long name " * 6])
 def test_the_comparison_chart_keeps_its_text_inside(name):
-    from auditor.analysis.comparison_report import comparison_report
     from auditor.comparison import Comparison
     from auditor.renderers import comparison_chart
+    from auditor.report_models.comparison import comparison_report
     comparison = Comparison.load(COMPARISON)
     report = comparison_report(comparison.record, comparison.summary)
     if name is not None:
@@ -188,13 +188,12 @@ def test_the_comparison_chart_keeps_its_text_inside(name):
 
 def test_deeper_stages_share_the_last_row_and_a_failed_stage_says_so(tmp_path):
     try:
-        with auditor.Audit(tmp_path / "run", name="deep and failed"):
-            with auditor.stage("outer"):
-                with auditor.stage("middle"), auditor.stage("inner"), auditor.stage("innermost"):
-                    kept = bytearray(b"x" * 60_000_000)
-                    del kept
-                with auditor.stage("broken"):
-                    raise ValueError("the program's own error")
+        with auditor.Audit(tmp_path / "run", name="deep and failed"), auditor.stage("outer"):
+            with auditor.stage("middle"), auditor.stage("inner"), auditor.stage("innermost"):
+                kept = bytearray(b"x" * 60_000_000)
+                del kept
+            with auditor.stage("broken"):
+                raise ValueError("the program's own error")
     except ValueError:
         pass
     figure = timeline_plot.draw(run_report(auditor.load(tmp_path / "run")))

@@ -1,4 +1,4 @@
-"""Run records made fit to commit (auditor.portable_paths), and the committed ones: no folder of
+"""Run records made fit to commit (auditor.record.portable_paths), and the committed ones: no folder of
 the machine that made them, and reports that read them the same."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from auditor.analysis.source_paths import code_root, shown_command, shown_path
-from auditor.portable_paths import main, portable_text
-from auditor.record_schema import RunRecord
+from auditor.analysis.run.source_paths import code_root, shown_command, shown_path
+from auditor.record.portable_paths import main, portable_text
+from auditor.record.schema import RunRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = "/home/ann/proj"
@@ -79,4 +79,4 @@ def test_committed_records_name_no_folder_of_the_machine_that_made_them():
             if found:
                 named[name] = found[0]
     assert not named, (f"{len(named)} committed report files name this machine's folders, e.g. "
-                       f"{next(iter(named.items()))}: run `python -m auditor.portable_paths reports`")
+                       f"{next(iter(named.items()))}: run `python -m auditor.record.portable_paths reports`")

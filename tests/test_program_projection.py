@@ -10,15 +10,15 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import TINY_LLAMA_SCRIPT, one_error_line
 
 import architectures
 import auditor
-from auditor.analysis.projection_side_by_side import folded_path
+from auditor.analysis.projection.side_by_side import folded_path
+from auditor.capture.tracing.model_from import TargetModel
 from auditor.cli import main
 from auditor.jobs.program_validation import validate_program
 from auditor.jobs.script_projection import Program
-from auditor.model_from import TargetModel
-from conftest import TINY_LLAMA_SCRIPT, one_error_line
 
 TARGET = ["--target", "llama-2-7b", "--target-layers", "2", "--target-hidden", "128",
           "--target-intermediate", "256", "--target-heads", "2", "--target-vocab", "256"]

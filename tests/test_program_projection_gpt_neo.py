@@ -8,9 +8,9 @@ import uuid
 
 import pytest
 
+from auditor.capture.tracing.model_from import TargetModel
 from auditor.jobs.program_validation import validate_program
 from auditor.jobs.script_projection import Program
-from auditor.model_from import TargetModel
 
 ALGORITHM = """
 import torch

@@ -13,13 +13,13 @@ import json
 
 import pytest
 
-import auditor.record
-from auditor.analysis.drivers import shape_of
-from auditor.analysis.projection import fit_shares, project
-from auditor.jobs.projection_validation import NotEnoughMemory, check_fits, validate
-from auditor.analysis.traced_projection import project_traced
+import auditor.record.run_folder
+from auditor.analysis.projection.drivers import shape_of
+from auditor.analysis.projection.scaled import fit_shares, project
+from auditor.analysis.projection.traced import project_traced
 from auditor.cli import main as cli
 from auditor.jobs.gradprobe import Settings
+from auditor.jobs.projection_validation import NotEnoughMemory, check_fits, validate
 
 pytestmark = pytest.mark.slow  # module fixtures run real audits (15-26 s)
 
@@ -34,9 +34,9 @@ def validation(tmp_path_factory):
     small = Settings(architecture="tinystories-33m", overrides=SMALL, sequence_length=32)
     result = validate(small, "tinystories-33m", TARGET, folder, threads=1)
     return {"result": result, "folder": folder,
-            "small": auditor.record.load(folder / "small"),
-            "target": auditor.record.load(folder / "target"),
-            "traced": auditor.record.load(folder / "traced-target"),
+            "small": auditor.record.run_folder.load(folder / "small"),
+            "target": auditor.record.run_folder.load(folder / "target"),
+            "traced": auditor.record.run_folder.load(folder / "traced-target"),
             "calibration": [json.loads(p.read_text()) for p in sorted((folder / "calibration").glob("*/compact.json"))]}
 
 

@@ -19,8 +19,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import architectures
 import auditor
-from auditor import units
 from auditor.cli import main
+from auditor.facts import units
 
 SCRIPT = '''
 import argparse

@@ -9,12 +9,12 @@ the report says so where the number would be, and the headline defers to the tra
 from __future__ import annotations
 
 import architectures
-from auditor.analysis.drivers import shape_of
-from auditor.analysis.projection import project
-from auditor.analysis.projection_side_by_side import by_target, side_by_side
+from auditor.analysis.projection.drivers import shape_of
+from auditor.analysis.projection.scaled import project
+from auditor.analysis.projection.side_by_side import by_target, side_by_side
 from auditor.jobs.calibration import perturbations
 from auditor.jobs.gradprobe import Settings
-from auditor.record_schema import RunRecord
+from auditor.record.schema import RunRecord
 from auditor.renderers.markdown import render
 from auditor.renderers.projection_markdown import sections as projection_sections
 
@@ -99,7 +99,7 @@ def test_a_hessian_no_driver_explains_is_not_printed_as_a_number():
         header = next(lines[i] for i in range(at, -1, -1) if lines[i].startswith("| stage |")
                       or lines[i].startswith("| component |")).split(" | ")
         cells = lines[at].split(" | ")
-        scaled = [cell for title, cell in zip(header, cells) if "scaled" in title]
+        scaled = [cell for title, cell in zip(header, cells, strict=False) if "scaled" in title]
         assert scaled and all(c == "not explained by its drivers (miss 60.4 KiB): see traced" for c in scaled)
 
 

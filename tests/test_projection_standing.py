@@ -14,14 +14,14 @@ import textwrap
 import uuid
 
 import pytest
+from conftest import TINY_LLAMA_SCRIPT
 from rich.console import Console
 
 import auditor
-from auditor.analysis.projection_standing import traced_failure
-from auditor.analysis.terminal_summary import projection_summary
+from auditor.analysis.projection.standing import traced_failure
 from auditor.renderers import terminal
 from auditor.renderers.markdown import render
-from conftest import TINY_LLAMA_SCRIPT
+from auditor.report_models.terminal import projection_summary
 
 TARGET = ["--target", "llama-2-7b", "--target-layers", "2", "--target-hidden", "128",
           "--target-intermediate", "256", "--target-heads", "2", "--target-vocab", "256"]

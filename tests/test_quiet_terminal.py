@@ -13,9 +13,9 @@ import textwrap
 
 from rich.console import Console
 
-from auditor.analysis.terminal_summary import MAX_ROWS, StageEnd, SummaryRow, shown_rows
 from auditor.cli.progress import ChildProgress, Reading, StatusLine, run_reader, stage_reader
 from auditor.renderers.terminal import MAX_STAGE_LINES, StageLines
+from auditor.report_models.terminal import MAX_ROWS, StageEnd, SummaryRow, shown_rows
 
 SCRIPT = """
     def accumulate_hessian_statistics(i):

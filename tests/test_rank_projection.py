@@ -4,9 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from auditor.analysis.rank_projection import (HeldOutRow, ProjectedRank, ProjectedWorld, RankErrors, RankPeak,
-                                              RealPeaks, compare_rank, devices, fewest_devices, held_out_findings,
-                                              paired_rank, project_ranks)
+from auditor.analysis.ranks.projection import (
+    HeldOutRow,
+    ProjectedRank,
+    ProjectedWorld,
+    RankErrors,
+    RankPeak,
+    RealPeaks,
+    compare_rank,
+    devices,
+    fewest_devices,
+    held_out_findings,
+    paired_rank,
+    project_ranks,
+)
 from auditor.jobs.gradprobe import Settings
 from auditor.jobs.rank_projection import _chunk_rows, rank_classes, real_ranks, traced_ranks
 
@@ -86,7 +97,7 @@ _PADDED_SHARD = r"""
 import sys, torch
 from torch.distributed.fsdp import fully_shard
 from auditor.jobs.rank_projection import default_mesh, keep_padded_shards, join_fake_group
-from auditor.tracing import traced
+from auditor.capture.tracing.fake_tensors import traced
 mesh = join_fake_group(1, 2)
 with default_mesh(mesh), (keep_padded_shards() if sys.argv[1] == "fixed" else torch.no_grad()):
     with traced():
@@ -132,8 +143,8 @@ def test_projected_rss_says_what_the_heap_may_keep_unless_the_ranks_ran_with_a_f
                                                                                                monkeypatch):
     import os
 
-    from auditor.allocator_retention import malloc_settings, threshold_fixed
-    from auditor.analysis.rank_projection import held_out_row, rank_projection
+    from auditor.analysis.ranks.projection import held_out_row, rank_projection
+    from auditor.facts.allocator_retention import malloc_settings, threshold_fixed
     from auditor.renderers.rank_projection_markdown import devices_table, ranks_table
     small, traced, real = runs
     fixed_here = threshold_fixed(malloc_settings(os.environ))  # the suite's environment: glibc's defaults
@@ -158,8 +169,8 @@ def test_projected_rss_says_what_the_heap_may_keep_unless_the_ranks_ran_with_a_f
 def test_under_glibc_s_default_the_heap_may_keep_more_as_its_high_water_grows(runs):
     """The records keep the heap's high water; a projection under glibc's default says how much
     its heap may keep beyond the projected RSS: HEAP_KEEPS_AT_MOST x the high water's growth."""
-    from auditor.allocator_retention import heap_may_keep
-    from auditor.analysis.rank_projection import _heap_high_water
+    from auditor.analysis.ranks.projection import _heap_high_water
+    from auditor.facts.allocator_retention import heap_may_keep
     small, traced, real = runs
     if any(r.threshold_fixed for r in project_ranks(small, {2: traced})[0].ranks):
         pytest.skip("the suite runs with glibc's mmap threshold fixed")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from auditor.analysis.projection_side_by_side import side_by_side
-from auditor.record import load
+from auditor.analysis.projection.side_by_side import side_by_side
+from auditor.record.run_folder import load
 
 HERE = Path(__file__).resolve().parent / "third_party_style"
 SIZE = ["--hidden", "128", "--heads", "4", "--intermediate", "344", "--vocab", "1024"]

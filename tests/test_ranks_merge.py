@@ -1,4 +1,4 @@
-"""The merged report of a multi-rank run (auditor.analysis.ranks, renderers.ranks_markdown) on
+"""The merged report of a multi-rank run (auditor.analysis.ranks.merged, renderers.ranks_markdown) on
 real torchrun records (gloo, 2 ranks) and copies of them: live-tensor peaks outside any stage,
 runs without stages, a rank with no readable record, a killed rank's partial peak, a failed
 rank's error."""
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from auditor import units
-from auditor.analysis.components import live_tensor_high
-from auditor.analysis.ranks import merge_ranks
-from auditor.analysis.unstaged import peak_place
+from auditor.analysis.ranks.merged import merge_ranks
+from auditor.analysis.run.components import live_tensor_high
+from auditor.analysis.run.unstaged import peak_place
 from auditor.cli import main
-from auditor.record import load
+from auditor.facts import units
+from auditor.record.run_folder import load
 from auditor.renderers.ranks_markdown import render
 
 ROOT = Path(__file__).parents[1]

@@ -8,11 +8,11 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import one_error_line
 
 import auditor
 from auditor.cli import main
-from auditor.record import RunRecordError
-from conftest import one_error_line
+from auditor.record.run_folder import RunRecordError
 
 
 @pytest.fixture
@@ -163,8 +163,8 @@ def test_image_links_work_for_report_names_with_spaces(run_folder, tmp_path):
 
 @pytest.mark.parametrize("name", ["x" * 300, "W" * 200, " ".join(["MMMMMMMMMM"] * 30)])
 def test_the_timeline_title_and_labels_stay_inside_the_figure(run_folder, name):
-    from auditor.analysis.run_report import run_report
     from auditor.renderers.timeline_plot import draw
+    from auditor.report_models.run import run_report
     record = auditor.load(run_folder)
     record.name = name
     figure = draw(run_report(record))

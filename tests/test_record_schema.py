@@ -1,4 +1,4 @@
-"""The typed run record (auditor.record_schema): every committed record reads into it and writes
+"""The typed run record (auditor.record.schema): every committed record reads into it and writes
 back exactly; a wrong record fails at load with every wrong field named."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from auditor.record import load
-from auditor.record_schema import SCHEMA, Readings, RunRecord, RunRecordError, Stage
+from auditor.record.run_folder import load
+from auditor.record.schema import SCHEMA, Readings, RunRecord, RunRecordError, Stage
 
 ROOT = Path(__file__).parents[1]
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import auditor
-from auditor import reference_cycles
-from auditor.census import storage_key, take_census
+from auditor.capture.census import reference_cycles
+from auditor.capture.census.take import storage_key, take_census
 
 MiB = 1 << 20
 BUFFER = 16 * MiB
@@ -152,10 +152,8 @@ def test_the_check_keeps_no_reference(collector_off):
 
 def test_the_audit_checks_at_top_level_stage_ends(collector_off, tmp_path):
     """The leak made in a nested stage is found when its top-level stage ends."""
-    with auditor.Audit(tmp_path / "run", census=True) as audit:
-        with auditor.stage("calibrate"):
-            with auditor.stage("step"):
-                alive = calibration_step()
+    with auditor.Audit(tmp_path / "run", census=True) as audit, auditor.stage("calibrate"), auditor.stage("step"):
+        alive = calibration_step()
     stages = {s["path"]: s for s in audit.record["stages"]}
     assert "cycle_check" not in stages["calibrate/step"]["tensors"]
     top = stages["calibrate"]

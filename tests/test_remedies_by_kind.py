@@ -1,8 +1,8 @@
 """Remedies fit the program's kind: a training loop with AdamW, a pruner and an inference loop,
 each a small real program (tests/program_kinds/) audited from outside as a user would
 (`auditor run --census --live-tensors --stage ...`, then `auditor report`). The kind is decided
-from the record's evidence (auditor.analysis.program_kind), never from names; the remedies come
-from auditor.analysis.remedies by (rule, kind, category).
+from the record's evidence (auditor.analysis.findings.program_kind), never from names; the remedies come
+from auditor.analysis.findings.remedies by (rule, kind, category).
 
 Known answers: the MLP has 256*512 + 512 + 512*256 + 256 = 262,912 parameters, 1,051,648 B in
 fp32; AdamW keeps two values a parameter, 2,103,296 B.
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from conftest import audit_script
 
-from auditor.analysis.findings import findings
-from auditor.analysis.program_kind import program_kind
-from auditor.analysis.remedies import GENERIC, TEXTS, remedy
-from auditor.record_schema import RunRecord
+from auditor.analysis.findings.program_kind import program_kind
+from auditor.analysis.findings.remedies import GENERIC, TEXTS, remedy
+from auditor.analysis.findings.rules import findings
+from auditor.record.schema import RunRecord
 
 HERE = Path(__file__).resolve().parent / "program_kinds"
 WEIGHTS = (256 * 512 + 512 + 512 * 256 + 256) * 4

@@ -13,18 +13,26 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from auditor import units
-from auditor.analysis.components import (BEYOND_CENSUS, UNSEEN_TENSORS, attribute, census_before,
-                                         final_stage, peak_at_start, peak_stage, run_weights)
-from auditor.analysis.findings import RULES, evaluate, findings
-from auditor.analysis.source_paths import code_root, shown_command
-from auditor.analysis.timeline import timeline
-from auditor.cli import main
-from auditor.record_schema import CudaReadings, RunRecord
-from auditor.renderers.markdown import render
-from test_findings import TINY_GPT_NEO, records
 from conftest import one_error_line
+from test_findings import TINY_GPT_NEO, records
+
+from auditor.analysis.findings.rules import RULES, evaluate, findings
+from auditor.analysis.run.components import (
+    BEYOND_CENSUS,
+    UNSEEN_TENSORS,
+    attribute,
+    census_before,
+    final_stage,
+    peak_at_start,
+    peak_stage,
+    run_weights,
+)
+from auditor.analysis.run.source_paths import code_root, shown_command
+from auditor.analysis.run.timeline import timeline
+from auditor.cli import main
+from auditor.facts import units
+from auditor.record.schema import CudaReadings, RunRecord
+from auditor.renderers.markdown import render
 
 SECTIONS = ["## What was alive at the peak", "## Fixes", "## Summary", "## Stages", "## Timeline",
             "## Theoretical minimum and gap", "## Details", "## Top allocation sites at the peak", "## Findings",
@@ -149,7 +157,7 @@ def test_stage_table(reports, built):
     assert header[:7] == ["stage", "status", "duration", "RSS end", "delta", "peak inside", "peak - start"]
     assert "live tensors peak" in header and "Python heap end" not in header and "CUDA allocated" not in header
     assert len(body) == len(record.stages)
-    for cells, stage in zip(body, record.stages):
+    for cells, stage in zip(body, record.stages, strict=False):
         rss = stage.rss
         depth = stage.path.count("/")
         assert cells[0].startswith("&emsp;" * depth + ("**" if stage.path == record.peak.stage else stage.name[0]))
@@ -175,7 +183,7 @@ with auditor.Audit(sys.argv[1], name="long"):
 
 
 def test_long_runs_show_the_highest_peaks_and_their_parents(tmp_path):
-    from auditor.record import load
+    from auditor.record.run_folder import load
     from auditor.renderers.markdown import MAX_STAGE_ROWS
     # a fresh process: in this one, earlier tests can leave a free block in the heap the spike would reuse
     done = subprocess.run([sys.executable, "-c", LONG_RUN, str(tmp_path / "run"), str(MAX_STAGE_ROWS)],
@@ -285,7 +293,7 @@ def test_the_tensor_that_made_the_peak_is_shown(reports, built):
 
 
 def test_projection_columns_scaled_and_traced_side_by_side(built, tmp_path):
-    from auditor.analysis.projection import project
+    from auditor.analysis.projection.scaled import project
     record = copy.deepcopy(built["pattern"][0])
     record.annotations["workload"] = {"architecture": "tinystories-33m", "overrides": TINY_GPT_NEO, "tokens": 32}
     scaled = project(record, "gpt-neo-125m")
@@ -314,8 +322,8 @@ def test_projection_columns_scaled_and_traced_side_by_side(built, tmp_path):
 def test_an_uncalibrated_scaled_projection_says_so(built):
     """Without calibration runs the scaled figures rest on assumed drivers: the summary and
     every saving at the target say so; fitted on calibration runs, they do not."""
-    from auditor.analysis.components import UNCALIBRATED, UNCHECKED
-    from auditor.analysis.projection import project
+    from auditor.analysis.projection.scaled import project
+    from auditor.analysis.run.components import UNCALIBRATED, UNCHECKED
     record = copy.deepcopy(built["pattern"][0])
     record.annotations["workload"] = {"architecture": "tinystories-33m", "overrides": TINY_GPT_NEO, "tokens": 32}
     record.annotations["projections"] = [project(record, "gpt-neo-125m", calibration=[])]
@@ -447,7 +455,7 @@ def test_environment(reports, built):
     env = record.environment
     assert row(settings, "python")[1] == env.python and row(settings, "torch")[1] == env.torch
     assert row(settings, "threads")[1] == str(env.threads)
-    # the command as run, without the machine's folders (auditor.analysis.source_paths)
+    # the command as run, without the machine's folders (auditor.analysis.run.source_paths)
     shown = shown_command(record.command, code_root(record))
     assert row(settings, "command")[1] == f"`{shown}`" and not shown.startswith("/")
     assert row(settings, "started at")[1] == record.started_at

@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_report import row, table_after, tables
 
 import auditor
-from auditor import units
-from auditor.analysis import stage_groups, unstaged
-from auditor.analysis.component_history import fold_component, history, instance_label
+from auditor.analysis.run import stage_groups, unstaged
+from auditor.analysis.run.component_history import fold_component, history, instance_label
 from auditor.cli import main
-from auditor.record_schema import Call, Memray, PeakPlace, Readings, RunRecord, Stage
+from auditor.facts import units
+from auditor.record.schema import Call, Memray, PeakPlace, Readings, RunRecord, Stage
 from auditor.renderers.markdown import render
-from test_report import row, table_after, tables
 
 MiB = 2**20
 WEIGHTS = 64 * MiB
@@ -42,7 +42,7 @@ def _stage(id_, path, start, end, rss, live=None, components=None, call=None, st
     name = path.rpartition("/")[2]
     entry = {"id": id_, "name": name, "path": path, "parent": path.rpartition("/")[0] or None,
              "status": status, "start_s": start, "end_s": end,
-             "rss": dict(zip(("start", "end", "peak"), rss)), "py_heap": None, "cuda": None,
+             "rss": dict(zip(("start", "end", "peak"), rss, strict=False)), "py_heap": None, "cuda": None,
              "components": components, "thread": "MainThread", "error": None}
     if live is not None:
         entry["live_tensors"] = live

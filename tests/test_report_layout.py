@@ -8,9 +8,10 @@ import json
 import re
 from pathlib import Path
 
-from auditor import units
-from auditor.renderers.markdown import render
 from test_findings_remedies import cycle_record, typed
+
+from auditor.facts import units
+from auditor.renderers.markdown import render
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "reports" / "gradprobe-tinystories-33m.md"

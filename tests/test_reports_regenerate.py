@@ -145,7 +145,7 @@ def test_every_committed_run_json_is_its_event_log_assembled():
     # run.json is exactly assemble(events): auditor run, train-step, torchrun ranks, gradprobe jobs
     import json
 
-    from auditor.record import rebuild
+    from auditor.record.run_folder import rebuild
     folders = _committed_records()
     if not folders:
         pytest.skip("needs the repository's file list (git)")

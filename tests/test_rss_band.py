@@ -1,4 +1,4 @@
-"""The band around a traced projection's RSS (auditor.analysis.rss_band): computed from the audited
+"""The band around a traced projection's RSS (auditor.analysis.projection.rss_band): computed from the audited
 run's own readings, ordered low <= point <= high, holding a real held-out run at a larger size,
 and printed beside the figure in the report's projection section."""
 from __future__ import annotations
@@ -8,16 +8,16 @@ import textwrap
 import uuid
 
 import pytest
+from conftest import TINY_LLAMA_SCRIPT
 
 import auditor
-from auditor import units
-from auditor.analysis.noise_band import rss_band
-from auditor.analysis.projection import json_stage_keys, stage_keys
-from auditor.analysis.rss_band import Retention, band_targets, beyond_tensors, where
+from auditor.analysis.findings.noise_band import rss_band
+from auditor.analysis.projection.rss_band import Retention, band_targets, beyond_tensors, where
+from auditor.analysis.projection.scaled import json_stage_keys, stage_keys
+from auditor.capture.tracing.model_from import TargetModel
+from auditor.facts import units
 from auditor.jobs.program_validation import validate_program
 from auditor.jobs.script_projection import Program
-from auditor.model_from import TargetModel
-from conftest import TINY_LLAMA_SCRIPT
 
 # A pruner keeping a statistic per linear and every layer's activations for a second pass, so the
 # heap holds more at the target than audited.

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from auditor import units
-from auditor.analysis.components import UNCHECKED, projection_views
-from auditor.analysis.projection_validation import TARGETS
+from auditor.analysis.projection.validation import TARGETS
+from auditor.analysis.run.components import UNCHECKED, projection_views
 from auditor.cli.gradprobe import _print_summary
-from auditor.record import load
+from auditor.facts import units
+from auditor.record.run_folder import load
 from auditor.renderers.markdown import render
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,17 +10,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY_GPT_NEO
 
 from architectures import build_model
 from auditor import load
-from auditor.analysis.ranks import merge_ranks
+from auditor.analysis.ranks.merged import merge_ranks
 from auditor.cli import main
-from auditor.record_schema import RunRecord
+from auditor.record.schema import RunRecord
 from gradprobe import GradProbe, mask_digest
 from gradprobe.variants import ShardedGradProbe, make_pruner
 from gradprobe.variants.sharded import GatheredMasks
-
-from conftest import TINY_GPT_NEO
 
 ROOT = Path(__file__).parents[1]
 DRIVER = "benchmarks/sharded_gradprobe.py"
@@ -138,7 +137,7 @@ def test_the_live_tensor_meter_follows_a_storage_resized_in_place():
     """FSDP2 frees a layer's gathered weights by resizing their storage to 0 and gathers into the
     same storage again: no operator the meter sees. Counted at creation size only, the meter read
     the whole unsharded model as alive on every rank (274 MiB on TinyStories-33M)."""
-    from auditor.probes.live_tensors import LiveTensorMeter
+    from auditor.capture.probes.live_tensors import LiveTensorMeter
     original = torch.UntypedStorage.resize_
     size = 4 << 20
     with LiveTensorMeter() as meter:

@@ -1,6 +1,6 @@
 """Reports name source files without the folders of the machine that ran them."""
-from auditor.analysis.source_paths import code_root, shown_command, shown_path
-from auditor.record_schema import RunRecord
+from auditor.analysis.run.source_paths import code_root, shown_command, shown_path
+from auditor.record.schema import RunRecord
 
 
 def record_with(memray) -> RunRecord:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from auditor.analysis.ranks import is_multi_rank, merge_ranks
-from auditor.analysis.findings import findings
+from auditor.analysis.findings.rules import findings
+from auditor.analysis.ranks.merged import is_multi_rank, merge_ranks
 from auditor.cli import main
-from auditor.record import load
+from auditor.record.run_folder import load
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMETERS = 4 * (256 * 1024 + 1024 + 1024 * 256 + 256)  # bytes of DDP_SPAWN's model

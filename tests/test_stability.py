@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from architectures import build_model
-from auditor import units
-from auditor.analysis.stability import classify
-from auditor.probes.live_tensors import LiveTensorMeter
+from auditor.analysis.training.stability import classify
+from auditor.capture.probes.live_tensors import LiveTensorMeter
+from auditor.facts import units
 
 MiB = 2**20
 BASE = 100 * MiB

@@ -1,4 +1,4 @@
-"""Every --stage name checked before the run (auditor.targets, auditor.script_names): a name the
+"""Every --stage name checked before the run (auditor.capture.staging.targets, auditor.capture.staging.script_names): a name the
 audited script cannot bind, even a method of a class it defines, is one line and exit 2 before
 any work; so is a method of a type written in C, which cannot be patched. A name the script may
 bind dynamically is never refused, and where the source cannot tell and the run finds nothing,
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import auditor
-from auditor import script_names
+from auditor.capture.staging import script_names
 
 BASE = "class Base:\n    def shared(self):\n        return 1\n"
 

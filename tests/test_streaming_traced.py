@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import architectures
+from auditor.capture.tracing.fake_tensors import traced
 from auditor.jobs import gradprobe as job
-from auditor.tracing import traced
 from gradprobe.streaming.hidden_states import SpilledStack
 from gradprobe.streaming.safetensors_files import read_header
 from gradprobe.streaming.writing import generate_random_weights

@@ -7,8 +7,8 @@ from pathlib import Path
 from rich.console import Console
 
 import auditor
-from auditor.analysis.terminal_summary import run_summary
 from auditor.renderers import terminal
+from auditor.report_models.terminal import run_summary
 
 RUN = Path(__file__).parents[1] / "reports" / "example-hessian-pruner-runs" / "run"
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import audit_script
 
-from auditor.analysis import source_paths
-from auditor.record_schema import RunRecord
+from auditor.analysis.run import source_paths
+from auditor.record.schema import RunRecord
 
 HERE = Path(__file__).resolve().parent / "third_party_style"
 PRUNER = HERE / "tp_pruners" / "sparsegpt.py"

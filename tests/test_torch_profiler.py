@@ -21,10 +21,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import auditor
+from auditor.capture.staging.targets import Staging
 from auditor.cli import main
-from auditor.targets import Staging
 
-stage_module = importlib.import_module("auditor.stage")
+stage_module = importlib.import_module("auditor.capture.stage")
 PLUGIN = "/data/plugin/pytorch_profiler"
 TENSORBOARD_WAIT_S = 90
 
@@ -47,10 +47,9 @@ def workload():
             compute(x)
         compute(x)
         decorated(x)
-    with pytest.raises(ValueError):
-        with auditor.stage("raises"):
-            torch.ones(8).sum()
-            raise ValueError("inside a stage")
+    with pytest.raises(ValueError), auditor.stage("raises"):
+        torch.ones(8).sum()
+        raise ValueError("inside a stage")
     with auditor.stage("after"):
         torch.ones(8).sum()
 
@@ -69,7 +68,7 @@ def assert_nested_as(record_stages: list[dict], trace_ranges: list[dict]) -> Non
     """One range per stage, in the same order, each inside its parent stage's range only."""
     assert [r["name"] for r in trace_ranges] == [s["name"] for s in record_stages]
     opened: dict[str, dict] = {}
-    for entry, span in zip(record_stages, trace_ranges):
+    for entry, span in zip(record_stages, trace_ranges, strict=False):
         if entry["parent"] is not None:
             assert contains(opened[entry["parent"]], span), entry["path"]
         for path, other in opened.items():

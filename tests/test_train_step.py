@@ -13,10 +13,10 @@ import pytest
 import torch
 from conftest import TINY_GPT_NEO, TINY_MISTRAL, one_error_line
 
-from auditor.analysis import training
+from auditor.analysis.training import step as training
+from auditor.capture.probes.saved_tensors import SavedTensorLedger
 from auditor.cli import main
 from auditor.jobs import train_step
-from auditor.probes.saved_tensors import SavedTensorLedger
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from auditor.analysis.train_step_report import Calculator, train_step_report
-from auditor.record import load
+from auditor.record.run_folder import load
+from auditor.report_models.train_step import Calculator, train_step_report
 
 RUNS = Path(__file__).resolve().parents[1] / "reports" / "train-step-cpu-runs"
 
@@ -64,7 +64,7 @@ def test_a_configuration_without_a_finished_step_is_left_out_of_the_comparisons(
     # and the mixed-precision ones are still compared with each other across contexts
     import copy
 
-    from auditor.analysis import training
+    from auditor.analysis.training import step as training
     cut = [copy.deepcopy(r) for r in records]
     for record in cut:
         if record.annotations["workload"]["settings"]["precision"] == "fp32":

@@ -8,7 +8,7 @@ import threading
 import torch
 
 import auditor
-from auditor import record as run_record
+from auditor.record import run_folder as run_record
 
 MiB = 1 << 20
 
@@ -53,14 +53,13 @@ def test_a_spike_between_two_stages_is_located_there(tmp_path):
 
 
 def test_every_kind_of_gap_inside_a_parent_and_the_parent_folds_them_in(tmp_path):
-    with auditor.Audit(out=tmp_path / "run", live_tensors=True) as audit:
-        with auditor.stage("P"):
-            with auditor.stage("C1"):
-                small = _zeros(8 * MiB)
-                del small
-            _spike(32 * MiB)  # between the children: the parent's peak
-            with auditor.stage("C2"):
-                pass
+    with auditor.Audit(out=tmp_path / "run", live_tensors=True) as audit, auditor.stage("P"):
+        with auditor.stage("C1"):
+            small = _zeros(8 * MiB)
+            del small
+        _spike(32 * MiB)  # between the children: the parent's peak
+        with auditor.stage("C2"):
+            pass
     record = audit.record
     assert _gaps(record) == [(None, None, "P"), ("P", None, "P/C1"), ("P", "P/C1", "P/C2"),
                              ("P", "P/C2", None), (None, "P", None)]
@@ -79,10 +78,8 @@ def test_every_kind_of_gap_inside_a_parent_and_the_parent_folds_them_in(tmp_path
 
 
 def test_a_peak_in_a_stage_of_its_own_is_located_in_that_stage(tmp_path):
-    with auditor.Audit(out=tmp_path / "run") as audit:
-        with auditor.stage("outer"):
-            with auditor.stage("spike"):
-                _spike(64 * MiB)
+    with auditor.Audit(out=tmp_path / "run") as audit, auditor.stage("outer"), auditor.stage("spike"):
+        _spike(64 * MiB)
     record = audit.record
     assert record["peak"]["where"] == {"kind": "stage", "stage": "outer/spike"}
     assert record["peak"]["stage"] == "outer/spike"

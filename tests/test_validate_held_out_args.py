@@ -9,11 +9,10 @@ import textwrap
 import uuid
 
 import pytest
+from conftest import one_error_line
 
 import auditor
 from auditor.cli import main
-from conftest import one_error_line
-
 
 NET = """
 import torch

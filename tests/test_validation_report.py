@@ -1,8 +1,8 @@
 """The projection-validation report's model, made once from a validation result: each projected
 figure beside the real one with its error, the targets missed or not checked, what ran."""
-from auditor.analysis.projection_validation import check_targets
-from auditor.analysis.validation_report import GradProbeRun, validation_report
+from auditor.analysis.projection.validation import check_targets
 from auditor.renderers.validation_markdown import render_report
+from auditor.report_models.validation import GradProbeRun, validation_report
 
 MIB = 2**20
 SITE = {"site": "prune.py:12 decide", "op": "aten::nonzero", "source": "observed", "ratio": 0.1,

@@ -1,8 +1,8 @@
 """The every-stage target of a projection validation: judged on the stages whose sizes are exact;
 the stages resting on estimated value-dependent sizes are reported beside it, never dropped."""
-from auditor.analysis.projection_validation import check_targets
-from auditor.analysis.validation_report import targets
+from auditor.analysis.projection.validation import check_targets
 from auditor.renderers.validation_markdown import _resting_on_estimates
+from auditor.report_models.validation import targets
 
 MIB = 2**20
 

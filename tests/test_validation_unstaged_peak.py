@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import auditor
-from auditor.analysis.projection_validation import compare
+from auditor.analysis.projection.validation import compare
 
 SCRIPT = """
 import torch

@@ -8,9 +8,9 @@ import copy
 import json
 from pathlib import Path
 
-from auditor.analysis.projection_validation import check_targets
-from auditor.analysis.validation_report import validation_report
+from auditor.analysis.projection.validation import check_targets
 from auditor.renderers.validation_markdown import render_report, report_tables
+from auditor.report_models.validation import validation_report
 
 RECORD = Path(__file__).resolve().parents[1] / "reports" / "projection-validation-variants-runs" / "sparse-state.json"
 
@@ -62,6 +62,6 @@ def test_a_scaled_projection_explained_everywhere_shows_every_figure():
     result["targets"] = check_targets(result)
     report = validation_report(result)
     assert all(line.figure.projected["scaled"].bytes == result["peak"]["scaled"][key]
-               for line, key in zip(report.peaks, ("live_tensors", "rss")))
+               for line, key in zip(report.peaks, ("live_tensors", "rss"), strict=False))
     assert all(s.tensors.projected["scaled"].withheld is None for s in report.stages)
     assert "not shown" not in render_report(report)

@@ -9,9 +9,9 @@ import copy
 import pytest
 
 import architectures
-from auditor.analysis.projection import project
+from auditor.analysis.projection.scaled import project
 from auditor.jobs import gradprobe as job
-from auditor.record_schema import RunRecord
+from auditor.record.schema import RunRecord
 from auditor.renderers.markdown import render
 from gradprobe.variants import VARIANTS
 

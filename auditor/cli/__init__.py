@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from architectures.options import (HelpFormatter, epilog, examples,  # noqa: F401 (the commands' shared help)
-                                   installed_version)
+from architectures.options import HelpFormatter, epilog, examples, installed_version  # noqa: F401 (the commands' shared help)
 
 SUBCOMMANDS = ["run", "gradprobe", "train_step", "report", "rebuild", "compare", "validate_projection", "project_ranks", "export"]
 

@@ -24,9 +24,8 @@ import shutil
 from datetime import datetime
 from pathlib import Path
 
-from auditor.cli import (BAD_INPUT, UsageError, add_output_argument, add_run_dir_argument, check_writable_report,
-                         epilog)
-from auditor.record import EVENTS_FILE, RUN_FILE
+from auditor.cli import BAD_INPUT, UsageError, add_output_argument, add_run_dir_argument, check_writable_report, epilog
+from auditor.record.run_folder import EVENTS_FILE, RUN_FILE
 
 GRADPROBE_USAGE_STATUS = 2  # the gradprobe CLI's status for a mistake in its arguments
 
@@ -257,8 +256,8 @@ def _keep_runs_folder(text: str) -> None:
 def _finish(comparison, out: Path, console, source: Path | None = None) -> int:
     """The results on the terminal, then the record (the one file that cannot be made again),
     then the chart and the report. A write that fails (a full disk) ends with one line."""
-    from auditor.analysis.comparison_report import comparison_report
     from auditor.renderers import comparison_chart, comparison_markdown, terminal
+    from auditor.report_models.comparison import comparison_report
     report = comparison_report(comparison.record, comparison.summary)
     terminal.comparison(console, report)
     json_path, chart = out.with_suffix(".json"), out.with_suffix(".png")

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from auditor.cli import BAD_INPUT, UsageError, add_output_argument, check_file_writable, epilog
-from auditor.record_schema import RunRecord
+from auditor.record.schema import RunRecord
 
 DEFAULT_NAMES = {"chrome-trace": "trace.json"}  # format -> file name in the run folder
 
@@ -58,7 +58,7 @@ def main(args) -> int:
 def read_record(run: Path) -> RunRecord:
     """The record of a run folder or run.json; a killed run's is assembled from its event
     log, nothing written."""
-    from auditor.record import RunRecordError, load
+    from auditor.record.run_folder import RunRecordError, load
     try:
         return load(run, from_events=True)
     except RunRecordError as error:
@@ -67,7 +67,7 @@ def read_record(run: Path) -> RunRecord:
 
 def check_output(out: Path, run: Path) -> None:
     """One line unless the export can be written at `out` without touching a record."""
-    from auditor.record import EVENTS_FILE, RUN_FILE
+    from auditor.record.run_folder import EVENTS_FILE, RUN_FILE
     name = DEFAULT_NAMES["chrome-trace"]
     if out.is_dir():
         raise UsageError(f"output {str(out)!r} is a folder; give a file name such as {str(out / name)!r}")

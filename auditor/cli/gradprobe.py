@@ -11,13 +11,26 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from architectures.options import (add_device_argument, add_seed_argument, add_size_arguments,
-                                   add_threads_argument, check_sequence_length, size_overrides)
-from auditor.cli import (BAD_INPUT, UsageError, add_memray_switch, add_output_argument,
-                         add_run_dir_argument, check_writable_report, epilog)
+from architectures.options import (
+    add_device_argument,
+    add_seed_argument,
+    add_size_arguments,
+    add_threads_argument,
+    check_sequence_length,
+    size_overrides,
+)
+from auditor.cli import (
+    BAD_INPUT,
+    UsageError,
+    add_memray_switch,
+    add_output_argument,
+    add_run_dir_argument,
+    check_writable_report,
+    epilog,
+)
 from auditor.cli.progress import StatusLine, run_reader, stage_reader
 from auditor.cli.report_name import default_report_path, defaults_of
-from auditor.record_schema import RunRecord
+from auditor.record.schema import RunRecord
 
 DEFAULT_TARGETS = ["mistral-7b"]
 
@@ -95,8 +108,7 @@ def main(args) -> int:
     import transformers  # noqa: F401
 
     import gradprobe.variants  # noqa: F401
-
-    from auditor.audit import new_run_folder
+    from auditor.capture.audit import new_run_folder
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -116,8 +128,8 @@ def main(args) -> int:
 
 def _audit(args, settings, targets, folder: Path, projections: list) -> RunRecord:
     """The real run, calibration, then each target's projections (appended as they come)."""
-    from auditor.analysis.projection import project
-    from auditor.analysis.traced_projection import project_traced
+    from auditor.analysis.projection.scaled import project
+    from auditor.analysis.projection.traced import project_traced
     from auditor.jobs import gradprobe as job
 
     with StatusLine() as advance:
@@ -147,7 +159,7 @@ def _audit(args, settings, targets, folder: Path, projections: list) -> RunRecor
 
 def _write(record: RunRecord, folder: Path, output: Path) -> None:
     """The derived results beside run.json (which stays the audit's own), then the report."""
-    from auditor.record import DERIVED_FILES, write_derived
+    from auditor.record.run_folder import DERIVED_FILES, write_derived
     from auditor.renderers.markdown import write_report
     for key in DERIVED_FILES:
         if key in record.annotations:
@@ -160,7 +172,7 @@ def _partial(folder: Path, output: Path, projections: list, why: str, status: in
     run ended), `why` on stderr, `status` (130 interrupted, 1 failed)."""
     import sys
 
-    from auditor.jobs.fresh_process import recovered_record
+    from auditor.capture.fresh_process import recovered_record
     record = recovered_record(folder)
     if record is None:
         print(f"auditor: {why} before the run began; nothing written", file=sys.stderr)
@@ -211,9 +223,9 @@ def _default_output(args, targets: list[str]) -> Path:
 
 
 def _print_summary(record: RunRecord, output: Path, folder: Path) -> None:
-    from auditor.analysis.components import projection_views, scaled_caveat
-    from auditor.analysis.estimated_bytes import estimate_note
-    from auditor.units import size
+    from auditor.analysis.projection.estimated_bytes import estimate_note
+    from auditor.analysis.run.components import projection_views, scaled_caveat
+    from auditor.facts.units import size
     print(f"peak RSS {size(record.peak.rss)} in {record.peak.stage}")
     views = {(v.method, v.target, v.target_dtype): v for v in projection_views(record)}  # held to the traced one
     for p in record.annotations.get("projections", []):

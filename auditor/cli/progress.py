@@ -19,11 +19,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.progress import (BarColumn, Progress, ProgressColumn, SpinnerColumn, Task, TextColumn,
-                           TimeElapsedColumn, TimeRemainingColumn)
+from rich.progress import (
+    BarColumn,
+    Progress,
+    ProgressColumn,
+    SpinnerColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
-from auditor.record import EVENTS_FILE
+from auditor.record.run_folder import EVENTS_FILE
 
 POLL_S = 0.5
 FIRST_WAIT_S, LONGEST_WAIT_S = 10.0, 300.0  # a log's progress lines: the wait doubles between them
@@ -36,8 +44,8 @@ class StatusLine:
     child's stages or runs in it (ChildProgress)."""
 
     def __enter__(self):
-        from auditor.analysis.terminal_summary import StageTallies
         from auditor.renderers.terminal import console
+        from auditor.report_models.terminal import StageTallies
         self._console = console(highlight=True)
         self._bar = progress_bar(self._console, transient=True)
         self._task = self._bar.add_task("starting", total=None, now="")
@@ -55,8 +63,8 @@ class StatusLine:
         self._bar.reset(self._task, description=text, total=None, now="")
 
     def _stage_ended(self, entry: dict) -> None:
-        from auditor.analysis.terminal_summary import stage_end
         from auditor.renderers.terminal import stage_ended
+        from auditor.report_models.terminal import stage_end
         ended = stage_end(entry)
         tally = self._tallies.add(ended)
         if not ended.ok and tally.failed == 1:

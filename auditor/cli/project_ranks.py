@@ -5,7 +5,7 @@ several world sizes, and the fewest devices of a given memory that hold its wors
 
 It audits the small size for real on --ranks ranks (torchrun, gloo, CPU), traces the target's
 ranks on torch's fake process group at each world size (auditor.jobs.rank_projection), pairs each
-traced rank with a real one (auditor.analysis.rank_projection) and writes the report
+traced rank with a real one (auditor.analysis.ranks.projection) and writes the report
 (auditor.renderers.rank_projection_markdown) and `rank-projection.json` into the run folder.
 The real ranks run with this environment's glibc malloc settings: projected RSS holds for ranks
 run with the mmap threshold fixed (MALLOC_MMAP_THRESHOLD_); under glibc's default each rank says
@@ -19,10 +19,8 @@ import json
 import sys
 from pathlib import Path
 
-from architectures.options import (add_seed_argument, add_size_arguments, at_least, check_model_options,
-                                   size_overrides)
-from auditor.cli import (BAD_INPUT, UsageError, add_output_argument, add_run_dir_argument, check_writable_report,
-                         epilog)
+from architectures.options import add_seed_argument, add_size_arguments, at_least, check_model_options, size_overrides
+from auditor.cli import BAD_INPUT, UsageError, add_output_argument, add_run_dir_argument, check_writable_report, epilog
 from auditor.cli.progress import StatusLine
 
 DEFAULT_WORLD_SIZES = [2, 4, 8]
@@ -64,8 +62,8 @@ def main(args) -> int:
     from auditor.cli.run_dir import check_new_run_dir
     check_new_run_dir(args.run_dir)
     small, target = _checked(args)
-    from auditor.analysis.rank_projection import rank_projection
-    from auditor.audit import new_run_folder
+    from auditor.analysis.ranks.projection import rank_projection
+    from auditor.capture.audit import new_run_folder
     from auditor.jobs.rank_projection import project_world_sizes
     from auditor.renderers.rank_projection_markdown import render_projection
 
@@ -86,7 +84,7 @@ def main(args) -> int:
         json.dumps({"worlds": [w.to_json() for w in worlds]}, indent=1, default=str) + "\n")
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(render_projection(rank_projection(worlds, args.device_memory), small, target, args.command_line))
-    from auditor.units import size
+    from auditor.facts.units import size
     worst = worlds[-1].worst.sharded
     print(f"auditor: {len(worlds)} world size(s) projected; at {worlds[-1].world_size} ranks the worst "
           f"rank's sharded peak is {size(worst.live_tensors)} of live tensors\n"

@@ -32,8 +32,15 @@ def register(subparsers) -> None:
 
 
 def main(args) -> int:
-    from auditor.record import (EVENTS_FILE, RUN_FILE, RunRecordError, assembled, log_of, validate,
-                                write_json_atomically)
+    from auditor.record.run_folder import (
+        EVENTS_FILE,
+        RUN_FILE,
+        RunRecordError,
+        assembled,
+        log_of,
+        validate,
+        write_json_atomically,
+    )
     folder = Path(args.folder)
     if not folder.is_dir():
         what = "is not a folder" if folder.exists() else "does not exist"

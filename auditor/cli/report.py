@@ -7,7 +7,7 @@ Any run folder renders, finished or not: one with an event log but no run.json (
 run, or a disk that filled before run.json) is assembled from its log, nothing written into
 it, and the report says at the top that the run did not finish and which stages did.
 
-A multi-rank run folder (RUN/rank-N/ from torchrun or spawn workers, auditor.ranks) gives one
+A multi-rank run folder (RUN/rank-N/ from torchrun or spawn workers, auditor.capture.ranks) gives one
 merged report of its ranks (auditor.renderers.ranks_markdown), a killed rank's from its log.
 
 Default output: report.md in the run folder. A record that is missing, truncated, not JSON,
@@ -44,7 +44,7 @@ def register(subparsers) -> None:
 
 
 def main(args) -> int:
-    from auditor.record import RunRecordError, load
+    from auditor.record.run_folder import RunRecordError, load
     if args.output:
         _check_output_name(Path(args.output), [Path(run) for run in args.runs])
     if len(args.runs) == 1 and _multi_rank(Path(args.runs[0])):
@@ -79,14 +79,14 @@ def main(args) -> int:
 
 
 def _multi_rank(run: Path) -> bool:
-    from auditor.analysis.ranks import is_multi_rank
+    from auditor.analysis.ranks.merged import is_multi_rank
     return is_multi_rank(run)
 
 
 def _ranks_report(folder: Path, out: str | None) -> int:
     """The merged report of a multi-rank run folder (RUN/rank-N/, one record per rank)."""
-    from auditor.analysis.ranks import merge_ranks
-    from auditor.record import RunRecordError
+    from auditor.analysis.ranks.merged import merge_ranks
+    from auditor.record.run_folder import RunRecordError
     from auditor.renderers.ranks_markdown import write_report
     try:
         merged = merge_ranks(folder)
@@ -104,7 +104,7 @@ def _ranks_report(folder: Path, out: str | None) -> int:
 
 def _check_output_name(out: Path, runs: list[Path]) -> None:
     """One line unless `out` is a markdown file apart from every run record's own files."""
-    from auditor.record import record_files
+    from auditor.record.run_folder import record_files
     if out.name in record_files():
         raise UsageError(f"output {str(out)!r} has the name of a run record's own file; give a "
                          f".md file such as {str(out.with_name(DEFAULT_NAME))!r}")

@@ -1,6 +1,6 @@
 """`auditor run [options] (SCRIPT | -m MODULE | -c CODE) [ARGS...]`: run a program as python
 would (`python SCRIPT ARGS`, `python -m MODULE ARGS`, `python -c CODE ARGS`: sys.argv and
-sys.path[0] as python sets them, auditor.main_script), under audit, and write DIR/run.json
+sys.path[0] as python sets them, auditor.capture.staging.main_script), under audit, and write DIR/run.json
 (default DIR: a new folder under runs/).
 
 Everything the user typed is checked before anything is created: the program (the script a
@@ -24,10 +24,17 @@ import warnings
 from pathlib import Path
 
 from architectures.options import add_size_arguments, size_overrides
-from auditor.cli import (BAD_INPUT, UsageError, add_model_from_argument, add_program_arguments,
-                         add_run_dir_argument, add_stage_argument, epilog)
-from auditor.main_script import Main
-from auditor.record_schema import RunRecord, RunRecordError
+from auditor.capture.staging.main_script import Main
+from auditor.cli import (
+    BAD_INPUT,
+    UsageError,
+    add_model_from_argument,
+    add_program_arguments,
+    add_run_dir_argument,
+    add_stage_argument,
+    epilog,
+)
+from auditor.record.schema import RunRecord, RunRecordError
 
 
 def register(subparsers) -> None:
@@ -82,13 +89,13 @@ def register(subparsers) -> None:
 
 
 def main(args) -> int:
-    from auditor.analysis.terminal_summary import stage_end
-    from auditor.audit import Audit
-    from auditor.call_labels import resolve_hook
+    from auditor.capture.audit import Audit
+    from auditor.capture.staging.call_labels import resolve_hook
+    from auditor.capture.staging.spawned_ranks import carry_into_spawn
+    from auditor.capture.tracing.model_from import ModelFrom
     from auditor.jobs.script_projection import Program
-    from auditor.model_from import ModelFrom
     from auditor.renderers import terminal
-    from auditor.spawned_ranks import carry_into_spawn
+    from auditor.report_models.terminal import stage_end
     program, program_args = _program(args)
     if args.run_dir is not None and not args.run_dir.strip():  # Path("") is the current folder
         raise UsageError("--run-dir is empty; give a folder for the run record, or leave --run-dir out")
@@ -172,7 +179,7 @@ def _typed_record(console, audit) -> RunRecord | None:
 
 def _target_model(args):
     """The projection's target (None without --target); UsageError for options that cannot be."""
-    from auditor.model_from import TargetModel
+    from auditor.capture.tracing.model_from import TargetModel
     overrides = size_overrides(args, "target-")
     if args.target is None:
         if overrides or args.target_dtype:
@@ -191,11 +198,11 @@ def _target_model(args):
 
 def _project(console, audit, record: RunRecord | None, status: int, target, program, args) -> None:
     """The traced projection after the real run; a failure is a warning, never the exit status."""
-    from auditor.analysis.terminal_summary import projection_summary
     from auditor.cli.progress import ChildProgress, stage_reader
     from auditor.jobs.script_projection import NO_STAGES, plan_for, project_program, traced_folder
-    from auditor.record import write_derived
+    from auditor.record.run_folder import write_derived
     from auditor.renderers import terminal
+    from auditor.report_models.terminal import projection_summary
     what = f"projection to {target.describe()}"
     if record is None or status != 0:
         console.print(f"auditor: {what} skipped: the script did not finish (exit status {status})",
@@ -262,7 +269,7 @@ def _run_script(audit, program: Main, program_args: list[str], filename: str, li
 
 
 def _status(error: BaseException | None, filename: str) -> int:
-    from auditor.audit import Interrupted
+    from auditor.capture.audit import Interrupted
     if error is None:
         return 0
     if isinstance(error, SystemExit):
@@ -295,7 +302,7 @@ class _Sigterm:
 
     @contextlib.contextmanager
     def interrupting(self):
-        from auditor.audit import Interrupted
+        from auditor.capture.audit import Interrupted
 
         audited = os.getpid()
 
@@ -365,13 +372,13 @@ def _print_script_traceback(error: BaseException, filename: str) -> None:
 def _without_auditor_frames(tb):
     """The traceback `tb` without the auditor's frames between the script's (the wrappers of
     staged functions and of torch.multiprocessing's start_processes): as python shows it."""
-    from auditor.allocation_sites import is_auditor_code
+    from auditor.facts.allocation_sites import is_auditor_code
     kept = []
     while tb is not None:
         if not is_auditor_code(os.path.abspath(tb.tb_frame.f_code.co_filename)):
             kept.append(tb)
         tb = tb.tb_next
-    for outer, inner in zip(kept, kept[1:] + [None]):
+    for outer, inner in zip(kept, kept[1:] + [None], strict=False):
         outer.tb_next = inner
     return kept[0] if kept else None
 
@@ -387,7 +394,7 @@ def _quietly(show) -> None:
 
 @contextlib.contextmanager
 def _one_line_warnings(console):
-    from auditor.audit import AuditorWarning
+    from auditor.capture.audit import AuditorWarning
     original = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None):
@@ -403,7 +410,7 @@ def _one_line_warnings(console):
 
 
 def _spawned_summary(console, audit, spawned: list[dict]) -> None:
-    """Where the workers the script spawned wrote their records (auditor.spawned_ranks)."""
+    """Where the workers the script spawned wrote their records (auditor.capture.staging.spawned_ranks)."""
     for entry in spawned:
         if entry["audited"]:
             folder = Path(audit.folder) / entry["folder"]
@@ -416,8 +423,8 @@ def _spawned_summary(console, audit, spawned: list[dict]) -> None:
 
 
 def _summary(console, audit, record: RunRecord | None) -> None:
-    from auditor.analysis.terminal_summary import run_summary
     from auditor.renderers import terminal
+    from auditor.report_models.terminal import run_summary
     if record is None:
         return
     terminal.run_summary(console, run_summary(record, audit.folder,

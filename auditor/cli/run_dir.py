@@ -6,7 +6,7 @@ checked before any work.
 A folder that holds anything would mix an old run's files with the new one's, fail half-way
 when a child finds its folder taken, or have an old record read back as the new run's. A run
 folder is never reused; nothing is created here. Under torchrun the ranks share --run-dir, each
-writing into its own RUN/rank-N/ (auditor.ranks), which must be new.
+writing into its own RUN/rank-N/ (auditor.capture.ranks), which must be new.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from auditor.cli import UsageError
 
 
 def check_new_run_dir(run_dir: str | Path | None) -> None:
-    from auditor import ranks
+    from auditor.capture import ranks
     rank = ranks.identity()
     if rank is not None and run_dir is not None:  # ranks share it, each in its own rank-N
         try:
@@ -31,7 +31,7 @@ def check_new_run_dir(run_dir: str | Path | None) -> None:
 
 def check_unused_folder(folder: Path, *, taken: str, problem: str) -> None:
     """UsageError `taken` if `folder` holds anything; `problem: ...` if it could not be created."""
-    from auditor.record import check_run_folder
+    from auditor.record.run_folder import check_run_folder
     if folder.is_dir() and any(folder.iterdir()):
         raise UsageError(taken)
     try:

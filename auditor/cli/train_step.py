@@ -14,16 +14,30 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from architectures.options import (add_device_argument, add_seed_argument, add_sequence_arguments,
-                                   add_size_arguments, at_least, check_model_options, finite_float,
-                                   positive_number, size_overrides)
 from architectures.activation_size import PRECISIONS
-from auditor.cli import (BAD_INPUT, UsageError, add_memray_switch, add_output_argument, add_run_dir_argument,
-                         check_writable_report, epilog)
+from architectures.options import (
+    add_device_argument,
+    add_seed_argument,
+    add_sequence_arguments,
+    add_size_arguments,
+    at_least,
+    check_model_options,
+    finite_float,
+    positive_number,
+    size_overrides,
+)
+from auditor.cli import (
+    BAD_INPUT,
+    UsageError,
+    add_memray_switch,
+    add_output_argument,
+    add_run_dir_argument,
+    check_writable_report,
+    epilog,
+)
 from auditor.cli.progress import StatusLine
 from auditor.cli.report_name import default_report_path, defaults_of
 from auditor.jobs.optimizer_state import OPTIMIZERS
-
 
 
 def register(subparsers) -> None:
@@ -62,7 +76,7 @@ def register(subparsers) -> None:
 
 def main(args) -> int:
     configurations, output = _checked(args)
-    from auditor.audit import new_run_folder
+    from auditor.capture.audit import new_run_folder
 
     folder = Path(args.run_dir) if args.run_dir else new_run_folder("train-step")
     runs = [(settings, folder / _folder_name(settings)) for settings in configurations]
@@ -146,7 +160,7 @@ def _checked(args):
             raise ValueError(f"unknown optimizer {args.optimizer!r}; known: {', '.join(OPTIMIZERS)}")
         positive_number(args.lr, "--lr")
         if args.run_dir is not None:  # a file, or a folder that cannot be made; before torch loads
-            from auditor.record import check_run_folder
+            from auditor.record.run_folder import check_run_folder
             check_run_folder(args.run_dir)
     except ValueError as error:
         raise UsageError(str(error)) from None
@@ -193,8 +207,8 @@ def _default_output(args, precisions: list[str]) -> Path:
 
 
 def _print_summary(records, output: Path) -> None:
-    from auditor.analysis.training import sweep_rows
-    from auditor.units import size
+    from auditor.analysis.training.step import sweep_rows
+    from auditor.facts.units import size
     for row in sweep_rows([record for record, _ in records]):
         print(f"{row['architecture']} seq {row['sequence_length']} {row['precision']}: "
               f"forward only {size(row.get('forward_live_tensors'))}, full step "

@@ -20,8 +20,18 @@ import sys
 from pathlib import Path
 
 from architectures.options import add_size_arguments, add_threads_argument, check_model_options, size_overrides
-from auditor.cli import (BAD_INPUT, UsageError, add_model_from_argument, add_output_argument, add_program_arguments,
-                         add_run_dir_argument, add_stage_argument, check_script, check_writable_report, epilog)
+from auditor.cli import (
+    BAD_INPUT,
+    UsageError,
+    add_model_from_argument,
+    add_output_argument,
+    add_program_arguments,
+    add_run_dir_argument,
+    add_stage_argument,
+    check_script,
+    check_writable_report,
+    epilog,
+)
 from auditor.cli.gradprobe import add_settings_arguments, check_settings_arguments, settings_from
 
 
@@ -73,12 +83,12 @@ def main(args) -> int:
     program = _checked_program(args)
     held_out_args = _held_out_args(args)
     small, target, target_overrides, output = _checked(args)
-    from auditor.jobs.projection_validation import NotEnoughMemory, validate
-    from auditor.analysis.validation_report import validation_report
+    from auditor.capture.audit import new_run_folder
     from auditor.cli.progress import StatusLine
-    from auditor.audit import new_run_folder
+    from auditor.jobs.projection_validation import NotEnoughMemory, validate
     from auditor.renderers import terminal
     from auditor.renderers.validation_markdown import render_report
+    from auditor.report_models.validation import validation_report
 
     name = Path(args.script).stem if program else args.arch
     folder = Path(args.run_dir) if args.run_dir else new_run_folder(f"validate-{name}-to-{Path(target).name}")
@@ -88,8 +98,8 @@ def main(args) -> int:
     try:
         with StatusLine() as progress:  # each step printed as it starts, the running one shown with its time
             if program is not None:
+                from auditor.capture.tracing.model_from import TargetModel
                 from auditor.jobs.program_validation import validate_program
-                from auditor.model_from import TargetModel
                 result = validate_program(program, args.model_from, TargetModel(target, target_overrides),
                                           args.stages, folder, threads=args.threads or 1,
                                           available=available, margin=_size(args.margin, "--margin"),
@@ -125,13 +135,13 @@ def _checked_program(args):
     if args.script is None or not args.model_from:
         raise UsageError("a program of your own needs both --model-from MODULE:NAME and SCRIPT")
     script = check_script(args.script)
+    from auditor.capture.staging.targets import resolve
+    from auditor.capture.tracing.model_from import check
     from auditor.jobs.script_projection import Program
-    from auditor.model_from import check
-    from auditor.targets import resolve
     folder = str(script.resolve().parent)
     saved = list(sys.path)
     sys.path.insert(0, folder)  # as the script will import them
-    from auditor import main_script
+    from auditor.capture.staging import main_script
     main_script.declare(script)  # --model-from and --stage may name the script's own (__main__:get_llm)
     try:
         check(args.model_from)
@@ -178,7 +188,7 @@ def _checked(args):
     if output is not None:
         check_writable_report(output)
     if args.run_dir:
-        from auditor.record import check_run_folder
+        from auditor.record.run_folder import check_run_folder
         try:
             check_run_folder(args.run_dir)
         except ValueError as error:
@@ -187,7 +197,7 @@ def _checked(args):
 
 
 def _size(text: str, option: str) -> int:
-    from auditor.units import parse_size
+    from auditor.facts.units import parse_size
     try:
         return parse_size(text)
     except ValueError as error:

@@ -46,14 +46,14 @@ class Comparison:
         return self.summary["failed"]
 
     def save(self, path: str | Path) -> Path:
-        from auditor.record import write_json_atomically  # a full disk never leaves half a record
+        from auditor.record.run_folder import write_json_atomically  # a full disk never leaves half a record
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomically(path, self.record)
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "Comparison":
+    def load(cls, path: str | Path) -> Comparison:
         try:
             record = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as error:

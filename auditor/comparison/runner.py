@@ -11,9 +11,9 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
 
 from auditor.comparison.environment import environment
 from auditor.comparison.measurement import RunFailed, measure

@@ -8,9 +8,9 @@ which returns the same fields the protocol would.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 RUN_DIR = "{run_dir}"
 
@@ -32,7 +32,7 @@ class Tolerance:
             raise ValueError(f"a tolerance as a fraction is between 0 and 1, got {self.fraction!r}")
 
     @classmethod
-    def parse(cls, text: str) -> "Tolerance":
+    def parse(cls, text: str) -> Tolerance:
         """`K` (a whole number of elements), `F` with a decimal point (a fraction of the
         elements: 0.001) or `P%` (a percentage: 0.1%)."""
         text = text.strip()
@@ -49,7 +49,7 @@ class Tolerance:
                              f"a fraction (0.001) or a percentage (0.1%)") from None
 
     @classmethod
-    def from_json(cls, data: dict | None) -> "Tolerance | None":
+    def from_json(cls, data: dict | None) -> Tolerance | None:
         if data is None:
             return None
         if not isinstance(data, dict) or set(data) - {"elements", "fraction"}:
@@ -91,14 +91,14 @@ class Side:
             raise ValueError(f"side {self.name!r}: the command is a non-empty list of arguments, got {self.command!r}")
 
     @classmethod
-    def call(cls, name: str, target: str, tolerance: Tolerance | None = None, **options) -> "Side":
+    def call(cls, name: str, target: str, tolerance: Tolerance | None = None, **options) -> Side:
         """A Python callable `module:function` (no arguments), called in a fresh interpreter.
         What it returns is its result: a dict of tensors (compared element by element), str
         or bytes (compared by digest), or None. See `auditor/comparison/call.py`."""
         module, _, function = target.partition(":")
         if not module or not function:
             raise ValueError(f"side {name!r}: a callable is named module:function, got {target!r}")
-        from auditor.jobs.fresh_process import python_command
+        from auditor.capture.fresh_process import python_command
         return cls(name, python_command("auditor.comparison.call", target), tolerance, **options)
 
     def command_for(self, run_dir: Path) -> list[str]:

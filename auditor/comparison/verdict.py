@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 
 from auditor.comparison.side import EXACT, Tolerance
-from auditor.units import MiB
+from auditor.facts.units import MiB
 
 # The floor stands for the noise a few runs may not show. Measured spreads of peak RSS: GradProbe
 # on TinyStories-33M, 46 MiB over 3 baseline runs (2,156-2,202 MiB, reports/compare-tinystories-33m.md);

@@ -6,7 +6,7 @@ at shapes that differ from the audited one in one size at a time (layers x2, hid
 vocab /2, heads x2, intermediate x2, and sequence x2 when the target's token count differs)
 can, and tracing a small model takes seconds. They run on fake tensors in one fresh process;
 only their stages' tensor readings are kept (`compact`), stored in the record's
-`calibration` field for `auditor.analysis.projection` to fit.
+`calibration` field for `auditor.analysis.projection.scaled` to fit.
 
     runs = calibrate(settings, folder / "calibration")           # or target=Settings(...)
     record.annotations["calibration"] = runs
@@ -20,9 +20,9 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import architectures
-from auditor.jobs.fresh_process import run_module
+from auditor.capture.fresh_process import run_module
 from auditor.jobs.gradprobe import Settings
-from auditor.record_schema import RunRecord
+from auditor.record.schema import RunRecord
 
 SIZES_FILE = "observed-sizes.json"  # the audited run's data-dependent sizes, for the traced runs
 
@@ -77,7 +77,7 @@ def calibrate(settings: Settings, folder: Path, target: Settings | None = None,
               timeout_s: int = 900, observed_sizes: list | None = None) -> list[dict]:
     """Trace every perturbation (`perturbations`) in one fresh process; their compact records.
     `observed_sizes`: the audited run's `data_dependent_sizes`, which size the traced runs'
-    data-dependent outputs (auditor.data_dependent) as they sized the target's."""
+    data-dependent outputs (auditor.capture.tracing.data_dependent) as they sized the target's."""
     folder = Path(folder)
     plan = [(label, asdict(s)) for label, s in perturbations(settings, target)]
     if not plan:

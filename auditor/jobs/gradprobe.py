@@ -18,14 +18,12 @@ from pathlib import Path
 import torch
 
 import auditor
-from auditor.audit import Audit
-from auditor.record_schema import RunRecord
-
-
+from auditor.capture.audit import Audit
+from auditor.record.schema import RunRecord
 
 # What each measured variant removes, in the census's component names: a finding whose
 # evidence names one of them cites the variant and the saving its comparison measured
-# (auditor.analysis.findings reads `validated_remedies`; it knows nothing of GradProbe).
+# (auditor.analysis.findings.rules reads `validated_remedies`; it knows nothing of GradProbe).
 VARIANT_REMEDIES = {
     "sparse-state": ("keeps only the candidates' original values, G0 and G1 at the candidates, "
                      "the candidates as a bitmask",
@@ -204,7 +202,7 @@ def audit(settings: Settings, out: Path, *, memray: bool = False, fake: bool = F
     """Audit one run of the job; returns the run record (also `out/run.json`). A real run
     records its data-dependent sizes (`record_sizes`); a traced one sizes them by
     `observed_sizes` (a real run's), or makes them empty with `estimate_sizes=False`
-    (auditor.data_dependent)."""
+    (auditor.capture.tracing.data_dependent)."""
     name = f"gradprobe-{settings.variant}-{settings.architecture}" + ("-traced" if fake else "")
     remedies = [] if fake else validated_remedies(settings)  # read before: in no stage's time
     refused = not_projected(settings.variant)
@@ -229,7 +227,7 @@ def validated_remedies(settings: Settings, reports: Path = REPORTS) -> list[dict
     """The variants a committed comparison measured against this run's variant, on the same
     model (architecture and parameter count), each with the components it removes: the
     record's `validated_remedies`. Empty when no such comparison exists."""
-    from auditor.comparison.record import ComparisonRecordError, Comparison
+    from auditor.comparison.record import Comparison, ComparisonRecordError
     path = reports / f"compare-{settings.architecture}.json"
     if not path.is_file():
         return []
@@ -299,8 +297,8 @@ def traced_audit(settings: Settings, out: Path, timeout_s: int = 1800,
     """The job traced on fake tensors in a fresh process (a 7B model fits: nothing is allocated),
     its data-dependent sizes estimated from `observed_sizes` (the real run's). Where estimates
     were used, traced again with them empty (`out/lower-bound`) to measure the bytes that rest
-    on them: the record's `estimated_bytes` (auditor.analysis.estimated_bytes)."""
-    from auditor.analysis.estimated_bytes import estimated_bytes, has_estimates
+    on them: the record's `estimated_bytes` (auditor.analysis.projection.estimated_bytes)."""
+    from auditor.analysis.projection.estimated_bytes import estimated_bytes, has_estimates
     record = _traced_child(settings, Path(out), timeout_s, observed_sizes)
     if has_estimates(record):
         lower = _traced_child(settings, Path(out) / "lower-bound", timeout_s, None, estimate=False)
@@ -320,7 +318,7 @@ def load_traced(out: Path) -> RunRecord:
 
 def _traced_child(settings: Settings, out: Path, timeout_s: int, observed_sizes: list | None,
                   estimate: bool = True) -> RunRecord:
-    from auditor.jobs.fresh_process import run_module
+    from auditor.capture.fresh_process import run_module
     sizes = Path(out).with_name(Path(out).name + "-sizes.json")  # beside: the run folder is the child's
     sizes.parent.mkdir(parents=True, exist_ok=True)
     sizes.write_text(json.dumps({"observed": observed_sizes, "estimate": estimate}))

@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from auditor.capture.fresh_process import python_command
 from auditor.comparison.side import RUN_DIR, Side, Tolerance
-from auditor.jobs.fresh_process import python_command
 
 # Asked from gradprobe itself when it can say (its settings, which import without torch).
 DEFAULT_VARIANTS = ("baseline", "sparse-state", "grad-in-backward", "checkpointed", "low-precision",

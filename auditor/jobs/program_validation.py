@@ -1,5 +1,5 @@
 """Validation of a program's traced projection against a real held-out run: any algorithm,
-unmodified, its model swapped where it builds it (auditor.model_from).
+unmodified, its model swapped where it builds it (auditor.capture.tracing.model_from).
 
     result = validate_program(Program(script="prune.py", args=[...]), "lib:build_model",
                               TargetModel("llama-2-7b", {"layers": 4, "hidden": 512}),
@@ -10,11 +10,11 @@ unmodified, its model swapped where it builds it (auditor.model_from).
    The traced peak RSS must fit in the memory available less a margin, or `NotEnoughMemory` is
    raised before the big run.
 3. It runs for real at the target (`target/`), held out: by default with the target's sizes
-   handed to the program's own builder (auditor.model_from); with `held_out_args`, as the program
+   handed to the program's own builder (auditor.capture.tracing.model_from); with `held_out_args`, as the program
    is written, with those arguments of its own and nothing replaced (--model-from only
    observes), so the check is against the program itself. The model it built must have the
    traced target's parameter count, or nothing is compared. Every projected number is then
-   compared with the measured one (auditor.analysis.projection_validation): per stage, per
+   compared with the measured one (auditor.analysis.projection.validation): per stage, per
    component of the real run's peak stage, and the peaks. A program has no scaled projection
    (its drivers are GradProbe's); the traced targets apply. `result["held_out"]` says which
    held-out run it was, in a sentence the report prints.
@@ -26,13 +26,12 @@ import shlex
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from auditor.analysis.projection_validation import check_targets, compare
-from auditor.jobs.projection_validation import (DEFAULT_MARGIN, SCALE_UP_RANGE, available_memory,
-                                                check_fits)
+from auditor.analysis.projection.validation import check_targets, compare
+from auditor.capture.tracing.model_from import TargetModel
+from auditor.jobs.projection_validation import DEFAULT_MARGIN, SCALE_UP_RANGE, available_memory, check_fits
 from auditor.jobs.script_projection import Plan, Program, plan_for, project_program, run_program
-from auditor.model_from import TargetModel
-from auditor.record import load
-from auditor.record_schema import RunRecord
+from auditor.record.run_folder import load
+from auditor.record.schema import RunRecord
 
 
 def validate_program(program: Program, model_from: str, target: TargetModel, stages: list[str],

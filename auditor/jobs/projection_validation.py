@@ -1,5 +1,5 @@
 """Validation of the projections against a real run: audit small, project, run the target, compare
-(the comparison and the targets: `auditor.analysis.projection_validation`).
+(the comparison and the targets: `auditor.analysis.projection.validation`).
 
     result = validate(Settings(overrides={"hidden": 256, "layers": 2}), "tinystories-33m", {}, folder)
 
@@ -22,11 +22,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from auditor.analysis.projection_validation import check_targets, compare
+from auditor.analysis.projection.validation import check_targets, compare
+from auditor.facts.units import GiB
 from auditor.jobs.gradprobe import Settings
 from auditor.jobs.validation_run import label as _label
 from auditor.jobs.validation_run import real_audit
-from auditor.units import GiB
 
 DEFAULT_MARGIN = GiB
 SCALE_UP_RANGE = (4.0, 20.0)
@@ -38,7 +38,7 @@ class NotEnoughMemory(Exception):
 
 def check_fits(what: str, needed: int, available: int, margin: int, how: str) -> None:
     if needed > available - margin:
-        from auditor.units import size
+        from auditor.facts.units import size
         raise NotEnoughMemory(
             f"the held-out real run would not fit: {what} needs {size(needed)} ({how}) but "
             f"{size(available)} is available, less a {size(margin)} margin; choose a smaller "
@@ -55,8 +55,8 @@ def validate(small: Settings, target: str, target_overrides: dict, folder: Path,
              margin: int = DEFAULT_MARGIN, progress=lambda text: None) -> dict:
     """Run the whole validation; its result (also `folder/validation.json`)."""
     import architectures
-    from auditor.analysis.projection import project
-    from auditor.analysis.traced_projection import project_traced
+    from auditor.analysis.projection.scaled import project
+    from auditor.analysis.projection.traced import project_traced
     from auditor.jobs.calibration import calibrate
     from auditor.jobs.gradprobe import traced_audit
 

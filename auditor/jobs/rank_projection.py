@@ -8,7 +8,7 @@ How: torch's fake process group (`torch.testing._internal.distributed.fake_pg`, 
 answers every collective at once without peers, so one process is rank r of N: FSDP2 shards the
 model as it would on that rank (its `torch.chunk` rows, padded as FSDP pads them), all-gathers a
 layer into a buffer of the whole layer's size and reduce-scatters into the rank's shard, and the
-project's traced run (FakeTensorMode, auditor.tracing) measures every tensor at its nominal size.
+project's traced run (FakeTensorMode, auditor.capture.tracing.fake_tensors) measures every tensor at its nominal size.
 A collective's result holds no real values (fake tensors have none anyway).
 
 One thing breaks under FakeTensorMode: FSDP2 builds its default DeviceMesh from `torch.arange`
@@ -42,11 +42,11 @@ from pathlib import Path
 import torch
 
 import auditor
-from auditor.analysis.rank_projection import ProjectedWorld
-from auditor.audit import Audit
+from auditor.analysis.ranks.projection import ProjectedWorld
+from auditor.capture.audit import Audit
 from auditor.jobs import gradprobe as job
 from auditor.jobs.gradprobe import Settings
-from auditor.record_schema import RunRecord
+from auditor.record.schema import RunRecord
 
 VARIANT = "sharded"
 
@@ -92,7 +92,7 @@ def gather_buffers(model: torch.nn.Module, world_size: int) -> dict[str, int]:
     all-gather output than the traced rank at a gradient pass's peak, in about half of its runs (the
     root's and a layer's together; consistent with gloo's worker thread dropping the collective's
     last reference after FSDP let it go; the fake process group has no such thread), so the
-    projection's upper bound adds the largest unit's (auditor.analysis.rank_projection)."""
+    projection's upper bound adds the largest unit's (auditor.analysis.ranks.projection)."""
     from gradprobe.variants.shards import decoder_layers
     units = {name: m for name, m in model.named_modules() if m in set(decoder_layers(model))}
     inside = {id(p) for m in units.values() for p in m.parameters()}
@@ -148,7 +148,7 @@ def keep_padded_shards():
     one it padded, as it keeps a real one (see the module docstring); any other case is FSDP2's."""
     from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
 
-    from auditor.census import is_fake
+    from auditor.capture.census.take import is_fake
     original = FSDPParam.reset_sharded_param
 
     def reset_sharded_param(self):
@@ -198,7 +198,7 @@ def traced_rank(settings: Settings, world_size: int, rank: int, out: Path, obser
     """Rank `rank` of `world_size` traced in a fresh process into OUT/rank-R/; where sizes were
     estimated, traced again with them empty (OUT/lower-bound/rank-R/) to measure the bytes that rest
     on them (the record's `estimated_bytes`), as the single-process traced audit does."""
-    from auditor.analysis.estimated_bytes import estimated_bytes, has_estimates
+    from auditor.analysis.projection.estimated_bytes import estimated_bytes, has_estimates
     record = _traced_child(settings, world_size, rank, Path(out), observed_sizes, True, timeout_s)
     if lower_bound and has_estimates(record):
         lower = _traced_child(settings, world_size, rank, Path(out) / "lower-bound", None, False, timeout_s)
@@ -209,8 +209,8 @@ def traced_rank(settings: Settings, world_size: int, rank: int, out: Path, obser
 def _traced_child(settings, world_size, rank, out: Path, observed, estimate, timeout_s) -> RunRecord:
     """The traced record in OUT/rank-R/: traced now, or the one a finished earlier trace left there
     (a 7B trace takes minutes) if it traced these settings at this world size."""
-    from auditor.jobs.fresh_process import run_module
-    from auditor.record import RUN_FILE, load, rank_folder_name
+    from auditor.capture.fresh_process import run_module
+    from auditor.record.run_folder import RUN_FILE, load, rank_folder_name
     if (out / rank_folder_name(rank) / RUN_FILE).is_file():
         earlier = load(out / rank_folder_name(rank))
         if (earlier.annotations["workload"]["settings"] != asdict(settings)
@@ -236,8 +236,9 @@ def rank_classes(settings: Settings, world_size: int) -> list[list[int]]:
     """Ranks that run the same program on the same shapes, each class's first rank first: rank 0
     alone (its own class: a program may do more there), the others grouped by the rows
     (`torch.chunk`, as FSDP2 shards on dim 0) they hold of every parameter."""
-    import architectures
     from transformers import AutoModelForCausalLM
+
+    import architectures
     with torch.device("meta"):  # shapes only: nothing allocated, no weights initialised
         model = AutoModelForCausalLM.from_config(architectures.make_config(settings.architecture, **settings.overrides))
     rows = [p.shape[0] if p.dim() else 1 for p in model.parameters()]
@@ -259,9 +260,9 @@ def traced_ranks(settings: Settings, world_size: int, out: Path, real: dict[int,
     """{rank: traced record} for every rank of `world_size` (traced one by one), or, with
     `every_rank=False`, one traced rank per `rank_classes` class standing for the class (each such
     record's `traced_as` names the rank that was traced). Data-dependent sizes come from `real`
-    (the audited run's records by rank): the paired rank's (auditor.analysis.rank_projection).
+    (the audited run's records by rank): the paired rank's (auditor.analysis.ranks.projection).
     `lower_bound=False` skips the second trace that measures the estimated bytes."""
-    from auditor.analysis.rank_projection import paired_rank
+    from auditor.analysis.ranks.projection import paired_rank
     settings = Settings(**{**asdict(settings), "variant": VARIANT})
     found: dict[int, RunRecord] = {}
     for ranks in ([[r] for r in range(world_size)] if every_rank else rank_classes(settings, world_size)):
@@ -277,9 +278,9 @@ def project_world_sizes(small: Settings, target: Settings, world_sizes: list[int
                         every_rank: bool = False, progress=lambda text: None) -> list[ProjectedWorld]:
     """`auditor project-ranks`: `small` audited for real on `ranks` ranks (OUT/audited-R-ranks/), the
     target traced at each world size (OUT/traced-N-ranks/), each rank projected
-    (auditor.analysis.rank_projection.project_ranks; `to_json` leaves out the per-stage rows, which
+    (auditor.analysis.ranks.projection.project_ranks; `to_json` leaves out the per-stage rows, which
     stay in the traced records)."""
-    from auditor.analysis.rank_projection import project_ranks
+    from auditor.analysis.ranks.projection import project_ranks
     progress(f"auditing {small.architecture} on {ranks} real ranks (torchrun, gloo)")
     real = real_ranks(small, ranks, out / f"audited-{ranks}-ranks")
     traced = {}
@@ -293,7 +294,7 @@ def real_ranks(settings: Settings, world_size: int, out: Path, timeout_s: int = 
     """A real torchrun of `world_size` ranks (gloo on CPU, one thread each): {rank: its record}."""
     import subprocess
 
-    from auditor.analysis.ranks import load_ranks
+    from auditor.analysis.ranks.merged import load_ranks
     settings = Settings(**{**asdict(settings), "variant": VARIANT})
     command = real_command(settings, world_size, out)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
@@ -306,7 +307,7 @@ def real_ranks(settings: Settings, world_size: int, out: Path, timeout_s: int = 
 
 def real_command(settings: Settings, world_size: int, out: Path) -> list[str]:
     """The torchrun command line of a real run (the report prints it)."""
-    from auditor.jobs.fresh_process import python_command
+    from auditor.capture.fresh_process import python_command
     python = python_command("torch.distributed.run")
     return [*python, "--standalone", "--nproc-per-node", str(world_size), "-m", "auditor.jobs.rank_projection",
             "real", json.dumps(asdict(settings)), str(out)]

@@ -1,5 +1,5 @@
 """A program's traced projection: the audited program run again, unmodified, in a fresh process,
-on fake tensors, with the target's model where it builds its own (auditor.model_from).
+on fake tensors, with the target's model where it builds its own (auditor.capture.tracing.model_from).
 
     plan = Plan(program=Program(script="prune.py", args=["--sparsity", "0.5"]),
                 model_from="lib:build_model", target=TargetModel("mistral-7b"),
@@ -7,7 +7,7 @@ on fake tensors, with the target's model where it builds its own (auditor.model_
     projection = project_program(record, plan, folder / "target-mistral-7b")
 
 The traced run has the real run's stage targets, so its stages pair with the real run's by
-path, and `auditor.analysis.traced_projection` makes the projection: tensors measured exactly
+path, and `auditor.analysis.projection.traced` makes the projection: tensors measured exactly
 at the target's shapes, the process beyond tensors taken from the real run. The program runs a
 second time: `AUDITOR_TRACED=1` is set in its environment, so a program that writes results
 can skip that (fake tensors have no values to write). A traced run that ends in an error still
@@ -23,8 +23,8 @@ import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from auditor.model_from import TargetModel
-from auditor.record_schema import RunRecord
+from auditor.capture.tracing.model_from import TargetModel
+from auditor.record.schema import RunRecord
 
 TRACED_ENV = "AUDITOR_TRACED"
 NO_STAGES = ("the real run has no stages, and a projection is made stage by stage (the traced run's "
@@ -45,10 +45,10 @@ class Program:
     code: str | None = None
 
     def main(self):
-        """What runs as __main__ (auditor.main_script.Main), or None for a function."""
+        """What runs as __main__ (auditor.capture.staging.main_script.Main), or None for a function."""
         if self.script is None and self.module is None and self.code is None:
             return None
-        from auditor.main_script import Main
+        from auditor.capture.staging.main_script import Main
         return Main(script=self.script, module=self.module, code=self.code)
 
     def run(self) -> None:
@@ -60,7 +60,7 @@ class Program:
                 if done.code not in (None, 0):
                     raise
             return
-        from auditor.targets import import_named
+        from auditor.capture.staging.targets import import_named
         module, _, qualname = (self.function or "").partition(":")
         function: object = import_named(module, "program")
         for part in qualname.split("."):
@@ -101,9 +101,9 @@ def plan_for(record: RunRecord, program: Program, model_from: str, target: Targe
 def project_program(record: RunRecord, plan: Plan, folder: Path, timeout_s: int = 3600) -> dict:
     """The traced projection of the program to `plan.target`; RuntimeError (one line) when the
     traced run finished no stage."""
-    from auditor.analysis.child_findings import projection_caveat
-    from auditor.analysis.estimated_bytes import estimated_bytes, has_estimates
-    from auditor.analysis.traced_projection import project_traced
+    from auditor.analysis.findings.child_processes import projection_caveat
+    from auditor.analysis.projection.estimated_bytes import estimated_bytes, has_estimates
+    from auditor.analysis.projection.traced import project_traced
     if not plan.observed:
         raise RuntimeError(f"--model-from {plan.model_from} was never called in the real run: "
                            "nothing tells where the program builds its model")
@@ -153,8 +153,8 @@ def traced_folder(run_folder: Path, target: TargetModel) -> Path:
 def run_program(plan: Plan, folder: Path, timeout_s: int = 3600):
     """The plan's run in a fresh process (its RSS owes nothing to ours); the ChildRun, with
     the run record it left (rebuilt from its events if it died)."""
-    from auditor.jobs.fresh_process import run_module
-    from auditor.record import rank_folder_name
+    from auditor.capture.fresh_process import run_module
+    from auditor.record.run_folder import rank_folder_name
     record_folder = folder if plan.rank is None else Path(folder) / rank_folder_name(plan.rank)
     return run_module("auditor.jobs.script_projection", json.dumps(asdict(plan)), str(folder),
                       run_folder=record_folder, timeout_s=timeout_s,
@@ -169,9 +169,9 @@ def _from_json(data: dict) -> Plan:
 def _main(plan: Plan, folder: Path) -> None:
     import torch
 
-    from auditor.audit import Audit
-    from auditor.call_labels import resolve_hook
-    from auditor.model_from import ModelFrom
+    from auditor.capture.audit import Audit
+    from auditor.capture.staging.call_labels import resolve_hook
+    from auditor.capture.tracing.model_from import ModelFrom
     torch.set_num_threads(plan.threads)
     program = plan.program
     folder = folder.resolve()  # the program may change folder
@@ -179,7 +179,7 @@ def _main(plan: Plan, folder: Path) -> None:
     sys.path[0:0] = program.path
     label = resolve_hook(plan.label) if plan.label else None
     target = plan.target
-    if program.main() is not None:  # its own functions may be named (auditor.main_script)
+    if program.main() is not None:  # its own functions may be named (auditor.capture.staging.main_script)
         program.main().declare()
     with _as_rank(plan), ModelFrom(plan.model_from, target, plan.observed):  # before the stages wrap it
         with Audit(folder, plan.name, census=True, live_tensors=True, traced=plan.traced,
@@ -206,8 +206,8 @@ def _as_rank(plan: Plan):
         return
     import torch.distributed.distributed_c10d as c10d
 
+    from auditor.capture.staging.targets import Patch, Target
     from auditor.jobs.rank_projection import default_mesh, join_fake_group, keep_padded_shards
-    from auditor.targets import Patch, Target
     mesh = join_fake_group(plan.rank, plan.world_size)
     joined = Patch(Target("init_process_group", c10d, "init_process_group", "torch.distributed:init_process_group"),
                    lambda function, _: _already_joined(function))
@@ -246,16 +246,15 @@ def audit_and_project(program, *, model_from: str, target: str | TargetModel, st
     process imports it with this process's sys.path. RuntimeError (one line) when the traced
     run fails; the real run's record is written before.
     """
-    from auditor.audit import Audit
-    from auditor.model_from import ModelFrom
-    from auditor.record import write_derived
+    from auditor.capture.audit import Audit
+    from auditor.capture.tracing.model_from import ModelFrom
+    from auditor.record.run_folder import write_derived
     spec = program if isinstance(program, str) else f"{program.__module__}:{program.__qualname__}"
     target = target if isinstance(target, TargetModel) else TargetModel(target)
     call = Program(function=spec, cwd=os.getcwd(), path=[p for p in sys.path if p])
-    with ModelFrom(model_from):
-        with Audit(run_dir, name or spec.rpartition(":")[2], census=True, live_tensors=True,
-                   stage_targets=list(stages), record_sizes=True, **audit_options) as audit:
-            call.run()
+    with ModelFrom(model_from), Audit(run_dir, name or spec.rpartition(":")[2], census=True, live_tensors=True,
+               stage_targets=list(stages), record_sizes=True, **audit_options) as audit:
+        call.run()
     record = RunRecord.from_json(audit.record, str(audit.run_json))
     projection = project_program(record, plan_for(record, call, model_from, target, list(stages)),
                                  traced_folder(audit.folder, target))

@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 
 import auditor
-from auditor.audit import Audit
 from architectures import activation_size
+from auditor.capture.audit import Audit
+from auditor.capture.probes.saved_tensors import SavedTensorLedger, decoder_layers
 from auditor.jobs.optimizer_state import OPTIMIZERS
-from auditor.probes.saved_tensors import SavedTensorLedger, decoder_layers
-from auditor.record_schema import RunRecord
+from auditor.record.schema import RunRecord
 
 # precision -> (weights dtype, autocast dtype or None), from the one list of precisions
 PRECISIONS = {name: (getattr(torch, weights), getattr(torch, amp) if amp else None)
@@ -236,7 +236,7 @@ def audit_in_fresh_process(settings: Settings, out, *, memray: bool = False,
     ("killed by SIGKILL: out of memory?"). Ctrl-C raises fresh_process.Interrupted, whose
     `.child.record` holds what finished.
     """
-    from auditor.jobs.fresh_process import run_module
+    from auditor.capture.fresh_process import run_module
     options = json.dumps({"memray": memray, "cuda_history": cuda_history, "sweep_command": sweep_command})
     child = run_module("auditor.jobs.train_step", json.dumps(asdict(settings)), str(out), options,
                        run_folder=out, timeout_s=timeout_s)

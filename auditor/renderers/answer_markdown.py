@@ -1,22 +1,23 @@
 """The run report's opening sections and the findings behind them: what was alive at the peak
 (here, x the weights, at each target), the fixes (with the variants that validated them, each
 described once), and, folded, each finding in full with the rules checked. Formats
-auditor.analysis.report_answer's `Answer` and `Fixes` and the run report's `findings` only.
+auditor.report_models.answer's `Answer` and `Fixes` and the run report's `findings` only.
 """
 from __future__ import annotations
 
 import re
 
-from auditor import units
-from auditor.analysis import run_report as model
-from auditor.analysis.projection_side_by_side import TargetSides
-from auditor.analysis.components import method_words
-from auditor.analysis.report_answer import Answer, AtTarget, Fixes, Variant
-from auditor.analysis.unstaged import PeakPlace
+from auditor.analysis.projection.side_by_side import TargetSides
+from auditor.analysis.run.components import method_words
+from auditor.analysis.run.unstaged import PeakPlace
+from auditor.facts import units
 from auditor.renderers import markdown_text as md
 from auditor.renderers.components_markdown import unstaged_peak
 from auditor.renderers.markdown_text import INDENT
-from auditor.renderers.projection_markdown import heading as projection_heading, unexplained
+from auditor.renderers.projection_markdown import heading as projection_heading
+from auditor.renderers.projection_markdown import unexplained
+from auditor.report_models import run as model
+from auditor.report_models.answer import Answer, AtTarget, Fixes, Variant
 
 FINDINGS = "Findings"  # the folded section's heading, linked from the fixes and the summary
 
@@ -45,7 +46,7 @@ def answer_section(answer: Answer | None, place: PeakPlace, components: model.Co
             rows.append([INDENT + "of which " + md.text(row.name), units.size(row.bytes), ratio, *cells])
         elif row.kind == "peak":
             rows.append(["**peak RSS**", f"**{units.size(row.bytes)}**", f"**{ratio}**",
-                         *(c if a.failed or a.withheld else f"**{c}**" for a, c in zip(row.at_targets, cells))])
+                         *(c if a.failed or a.withheld else f"**{c}**" for a, c in zip(row.at_targets, cells, strict=False))])
         else:
             rows.append([md.text(row.name), units.size(row.bytes), ratio, *cells])
     table = md.table(["category / component", "bytes here", "x the weights", *columns], rows,

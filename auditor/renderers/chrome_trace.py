@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from auditor.record_schema import Mark, Peak, RunRecord, Stage
+from auditor.record.schema import Mark, Peak, RunRecord, Stage
 
 PEAK_TIME = "somewhere inside the stage; the record keeps the value, not the instant"
 RUN_PEAK_TIME = ("somewhere inside stage {stage!r}, drawn at its end; the record keeps the "
@@ -32,7 +32,7 @@ Reading = tuple[float, str, "int | None"]  # (time, counter, bytes)
 
 
 def render(record: RunRecord, source: str | None = None) -> dict:
-    """The trace-event JSON object for a run record (from auditor.record.load)."""
+    """The trace-event JSON object for a run record (from auditor.record.run_folder.load)."""
     pid = record.process.pid or 1
     tids = thread_ids(record)
     end_s = run_end(record)

@@ -1,16 +1,16 @@
 """The comparison chart (PNG): per side, the median peak RSS split into the loaded inputs and
 the algorithm's overhead above them, with min-max whiskers; beside it, the wall time.
 
-Drawn from auditor.analysis.comparison_report's model on a bare matplotlib Figure (Agg
+Drawn from auditor.report_models.comparison's model on a bare matplotlib Figure (Agg
 canvas): no pyplot, no global backend switch.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from auditor.analysis.comparison_report import ComparisonReport, Spread, comparison_report
+from auditor.facts.units import MiB
 from auditor.renderers.plot_text import fit_title
-from auditor.units import MiB
+from auditor.report_models.comparison import ComparisonReport, Spread, comparison_report
 
 LOADED_COLOUR, OVERHEAD_COLOUR, TIME_COLOUR = "#b8c4d6", "#3b6fb6", "#8c8c8c"
 
@@ -40,26 +40,26 @@ def draw(report: ComparisonReport):
 
     peaks = [s.median / MiB for s in peak_rss]
     loaded = [side.loaded_rss.median / MiB if side.loaded_rss else 0.0 for side in report.sides]
-    over = [peak - base for peak, base in zip(peaks, loaded)]
-    low = [peak - s.min / MiB for peak, s in zip(peaks, peak_rss)]
-    high = [s.max / MiB - peak for peak, s in zip(peaks, peak_rss)]
+    over = [peak - base for peak, base in zip(peaks, loaded, strict=False)]
+    low = [peak - s.min / MiB for peak, s in zip(peaks, peak_rss, strict=False)]
+    high = [s.max / MiB - peak for peak, s in zip(peaks, peak_rss, strict=False)]
     memory.bar(positions, loaded, color=LOADED_COLOUR, label="loaded (inputs, model)")
     memory.bar(positions, over, bottom=loaded, color=OVERHEAD_COLOUR, label="peak over loaded",
                yerr=[low, high], capsize=5, ecolor="black")
-    for x, peak, top in zip(positions, peaks, high):
+    for x, peak, top in zip(positions, peaks, high, strict=False):
         memory.annotate(f"{peak:,.0f}", (x, peak + top), textcoords="offset points", xytext=(0, 4),
                         ha="center", fontsize=8)
     _names_under(memory, names)
     memory.set_ylabel("peak RSS, MiB (median; whiskers min-max)")
-    memory.set_ylim(0, max(p + h for p, h in zip(peaks, high)) * 1.12)
+    memory.set_ylim(0, max(p + h for p, h in zip(peaks, high, strict=False)) * 1.12)
     figure.legend(handles=memory.get_legend_handles_labels()[0], loc="outside lower center", ncols=2,
                   fontsize=8, frameon=False)
     memory.set_title("peak RSS per side", fontsize=10)
 
     walls = [s.median for s in walls_s]
     time.bar(positions, walls, color=TIME_COLOUR,
-             yerr=[[w - s.min for w, s in zip(walls, walls_s)],
-                   [s.max - w for w, s in zip(walls, walls_s)]], capsize=5, ecolor="black")
+             yerr=[[w - s.min for w, s in zip(walls, walls_s, strict=False)],
+                   [s.max - w for w, s in zip(walls, walls_s, strict=False)]], capsize=5, ecolor="black")
     _names_under(time, names)
     time.set_ylabel("wall time, s (median; whiskers min-max)")
     time.set_title("wall time", fontsize=10)

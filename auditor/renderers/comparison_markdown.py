@@ -1,16 +1,23 @@
 """The comparison report (markdown): the verdict, per side min/median/max, the ratios and
 agreement against the baseline, the chart, the exact commands, every run in the order it ran,
-and the machine with its load. It formats auditor.analysis.comparison_report's model, made
+and the machine with its load. It formats auditor.report_models.comparison's model, made
 from the comparison record and its summary alone.
 """
 from __future__ import annotations
 
 from urllib.parse import quote  # a name with spaces stays one link
 
-from auditor.analysis.comparison_report import (ComparisonReport, Environment, Reported, Scalar, Spread,
-                                                Variant, comparison_report)
+from auditor.facts.units import GiB, MiB
 from auditor.renderers import markdown_text as md
-from auditor.units import GiB, MiB
+from auditor.report_models.comparison import (
+    ComparisonReport,
+    Environment,
+    Reported,
+    Scalar,
+    Spread,
+    Variant,
+    comparison_report,
+)
 
 DIGEST_CHARS = 12
 

@@ -1,21 +1,22 @@
 """The run report's component details, folded under `<details>`: every component over the run
 (with each instance and the components plot), what was alive at each live-tensor high, and the
 census just before the peak stage and at the last stage (the peak stage's own census is the
-report's answer table unless the run's peak fell between stages, auditor.renderers.answer_markdown). Formats auditor.analysis.run_report's
+report's answer table unless the run's peak fell between stages, auditor.renderers.answer_markdown). Formats auditor.report_models.run's
 `components` only.
 """
 from __future__ import annotations
 
 from urllib.parse import quote
 
-from auditor import units
-from auditor.analysis import run_report as model
-from auditor.analysis.component_history import ComponentHistory
-from auditor.analysis.components import BEYOND_CENSUS, BEYOND_LIVE, UNSEEN_TENSORS
-from auditor.record_schema import Stage, Unstaged
+from auditor.analysis.run.component_history import ComponentHistory
+from auditor.analysis.run.components import BEYOND_CENSUS, BEYOND_LIVE, UNSEEN_TENSORS
+from auditor.facts import units
+from auditor.record.schema import Stage, Unstaged
 from auditor.renderers import markdown_text as md
-from auditor.renderers.markdown_text import INDENT, folded, phrase as _phrase
+from auditor.renderers.markdown_text import INDENT, folded
+from auditor.renderers.markdown_text import phrase as _phrase
 from auditor.renderers.projection_markdown import unexplained
+from auditor.report_models import run as model
 
 MAX_COMPONENT_ROWS = 40   # folded components over the run
 MAX_INSTANCES = 200       # instances listed under them

@@ -6,17 +6,17 @@ value from one stage end to the next: the census is taken only at stage ends. Wi
 census (one stage around the work) a timeline would be one step as wide as nothing, an empty
 frame: the figure is then two stacked bars instead, what was alive at that stage's live-tensor
 high (its `at_peak` rows, named by the censuses taken inside it) and its census at the end.
-Drawn from the run report's model (its `components`, auditor.analysis.run_report) on a bare matplotlib Figure
+Drawn from the run report's model (its `components`, auditor.report_models.run) on a bare matplotlib Figure
 with an Agg canvas, as the timeline is (no pyplot, no backend switch).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from auditor import units
-from auditor.analysis.component_history import ComponentHistory, fold_component
-from auditor.analysis.run_report import RunReport
+from auditor.analysis.run.component_history import ComponentHistory, fold_component
+from auditor.facts import units
 from auditor.renderers.plot_text import component_name, fit_title
+from auditor.report_models.run import RunReport
 
 TOP = 8
 COLOURS = ("#1f4e9c", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457", "#827717")
@@ -45,13 +45,13 @@ def draw(report: RunReport):
         return _draw_moments(report, items, Figure, FigureCanvasAgg)
     times = [t for t, _ in items[0].series]
     top, rest = items[:TOP], items[TOP:]
-    peak = max(sum(v for _, v in values) for values in zip(*(i.series for i in items)))
+    peak = max(sum(v for _, v in values) for values in zip(*(i.series for i in items), strict=False))
     unit, scale = ("GiB", units.GiB) if peak >= 10 * units.GiB else ("MiB", units.MiB)
     bands = [[v / scale for _, v in item.series] for item in top]
     labels = [_label(item) for item in top]
     colours = list(COLOURS[:len(top)])
     if rest:
-        bands.append([sum(values) / scale for values in zip(*([v for _, v in i.series] for i in rest))])
+        bands.append([sum(values) / scale for values in zip(*([v for _, v in i.series] for i in rest), strict=False)])
         labels.append(f"{len(rest)} smaller components")
         colours.append(REST_COLOUR)
 
@@ -111,7 +111,7 @@ def _draw_moments(report: RunReport, items: list[ComponentHistory], figure_type,
         heights = [size / scale for size in sizes]
         axes.bar(positions, heights, 0.5, bottom=bottom, color=colour, alpha=0.85,
                  label=f"{label} (max {units.size(max(sizes))})")
-        bottom = [b + h for b, h in zip(bottom, heights)]
+        bottom = [b + h for b, h in zip(bottom, heights, strict=False)]
     axes.set_xticks(positions, [label for label, _ in columns])
     axes.set_ylim(0, peak / scale * 1.12 or 1)
     axes.set_ylabel(unit)

@@ -1,5 +1,5 @@
 """The CPU-against-CUDA report of one GradProbe configuration, in markdown
-(auditor.analysis.device_side_by_side is what it says; this is how it reads).
+(auditor.report_models.device_side_by_side is what it says; this is how it reads).
 
     text = render(report, command="python benchmarks/cuda_side_by_side.py ...")
 """
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-from auditor.analysis.device_side_by_side import DeviceMasks, DeviceRun, DeviceSideBySide
+from auditor.facts.units import mib
 from auditor.renderers import markdown_text as md
-from auditor.units import mib
+from auditor.report_models.device_side_by_side import DeviceMasks, DeviceRun, DeviceSideBySide
 
 
 def render(report: DeviceSideBySide, command: str | None = None) -> str:

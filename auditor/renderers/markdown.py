@@ -10,7 +10,7 @@ the theoretical minimum; the rest is folded under `<details>`: components over t
 each live-tensor high (components_markdown), each target's projection (projection_markdown),
 allocation sites (sites_markdown), each finding in full with the rules checked, environment.
 
-What the report says is computed once, by auditor.analysis.run_report (`run_report(record)`,
+What the report says is computed once, by auditor.report_models.run (`run_report(record)`,
 one object per section); these modules only format it. Everything comes from the run record;
 the only files read are the ones it names (the flamegraph is linked, not read), and the PNGs
 are drawn from the same model by their own renderers (timeline_plot, components_plot).
@@ -22,19 +22,23 @@ from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import quote
 
-from auditor import units
-from auditor.analysis import run_report as model
-from auditor.analysis.components import ProjectionView, method_words
-from auditor.analysis.run_report import MAX_STAGE_ROWS, RunReport, run_report  # MAX_STAGE_ROWS: tests read it here
-from auditor.analysis.stage_groups import StageRow
-from auditor.analysis.unstaged import PeakPlace
-from auditor.record_schema import Children, RunRecord
-from auditor.renderers import components_markdown, markdown_text as md
+from auditor.analysis.run.components import ProjectionView, method_words
+from auditor.analysis.run.stage_groups import StageRow
+from auditor.analysis.run.unstaged import PeakPlace
+from auditor.facts import units
+from auditor.record.schema import Children, RunRecord
+from auditor.renderers import components_markdown
+from auditor.renderers import markdown_text as md
 from auditor.renderers.answer_markdown import answer_section, findings_detail, fixes_section
 from auditor.renderers.components_markdown import length as _length
-from auditor.renderers.markdown_text import INDENT, folded, phrase as _phrase
-from auditor.renderers.projection_markdown import heading as projection_heading, sections as projection_sections
-from auditor.renderers.sites_markdown import format_sites, section as sites_section_of, sites_section
+from auditor.renderers.markdown_text import INDENT, folded
+from auditor.renderers.markdown_text import phrase as _phrase
+from auditor.renderers.projection_markdown import heading as projection_heading
+from auditor.renderers.projection_markdown import sections as projection_sections
+from auditor.renderers.sites_markdown import format_sites, sites_section
+from auditor.renderers.sites_markdown import section as sites_section_of
+from auditor.report_models import run as model
+from auditor.report_models.run import MAX_STAGE_ROWS, RunReport, run_report  # MAX_STAGE_ROWS: tests read it here
 
 __all__ = ["format_environment", "format_sites", "render", "sites_section", "write_report"]
 
@@ -443,7 +447,7 @@ def _environment(environment: model.Environment, head: str = "## Environment") -
 
 def malloc_setting(settings: dict[str, str]) -> str:
     """glibc malloc's settings of the run, and what they mean for its mmap threshold."""
-    from auditor.allocator_retention import threshold_fixed
+    from auditor.facts.allocator_retention import threshold_fixed
     if not settings:
         return "glibc defaults: the mmap threshold follows the largest block freed (up to 32 MiB)"
     given = ", ".join(f"{name}={value}" for name, value in sorted(settings.items()))

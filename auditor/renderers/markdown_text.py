@@ -39,7 +39,7 @@ def _padded(rows: list[list[str]], right: set[int]) -> list[str]:
 
     def line(row: list[str]) -> str:
         return "| " + " | ".join(cell.rjust(w) if i in right else cell.ljust(w)
-                                 for i, (cell, w) in enumerate(zip(row, widths))) + " |"
+                                 for i, (cell, w) in enumerate(zip(row, widths, strict=False))) + " |"
     rule = "|" + "|".join(("-" * (w + 1) + ":") if i in right else "-" * (w + 2) for i, w in enumerate(widths)) + "|"
     return [line(rows[0]), rule, *[line(row) for row in rows[1:]]]
 

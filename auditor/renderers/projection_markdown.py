@@ -1,14 +1,14 @@
 """The report's projection details: for each target, the audited run and every projection of it
 (scaled, traced) as columns of one stage table and one component table, with how each was made
-and what its figures rest on (auditor.analysis.projection_side_by_side makes the rows, for the run
+and what its figures rest on (auditor.analysis.projection.side_by_side makes the rows, for the run
 report's model: its `targets`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from auditor import units
-from auditor.analysis.components import ProjectionView
-from auditor.analysis.projection_side_by_side import ComponentSide, StageSide, TargetSides
+from auditor.analysis.projection.side_by_side import ComponentSide, StageSide, TargetSides
+from auditor.analysis.run.components import ProjectionView
+from auditor.facts import units
 from auditor.renderers import markdown_text as md
 
 MOST_COMPONENTS = 20
@@ -19,7 +19,7 @@ _HOW = {
     "scaled": "each audited component grown by what drives it (parameters, activations...), "
               "fitted on traced calibration runs where the record has them",
 }
-# a traced projection whose RSS has a band (auditor.analysis.rss_band); older records have none
+# a traced projection whose RSS has a band (auditor.analysis.projection.rss_band); older records have none
 _HOW_BANDED = ("the program run again on fake tensors at the target's shapes: tensors are measured exactly; "
                "RSS adds the audited run's memory beyond tensors (interpreter, libraries, allocator) and the "
                "allocator's modeled growth, with a band for what that part may do at the target's size")
@@ -88,7 +88,7 @@ def rss_with_band(rss: int | None, low: int | None, high: int | None) -> str:
 
 
 def unexplained(miss: int | None) -> str:
-    """A scaled figure its drivers do not explain (auditor.analysis.projection), in place of the number."""
+    """A scaled figure its drivers do not explain (auditor.analysis.projection.scaled), in place of the number."""
     return f"not explained by its drivers (miss {units.size(miss)}): see traced"
 
 

@@ -1,13 +1,20 @@
 """Markdown of a per-rank projection: each rank's projected peaks at each world size, how many
 devices of N GiB it needs, and a held-out check's errors. What it says is computed by
-auditor.analysis.rank_projection (RankProjection, HeldOutRow, HeldOutFindings); this module only
+auditor.analysis.ranks.projection (RankProjection, HeldOutRow, HeldOutFindings); this module only
 formats it."""
 from __future__ import annotations
 
-from auditor.analysis.rank_projection import (RSS_LIMIT, HeldOutFindings, HeldOutRow, ProjectedRank,
-                                              ProjectedWorld, RankProjection, WorstRank)
-from auditor.allocator_retention import HEAP_KEEPS_AT_MOST
-from auditor.units import size
+from auditor.analysis.ranks.projection import (
+    RSS_LIMIT,
+    HeldOutFindings,
+    HeldOutRow,
+    ProjectedRank,
+    ProjectedWorld,
+    RankProjection,
+    WorstRank,
+)
+from auditor.facts.allocator_retention import HEAP_KEEPS_AT_MOST
+from auditor.facts.units import size
 
 BASIS = ("Basis: *live tensors* are the traced run's (rank r of N on torch's fake process group, "
          "FakeTensorMode at the target's shapes): exact but for the bytes resting on data-dependent "
@@ -94,7 +101,7 @@ def render_projection(projection: RankProjection, small, target, command: list[s
 
 
 def validation_findings(found: HeldOutFindings) -> list[str]:
-    """What the held-out rows show (auditor.analysis.rank_projection.held_out_findings), in words."""
+    """What the held-out rows show (auditor.analysis.ranks.projection.held_out_findings), in words."""
     def where(worst: WorstRank) -> str:
         return f"rank {worst.rank} of {worst.world_size}"
 
@@ -172,7 +179,7 @@ def retention_section(data: dict) -> list[str]:
             f"{size(others_held('held-out'))} in all ({size(others_held('small'))}).",
             "- So the gap is the main thread's heap: once the threshold has risen to the size of the blocks "
             "freed, gathered layers and gradients come from the heap, and the space they leave is kept. The "
-            "projection's retention growth (auditor.allocator_retention: 1.5 x threads x the threshold's rise, "
+            "projection's retention growth (auditor.facts.allocator_retention: 1.5 x threads x the threshold's rise, "
             "measured on single-process runs) is far below what this sharded program keeps; it is not refitted "
             "to these runs, which are the held-out check. What the heap may keep beyond it is bounded instead by "
             "how much the heap served (*heap may keep*, from the sweep below). With the threshold fixed in every "

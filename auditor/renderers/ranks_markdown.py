@@ -1,13 +1,13 @@
 """The merged report of a multi-rank run: ranks, the global peak, every rank's stages side by
 side, imbalance across ranks, communication buffers. What it says is computed by
-auditor.analysis.ranks (`merge_ranks(folder)` -> MergedRanks); this module only formats it."""
+auditor.analysis.ranks.merged (`merge_ranks(folder)` -> MergedRanks); this module only formats it."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from auditor import units
-from auditor.analysis.ranks import Launcher, MergedRanks, RankSummary, Spread
+from auditor.analysis.ranks.merged import Launcher, MergedRanks, RankSummary, Spread
+from auditor.facts import units
 from auditor.renderers import markdown_text as md
 from auditor.renderers.markdown import children_held
 
@@ -101,7 +101,7 @@ def _ranks(merged: MergedRanks) -> str:
             for r in merged.ranks]
     sources, backends = merged.identity_sources, merged.backends
     note = (f"\n\nRank, world size and local rank read from {' and '.join(sources)} "
-            "(auditor.ranks says when each is read)" if sources else "")
+            "(auditor.capture.ranks says when each is read)" if sources else "")
     note += (f"; process group backend {', '.join(backends)}." if backends else "." if note else "")
     errors = "\n".join(f"- Rank {r.rank} {r.status}: {md.text(r.error)}" for r in merged.ranks if r.error)
     children = "\n".join(f"- Rank {r.rank}'s child processes held memory outside its figures (not audited): "

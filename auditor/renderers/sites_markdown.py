@@ -1,6 +1,6 @@
 """The run report's allocation sites: memray's sites alive at its high-water mark, with the
 flamegraph linked where a reader can open it (the training-step report has one section per
-configuration). Formats auditor.analysis.run_report's `sites` only.
+configuration). Formats auditor.report_models.run's `sites` only.
 """
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import os
 import subprocess
 from pathlib import Path
 
-from auditor import units
-from auditor.analysis import run_report as model
-from auditor.record_schema import Memray, RunRecord
+from auditor.facts import units
+from auditor.record.schema import Memray, RunRecord
 from auditor.renderers import markdown_text as md
+from auditor.report_models import run as model
 
 SITE_STACK_FRAMES = 3
 

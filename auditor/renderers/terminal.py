@@ -1,6 +1,6 @@
 """What the commands print on the terminal (rich): the lines of the stages as they end and the
 summary of `auditor run`, compare's runs and table, validate-projection's tables, the steps of long
-commands. Each formats a model made by analysis (auditor.analysis.terminal_summary,
+commands. Each formats a model made by analysis (auditor.report_models.terminal,
 comparison_report, validation_report); nothing here reads a record.
 
 Progress and summaries go to stderr, so stdout keeps only the command's results. rich is
@@ -27,12 +27,14 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from auditor.units import MiB, mib_or_gib as mib, signed_mib_or_gib as signed_mib  # GiB from 1 GiB on
+from auditor.facts.units import MiB  # GiB from 1 GiB on
+from auditor.facts.units import mib_or_gib as mib
+from auditor.facts.units import signed_mib_or_gib as signed_mib
 
 if TYPE_CHECKING:
-    from auditor.analysis.comparison_report import ComparisonReport, Spread
-    from auditor.analysis.terminal_summary import ProjectionSummary, RunSummary, StageEnd, StageTally, SummaryRow
-    from auditor.analysis.validation_report import ValidationReport
+    from auditor.report_models.comparison import ComparisonReport, Spread
+    from auditor.report_models.terminal import ProjectionSummary, RunSummary, StageEnd, StageTally, SummaryRow
+    from auditor.report_models.validation import ValidationReport
 
 def console(*, stdout: bool = False, highlight: bool = False, piped_width: int | None = None) -> Console:
     """A console on stderr (stdout: the command's results). `piped_width`: its width when the
@@ -87,7 +89,7 @@ class StageLines:
     it prints: a child the program forks inherits it silently."""
 
     def __init__(self, out: Console, clock=time.monotonic):
-        from auditor.analysis.terminal_summary import StageTallies
+        from auditor.report_models.terminal import StageTallies
         self.out, self.clock = out, clock
         self.tallies = StageTallies()
         self.live = out.is_terminal and not out.is_dumb_terminal

@@ -1,14 +1,14 @@
 """The run's memory over time as a PNG (matplotlib, Agg backend: no display needed).
 
 Above: RSS readings at stage boundaries and marks joined by a line, each stage's peak drawn inside
-the stage (see `auditor.analysis.timeline`), the peaks of unstaged intervals (time no stage covers)
+the stage (see `auditor.analysis.run.timeline`), the peaks of unstaged intervals (time no stage covers)
 at their middle, memray's RSS snapshots and the live-tensor meter when the record has them, and
 under the line what the tensors were, stacked: the census's components at each stage end, or,
 in a record without a census, each innermost stage's live tensors at its peak by category.
 Below, on the same time axis: the stages as spans, a row per nesting depth, named where the name
 fits (shortened with an ellipsis, left out on spans too narrow); the peak's stage is always
 named, outlined in red. Drawn from the run report's model (its `timeline` and `components`,
-auditor.analysis.run_report) on a bare matplotlib Figure with an Agg canvas: no pyplot, no
+auditor.report_models.run) on a bare matplotlib Figure with an Agg canvas: no pyplot, no
 global backend switch.
 """
 from __future__ import annotations
@@ -18,10 +18,10 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from auditor import units
-from auditor.analysis.run_report import RunReport
-from auditor.analysis.timeline import Composition, Span
+from auditor.analysis.run.timeline import Composition, Span
+from auditor.facts import units
 from auditor.renderers.plot_text import component_name, fit_title, shorten, text_width
+from auditor.report_models.run import RunReport
 
 SPAN_COLOURS = ("#dbe9f6", "#fbe5d0")
 FAILED_COLOUR = "#f4c7c3"
@@ -170,7 +170,7 @@ def census_stack(report: RunReport) -> Stack | None:
     bands = [(component_name(item.name), [v for _, v in item.series]) for item in items[:TOP]]
     rest = items[TOP:]
     if rest:
-        bands.append((_rest(len(rest)), [sum(v) for v in zip(*([v for _, v in i.series] for i in rest))]))
+        bands.append((_rest(len(rest)), [sum(v) for v in zip(*([v for _, v in i.series] for i in rest), strict=False)]))
     return Stack("stacked: tensors by component at each stage end (census), held to the next", times, bands)
 
 

@@ -1,14 +1,14 @@
 """The training-step sweep as a PNG: per configuration, the components of one step stacked, with
 the measured full-step and forward-only peaks of live tensors marked beside them (matplotlib,
 a bare Agg figure: no pyplot, no display), drawn from the report's model
-(auditor.analysis.train_step_report)."""
+(auditor.report_models.train_step)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from auditor import units
-from auditor.analysis.train_step_report import Configuration, TrainStepReport
+from auditor.facts import units
 from auditor.renderers.plot_text import fit_title
+from auditor.report_models.train_step import Configuration, TrainStepReport
 
 COLOURS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer state": "#55a868",
            "saved activations": "#c44e52", "autocast weight copies": "#8172b3",

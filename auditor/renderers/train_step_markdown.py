@@ -1,7 +1,7 @@
 """The training-step report: the sweep table with its commentary and a components chart
 (train_step_chart), then one section per configuration (components, activation calculator, one step against many, leak/spike/stable,
 largest allocations). What it says is computed once from the run records by
-auditor.analysis.train_step_report (`train_step_report(records)`); this module only formats it.
+auditor.report_models.train_step (`train_step_report(records)`); this module only formats it.
 
     write_report(records, "reports/train-step-tinystories-33m.md", command="auditor train-step ...")
 """
@@ -11,12 +11,12 @@ import os
 from pathlib import Path
 from urllib.parse import quote
 
-from auditor import units
-from auditor.analysis import train_step_report as model
-from auditor.analysis.train_step_report import MEASURES, TrainStepReport, train_step_report
-from auditor.record_schema import RunRecord
+from auditor.facts import units
+from auditor.record.schema import RunRecord
 from auditor.renderers import markdown_text as md
 from auditor.renderers.markdown import format_environment, format_sites
+from auditor.report_models import train_step as model
+from auditor.report_models.train_step import MEASURES, TrainStepReport, train_step_report
 
 
 def write_report(records: list[tuple[RunRecord, Path]], out: str | os.PathLike, *, command: str) -> Path:
@@ -47,7 +47,7 @@ def format_report(report: TrainStepReport, folders: list[Path], *, command: str,
     parts = [f"# Training-step memory: {md.text(', '.join(report.architectures))}",
              _intro(report.intro, command), _sweep(report.sweep),
              f"![components against the measured peaks]({quote(chart)})" if chart else ""]
-    for configuration, folder in zip(report.configurations, folders):
+    for configuration, folder in zip(report.configurations, folders, strict=False):
         parts.append(_configuration(configuration, folder, report_folder))
     parts.append(format_environment(report.environment, head="## Environment (first configuration)"))
     return "\n\n".join(p for p in parts if p).rstrip() + "\n"

@@ -1,6 +1,6 @@
 """The projection-validation report (markdown) and its tables: the targets met or missed, the
 peaks, every stage and every component of the peak stage, real against scaled and traced, and
-what the scaled projection's fit found. It formats auditor.analysis.validation_report's model,
+what the scaled projection's fit found. It formats auditor.report_models.validation's model,
 made from a validation result alone (`auditor.jobs.projection_validation.validate`).
 `tables(result)` gives the same tables as rows, for the terminal.
 """
@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import shlex
 
-from auditor import units
-from auditor.analysis.validation_report import (Figure, Fit, GradProbeRun, ProgramRun, Target, ValidationReport,
-                                                validation_report)
-from auditor.analysis.validation_report import Projected
+from auditor.facts import units
 from auditor.renderers import markdown_text as md
+from auditor.report_models.validation import (
+    Figure,
+    Fit,
+    GradProbeRun,
+    ProgramRun,
+    Projected,
+    Target,
+    ValidationReport,
+    validation_report,
+)
 
 Table = tuple[list[str], list[list[str]]]
 
@@ -126,7 +133,7 @@ def _resting_on_estimates(targets: list[Target]) -> list[str]:
 
 def _data_dependent(report: ValidationReport) -> list[str]:
     """The traced projection's data-dependent sites: each ratio and where it came from, and how
-    much of the projected peak rests on them (auditor.analysis.estimated_bytes)."""
+    much of the projected peak rests on them (auditor.analysis.projection.estimated_bytes)."""
     found = report.data_dependent
     if found is None:
         return []
@@ -136,7 +143,7 @@ def _data_dependent(report: ValidationReport) -> list[str]:
             md.text(found.note or "") + ".", "",
             "Each site's ratio: elements out per element in, observed at the same site in the small "
             "real run (or declared by the program); conflicts: calls where an estimate met a size the "
-            "program computed otherwise and took the program's (auditor.tracing).", "",
+            "program computed otherwise and took the program's (auditor.capture.tracing.fake_tensors).", "",
             _table(["site", "operator", "source", "ratio", "traced calls", "elements out", "conflicts"],
                    rows), ""]
 

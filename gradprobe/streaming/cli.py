@@ -17,14 +17,29 @@ import json
 import os
 import sys
 import time
-
 from functools import partial
 
-from architectures.options import (HelpFormatter, add_seed_argument, add_size_arguments, add_threads_argument,
-                                   check_model_options, epilog, size_overrides)
+from architectures.options import (
+    HelpFormatter,
+    add_seed_argument,
+    add_size_arguments,
+    add_threads_argument,
+    check_model_options,
+    epilog,
+    size_overrides,
+)
 
-from ..cli import (EXIT_STATUSES, MiB, OneLineErrors, add_pruning_arguments, add_strategy_argument,
-                   check_output_files, check_pruning_arguments, size, storage_dtypes)
+from ..cli import (
+    EXIT_STATUSES,
+    MiB,
+    OneLineErrors,
+    add_pruning_arguments,
+    add_strategy_argument,
+    check_output_files,
+    check_pruning_arguments,
+    size,
+    storage_dtypes,
+)
 from ..settings import STORAGE_DTYPES
 
 PROG = "python -m gradprobe.streaming"
@@ -139,6 +154,7 @@ def write_weights(args: argparse.Namespace) -> str:
 
 def prune(args: argparse.Namespace) -> str:
     import torch
+
     from architectures.calibration import synthetic_batches
 
     from ..masks import mask_digest

@@ -12,7 +12,6 @@ import ctypes
 import ctypes.util
 from functools import cache
 
-
 MMAP_THRESHOLD = 4 << 20
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number in glibc's malloc.h
 

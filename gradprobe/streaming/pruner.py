@@ -196,7 +196,7 @@ class StreamingGradProbe:
         layer_inputs = [family.layer_inputs(h) for h in hidden]
         for layer in self.model.decoder_layers:
             with self.resident(layer) as stage, self._norms_hooked(stage, norms):
-                hidden = [family.run_layer(stage.layer, h, extra) for h, extra in zip(hidden, layer_inputs)]
+                hidden = [family.run_layer(stage.layer, h, extra) for h, extra in zip(hidden, layer_inputs, strict=False)]
         with self.resident(self.model.head) as stage, self._norms_hooked(stage, norms):
             for h in hidden:
                 family.logits(stage.modules, h)  # the head's input norms; a tied head scores the embedding
@@ -297,16 +297,16 @@ class StreamingGradProbe:
     def forward_layer(self, layer: Stage, layer_inputs: list[dict]) -> None:
         with self.resident(layer) as stage:
             self.hidden.push([self.model.family.run_layer(stage.layer, h, inputs)
-                              for h, inputs in zip(self.hidden.top(), layer_inputs)])
+                              for h, inputs in zip(self.hidden.top(), layer_inputs, strict=False)])
 
     def backward_head(self, batches: list, loss_fn: Callable) -> list[torch.Tensor]:
         """The loss of each batch apart; the gradient at the last layer's output, per group."""
         from transformers.modeling_outputs import CausalLMOutputWithPast
         grads = []
         with self.resident(self.model.head, backward=True) as stage:
-            for group, outputs in zip(self.groups, self.hidden.pop()):
+            for group, outputs in zip(self.groups, self.hidden.pop(), strict=False):
                 parts = [part.detach().requires_grad_() for part in outputs.chunk(len(group))]
-                for self.batch, hidden in zip(group, parts):
+                for self.batch, hidden in zip(group, parts, strict=False):
                     self._flowing(stage, [self.batch])
                     logits = self.model.family.logits(stage.modules, hidden)
                     loss_fn(CausalLMOutputWithPast(logits=logits), batches[self.batch][1]).backward()
@@ -319,7 +319,7 @@ class StreamingGradProbe:
         """Recompute the layer from its saved input, backpropagate the gradient at its output."""
         inputs = self.hidden.pop()
         with self.resident(layer, backward=True) as stage:
-            for group, hidden, extra, grad in zip(self.groups, inputs, layer_inputs, grads):
+            for group, hidden, extra, grad in zip(self.groups, inputs, layer_inputs, grads, strict=False):
                 self._flowing(stage, group)
                 self.model.family.run_layer(stage.layer, hidden.requires_grad_(), extra).backward(grad)
                 for batch in group:
@@ -328,8 +328,8 @@ class StreamingGradProbe:
 
     def backward_embeddings(self, batches: list, grads: list) -> None:
         with self.resident(self.model.embeddings, backward=True) as stage:
-            for group, grad in zip(self.groups, grads):
-                for self.batch, part in zip(group, grad.chunk(len(group))):
+            for group, grad in zip(self.groups, grads, strict=False):
+                for self.batch, part in zip(group, grad.chunk(len(group)), strict=False):
                     self._flowing(stage, [self.batch])
                     self.model.family.embed(stage.modules, batches[self.batch][0]).backward(part)
                     self.progress(Moment("batch", "embeddings", self.batch))

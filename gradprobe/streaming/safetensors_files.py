@@ -152,7 +152,7 @@ class SafetensorsWriter:
             raise ValueError(f"{self.path!r}: {len(missing)} declared tensor(s) never written, "
                              f"e.g. {sorted(missing)[0]!r}")
 
-    def __enter__(self) -> "SafetensorsWriter":
+    def __enter__(self) -> SafetensorsWriter:
         return self
 
     def __exit__(self, kind, error, traceback) -> None:

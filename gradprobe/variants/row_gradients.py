@@ -165,5 +165,5 @@ class RowSplit:
         full = parts[0] if len(parts) == 1 else parts[0] + parts[1]  # one addition: order-free
         # one update per run of consecutive rows (not per row: a long batch reads thousands)
         breaks = (torch.nonzero(self.rows[1:] - self.rows[:-1] != 1).squeeze(1) + 1).tolist()
-        for low, high in zip([0, *breaks], [*breaks, self.rows.shape[0]]):
+        for low, high in zip([0, *breaks], [*breaks, self.rows.shape[0]], strict=False):
             self.record.update_rows(self.name, int(self.rows[low]), full[low:high])

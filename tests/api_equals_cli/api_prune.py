@@ -3,9 +3,9 @@ untracked`: without `auditor.track`, the model found as the census's own root)."
 import sys
 
 import torch
+from wanda_prune import LENGTH, SAMPLES, VOCAB, build_model, prune
 
 import auditor
-from wanda_prune import VOCAB, LENGTH, SAMPLES, build_model, prune
 
 model = build_model()
 samples = [torch.randint(0, VOCAB, (1, LENGTH), generator=torch.Generator().manual_seed(i))

@@ -16,13 +16,12 @@ def main(out):
     model = LlamaForCausalLM(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     batch = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
-    with auditor.Audit(out, census=True, live_tensors=True):
-        with auditor.stage("train"):
-            for _ in range(3):
-                optimizer.zero_grad()  # the tutorial's order: the last step's gradients stay
-                loss = model(input_ids=batch, labels=batch).loss
-                loss.backward()
-                optimizer.step()
+    with auditor.Audit(out, census=True, live_tensors=True), auditor.stage("train"):
+        for _ in range(3):
+            optimizer.zero_grad()  # the tutorial's order: the last step's gradients stay
+            loss = model(input_ids=batch, labels=batch).loss
+            loss.backward()
+            optimizer.step()
 
 
 if __name__ == "__main__":

@@ -3,9 +3,8 @@ synthetic calibration data, SparseGPT-style pruning (tp_pruners.sparsegpt)."""
 import argparse
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-
 from tp_pruners.sparsegpt import prune_sparsegpt
+from transformers import LlamaConfig, LlamaForCausalLM
 
 
 def main():

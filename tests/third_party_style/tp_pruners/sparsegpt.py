@@ -8,6 +8,7 @@ each. The Catcher class's closure keeps `inps` alive after the pruner returns (a
 always in a reference cycle): only the cycle collector frees it.
 """
 import math
+
 import torch
 import torch.nn as nn
 

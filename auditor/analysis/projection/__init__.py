@@ -1,0 +1,1 @@
+"""Projections to a target: scaled, traced, their standing, bands and validation."""

@@ -1,0 +1,1 @@
+"""Training steps: what a step holds and whether per-step peaks hold steady."""

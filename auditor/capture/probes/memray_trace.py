@@ -1,0 +1,233 @@
+"""memray: every native allocation (torch CPU tensors included) with its Python and native
+stack, for the whole run. At the end: memray's own peak, the allocations alive at its
+high-water mark grouped into sites (the innermost frame in user code, file:line; what the
+auditor itself allocated is summed apart, never a site), when that mark was reached (from
+memray's memory snapshots, taken every ~10 ms) and so which stage was open, and an offline
+flamegraph in the run folder (written after the run record: a full disk costs it, not the
+record).
+
+Only one memray Tracker can be active per process (not inside `pytest --memray`, not under
+`memray run`): then the probe reports itself absent instead of failing the audit.
+"""
+from __future__ import annotations
+
+import linecache
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from auditor.facts.allocation_sites import AUDITOR, is_auditor_code, is_program_code, passes_through
+from auditor.record.run_folder import FLAMEGRAPH_FILE, TRACE_FILE
+
+TOP_SITES = 10
+NATIVE_FRAMES = 16
+ALL_FRAMES = 1 << 16
+PYTHON_FRAMES = 16
+FRAME_TEXT = 200  # C++ template names run to kilobytes; keep the head
+# the highest memory snapshot must come this close to memray's peak for its time to stand
+# for the high-water moment (a spike shorter than the snapshot interval is missed)
+SNAPSHOT_SHARE = 0.9
+TIME_BASIS = "time of memray's high-water mark, from its ~10 ms memory snapshots"
+RSS_BASIS = "the run's RSS-peak stage (no snapshot time)"
+SNAPSHOT_RESOLUTION_S = 0.001  # memray's snapshot times are whole milliseconds
+CLOCK_SLACK_S = 0.0005  # unix time to perf_counter, taken once at the start
+
+
+class MemrayTrace:
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.state = {"state": "absent"}
+        self._tracker = self._read = None
+        self._started = None  # (perf_counter, unix time) when the tracker started
+        self.high_water_perf = None  # perf_counter time of the high-water snapshot, once summarized
+        try:
+            import memray
+        except ImportError:
+            self.state["reason"] = ("memray is not installed "
+                                    "(pip install memray; Linux and macOS only)")
+            return
+        path = folder / TRACE_FILE
+        tracker = memray.Tracker(path, native_traces=True,
+                                 file_format=memray.FileFormat.AGGREGATED_ALLOCATIONS)
+        try:
+            tracker.__enter__()
+        except RuntimeError as error:
+            path.unlink(missing_ok=True)  # memray creates the file before refusing
+            self.state["reason"] = f"{error} (another memray tracker is running in this process)"
+            return
+        self._started = (time.perf_counter(), time.time())  # memray's snapshots carry unix times
+        self._tracker = tracker
+        self.state = {"state": "on", "method": "memray native traces, aggregated"}
+
+    @property
+    def on(self) -> bool:
+        return self._tracker is not None
+
+    def stop(self) -> None:
+        if self._tracker is not None:
+            tracker, self._tracker = self._tracker, None
+            tracker.__exit__(None, None, None)
+
+    def summarize(self) -> dict:
+        """Read the trace back: peak and the sites alive at the high-water mark (reading only;
+        the flamegraph is written later, after the run record: write_flamegraph)."""
+        from memray import FileReader
+        path = self.folder / TRACE_FILE
+        reader = FileReader(os.fspath(path))
+        records = list(reader.get_high_watermark_allocation_records(merge_threads=True))
+        self._read = (reader, records)
+        peak = reader.metadata.peak_memory
+        self.high_water_perf = self._high_water_time(reader, peak)
+        sites, auditor_bytes = top_sites(records)
+        return {
+            "file": TRACE_FILE,
+            "peak_memory": peak,
+            "total_allocations": reader.metadata.total_allocations,
+            "sites": sites,
+            "auditor_bytes": auditor_bytes,
+            "flamegraph": None,
+        }
+
+    def _high_water_time(self, reader, peak: int) -> float | None:
+        """perf_counter time of the snapshot with the highest heap, or None when there is
+        none or it falls short of the peak (the high-water moment fell between snapshots)."""
+        try:
+            best = max(reader.get_memory_snapshots(), key=lambda snapshot: snapshot.heap, default=None)
+        except (AttributeError, RuntimeError, OSError):  # an older memray or a damaged trace
+            return None
+        if best is None or self._started is None or best.heap < SNAPSHOT_SHARE * peak:
+            return None
+        started_perf, started_unix = self._started
+        return started_perf + best.time / 1000 - started_unix
+
+    def place(self, stages: list[dict], audit_seconds: Callable[[float], float] | None,
+              fallback: dict) -> dict:
+        """Which stage memray's high-water mark belongs to: the innermost of the finished
+        `stages` open at its time (`audit_seconds` turns a perf_counter time into the audit's
+        seconds); without a snapshot time, the run's RSS-peak stage `fallback` ({"stage",
+        "stage_id"}), said so. Returns {"stage", "stage_id", "stage_basis", "at_s"}."""
+        if self.high_water_perf is None or audit_seconds is None:
+            return {"stage": fallback.get("stage"), "stage_id": fallback.get("stage_id"),
+                    "stage_basis": RSS_BASIS, "at_s": None}
+        at_s = audit_seconds(self.high_water_perf)
+        holder = stage_at(stages, at_s)
+        return {"stage": holder["path"] if holder else None, "stage_id": holder["id"] if holder else None,
+                "stage_basis": TIME_BASIS, "at_s": round(at_s, 3)}
+
+    def write_flamegraph(self) -> str | None:
+        """The flamegraph of a summarized trace, in the run folder; its file name or None."""
+        read, self._read = self._read, None
+        return write_flamegraph(*read, self.folder) if read else None
+
+
+def stage_at(stages: list[dict], at_s: float) -> dict | None:
+    """The innermost stage open at the snapshot time `at_s`. memray stamps snapshots in whole
+    milliseconds (truncated), so the moment lies in [at_s, at_s + 1 ms), widened by a little
+    for the clock conversion: of the stages overlapping that window, the innermost (none of
+    its children overlaps too) that overlaps it most, then the one with the higher RSS peak."""
+    low, high = at_s - CLOCK_SLACK_S, at_s + SNAPSHOT_RESOLUTION_S + CLOCK_SLACK_S
+    overlap = {s["id"]: min(high, s["end_s"]) - max(low, s["start_s"]) for s in stages
+               if s.get("start_s") is not None and s.get("end_s") is not None
+               and s["start_s"] <= high and s["end_s"] >= low}
+    holding = [s for s in stages if s.get("id") in overlap]
+    parents = {s.get("parent") for s in holding}
+    innermost = [s for s in holding if s["id"] not in parents] or holding
+    return max(innermost, key=lambda s: (overlap[s["id"]], (s.get("rss") or {}).get("peak") or 0),
+               default=None)
+
+
+def top_sites(records, limit: int = TOP_SITES) -> tuple[list[dict], int]:
+    """Allocations alive at the high-water mark, grouped by their innermost user-code frame;
+    and the bytes of those the auditor itself made (left out of the sites)."""
+    sites: dict[str, dict] = {}
+    auditor_bytes = 0
+    for record in records:
+        user = site_frame(python_stack(record))
+        if user is not None and is_auditor_code(user[1]):
+            auditor_bytes += record.size
+            continue
+        location = f"{user[1]}:{user[2]}" if user else "<no Python frame>"
+        site_entry = sites.setdefault(location, {
+            "location": location, "function": user[0] if user else None,
+            "code": linecache.getline(user[1], user[2]).strip() or None if user else None,
+            "bytes": 0, "allocations": 0, "_largest": None})
+        site_entry["bytes"] += record.size
+        site_entry["allocations"] += record.n_allocations
+        if site_entry["_largest"] is None or record.size > site_entry["_largest"].size:
+            site_entry["_largest"] = record
+    ranked = sorted(sites.values(), key=lambda s: s["bytes"], reverse=True)[:limit]
+    for site_entry in ranked:
+        largest = site_entry.pop("_largest")
+        site_entry["python_stack"] = [_frame_text(frame)
+                                      for frame in python_stack(largest)[:PYTHON_FRAMES]]
+        site_entry["native_stack"] = [_frame_text(frame)
+                                      for frame in _hybrid_stack(largest)[:NATIVE_FRAMES]]
+    return ranked, auditor_bytes
+
+
+def python_stack(record) -> list:
+    """The whole recorded Python stack, innermost first.
+
+    `stack_trace()` without a limit drops, on the main thread, as many outer frames as were
+    on the stack when the tracker started (meant to hide `memray run`'s launcher). Started
+    from inside a library, that hides the user's own frames, often all of them; with an
+    explicit limit memray returns the stack as recorded."""
+    return record.stack_trace(max_stacks=ALL_FRAMES)
+
+
+def site_frame(stack: list):
+    """The innermost frame in user code; an auditor frame met first is returned as itself
+    (the auditor made that allocation: top_sites sums it apart); the innermost frame otherwise
+    (library code called from nowhere in user code, such as an import)."""
+    below_an_operator = False  # an inner frame is torch's operator call
+    for frame in stack:
+        function, filename = frame[0], frame[1]
+        if passes_through(function, filename, below_an_operator):
+            below_an_operator = below_an_operator or filename.endswith(_OPERATOR)
+            continue
+        if is_program_code(filename) or filename.startswith(AUDITOR):
+            return frame
+    return stack[0] if stack else None
+
+
+def _hybrid_stack(record) -> list:
+    try:
+        return record.hybrid_stack_trace()
+    except (NotImplementedError, RuntimeError, ValueError):
+        return []
+
+
+def _frame_text(frame) -> str:
+    function, filename, line = frame
+    function = function if len(function) <= FRAME_TEXT else function[:FRAME_TEXT] + "..."
+    return f"{function} at {filename}:{line}" if line else f"{function} ({filename})"
+
+
+_OPERATOR = os.path.join("torch", "_ops.py")  # torch's operator call
+
+
+def write_flamegraph(reader, records, folder: Path) -> str | None:
+    """Self-contained HTML (no_web: no scripts fetched from a CDN); memray's CLI as fallback."""
+    out = folder / FLAMEGRAPH_FILE
+    try:
+        from memray.reporters.flamegraph import FlameGraphReporter
+        reporter = FlameGraphReporter.from_snapshot(
+            records, memory_records=tuple(reader.get_memory_snapshots()),
+            native_traces=reader.metadata.has_native_traces)
+        try:
+            with open(out, "w", encoding="utf-8") as f:
+                reporter.render(outfile=f, metadata=reader.metadata, show_memory_leaks=False,
+                                merge_threads=True, inverted=False, no_web=True)
+        except OSError:  # disk full: no half-written flamegraph left to be linked
+            out.unlink(missing_ok=True)
+            raise
+        return FLAMEGRAPH_FILE
+    except (ImportError, AttributeError, TypeError):  # reporter API moved: use the CLI
+        out.unlink(missing_ok=True)
+        result = subprocess.run(
+            [sys.executable, "-m", "memray", "flamegraph", "--no-web", "-f", "-o", str(out),
+             str(folder / TRACE_FILE)], capture_output=True, text=True)
+        return FLAMEGRAPH_FILE if result.returncode == 0 and out.exists() else None

@@ -1,0 +1,223 @@
+"""Stages: named intervals of a run, marked in any code.
+
+    with auditor.stage("gradients/original"):   # or @auditor.stage("select") on a function
+        ...
+    auditor.mark("after load")                  # a point reading, listed in the record's `marks`
+    auditor.track("masks", masks)               # a census root (see auditor.capture.census.take)
+
+`track` is optional for models and optimizers: each census also finds the top-level modules,
+the optimizers and the program's own objects in the staged frames (auditor.capture.census.discovered_roots),
+after the tracked roots, whose names come first. With the live-tensor meter, censuses are also
+taken inside a stage near its live-tensor high (auditor.capture.census.census_at_highs), so one stage around
+the work names what many staged calls would.
+
+Without an active audit each call is a module-level check and one read of torch's profiler
+flag, so library code can keep its stages in production. With one, the active `Audit` does
+the measuring; a stage only tells it where an interval opens and closes.
+
+While a torch profiler records (`torch.profiler.profile`, with or without an audit), every
+stage also opens a `torch.profiler.record_function` range of its name, so the stages show in
+the profiler's trace and in TensorBoard. This module never imports torch: until the program
+has imported it, no profiler can be recording.
+
+The auditor's own code runs inside `AUDITOR_CODE` (a per-thread depth): a staged callable
+that the auditor itself calls while measuring (`builtins:len`, `time:perf_counter`...) is then
+a plain call, never a stage, so staging it cannot recurse through the auditor.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+
+_active = None  # the Audit in progress, or None; set only by Audit.__enter__/__exit__
+
+_PROFILER = "torch.autograd.profiler"
+_modules = sys.modules
+# torch.autograd.profiler once the program has loaded it. Its `_is_profiler_enabled` is the
+# flag torch keeps "for fast python checks" (set by torch.profiler.profile, emit_nvtx and
+# emit_itt): one attribute read, where the C query costs a call.
+_profiler = None
+_ranges = threading.local()  # per thread, `stack`: [(stage, record_function)] still open
+_open_ranges = 0  # in all threads: while 0, a closing stage skips the thread-local lookup
+_ranges_lock = threading.Lock()
+
+
+class _WithoutFlag:
+    """Stands for a torch that lacks the flag: its profiler sees no stages."""
+    _is_profiler_enabled = False
+
+
+def _load_profiler():
+    global _profiler
+    module = _modules.get(_PROFILER)
+    if module is not None and hasattr(module, "record_function"):  # not half-imported
+        _profiler = module if hasattr(module, "_is_profiler_enabled") else _WithoutFlag
+    return _profiler
+
+
+def profiler_recording() -> bool:
+    """True while a torch profiler records (always False before the program imports torch)."""
+    profiler = _profiler
+    if profiler is None and _PROFILER in _modules:
+        profiler = _load_profiler()
+    return profiler is not None and profiler._is_profiler_enabled
+
+
+class _OwnCalls(threading.local):
+    depth = 0  # > 0 while this thread runs the auditor's own code
+
+
+_own = _OwnCalls()
+
+
+class _AuditorCode:
+    """`with AUDITOR_CODE:` around the auditor's own work. Built from attribute reads and
+    integer arithmetic only: no call a user could have staged."""
+    __slots__ = ()
+
+    def __enter__(self):
+        _own.depth += 1
+
+    def __exit__(self, exc_type, exc, tb):
+        _own.depth -= 1
+
+
+AUDITOR_CODE = _AuditorCode()
+
+
+def in_auditor_code() -> bool:
+    """True while this thread runs the auditor's own code (staged calls pass straight through)."""
+    return _own.depth > 0
+
+
+def active_audit():
+    """The audit in progress, or None."""
+    return _active
+
+
+def _set_active(audit) -> None:
+    global _active
+    _active = audit
+
+
+class stage:
+    """A named stage: a context manager, or a decorator that stages every call.
+
+    The stage object keeps no per-entry state (the audit's and the profiler ranges'
+    per-thread stacks do), so one object may be entered from several threads or re-entered
+    recursively.
+    """
+
+    __slots__ = ("name",)
+    call = None  # what a staged callable's stage adds to its entry (CallStage)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self) -> stage:
+        # profiler_recording(), inlined: a stage with nothing to do stays one call cheap.
+        # The range encloses the audit's stage, so its own cost stays out of the stage's
+        # measurement.
+        profiler = _profiler
+        if profiler is None and _PROFILER in _modules:
+            with AUDITOR_CODE:
+                profiler = _load_profiler()
+        recording = profiler is not None and profiler._is_profiler_enabled
+        audit = _active
+        if audit is None and not recording:
+            return self
+        with AUDITOR_CODE:
+            if recording:
+                _open_range(self)
+            if audit is not None:
+                try:
+                    audit.open_stage(self.name, self, self.call)
+                except BaseException:
+                    _close_range(self)
+                    raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        audit = _active
+        if audit is None and not _open_ranges:
+            return False
+        with AUDITOR_CODE:
+            try:
+                if audit is not None:
+                    audit.close_stage(self, exc)
+            finally:
+                if _open_ranges:
+                    _close_range(self)
+        return False
+
+    def __call__(self, function):
+        name = self.name
+
+        @functools.wraps(function)
+        def staged(*args, **kwargs):
+            if _active is None:
+                profiler = _profiler  # profiler_recording(), inlined as in __enter__
+                if profiler is None and _PROFILER in _modules:
+                    profiler = _load_profiler()
+                if profiler is None or not profiler._is_profiler_enabled:
+                    return function(*args, **kwargs)
+            with stage(name):
+                return function(*args, **kwargs)
+        return staged
+
+    def __repr__(self) -> str:
+        return f"auditor.stage({self.name!r})"
+
+
+class CallStage(stage):
+    """The stage of one call of a staged callable (auditor.capture.staging.targets): its entry's `call` is
+    {"target": "SparseGPT.add_batch", "index": 113, "label": "model.layers.3.mlp.down_proj"}."""
+
+    __slots__ = ("call",)
+
+    def __init__(self, name: str, call: dict):
+        self.name, self.call = name, call
+
+
+def _open_range(opener: stage) -> None:
+    global _open_ranges
+    span = _profiler.record_function(opener.name)
+    span.__enter__()
+    stack = getattr(_ranges, "stack", None)
+    if stack is None:
+        stack = _ranges.stack = []
+    stack.append((opener, span))
+    with _ranges_lock:
+        _open_ranges += 1
+
+
+def _close_range(opener: stage) -> None:
+    """Close `opener`'s range if it is this thread's innermost one (a stage entered before
+    the profiler started has none). Ranges are per thread, so they nest as stages do. (One
+    stage object re-entered inside itself just as a profiler stops may close its outer
+    range at the inner exit: the profiler has stopped by then.)"""
+    global _open_ranges
+    stack = getattr(_ranges, "stack", None)
+    if not stack or stack[-1][0] is not opener:
+        return
+    _, span = stack.pop()
+    with _ranges_lock:
+        _open_ranges -= 1
+    span.__exit__(None, None, None)
+
+
+def mark(name: str) -> None:
+    """Record a point reading (RSS, and the opt-in probes) under the current stage."""
+    audit = _active
+    if audit is not None:
+        with AUDITOR_CODE:
+            audit.mark(name)
+
+
+def track(name: str, obj, categories: dict[str, str] | None = None) -> None:
+    """Register `obj` as a census root called `name` (held weakly where the object allows)."""
+    audit = _active
+    if audit is not None:
+        with AUDITOR_CODE:
+            audit.track(name, obj, categories)

@@ -1,0 +1,1 @@
+"""Staging code you cannot edit: callables, scripts run as python runs them, spawned ranks."""
