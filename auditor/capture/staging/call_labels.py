@@ -7,8 +7,8 @@ The default label, the first that applies: the receiver is an nn.Module -> its q
 the receiver holds an nn.Module attribute (`self.layer`) -> that module's; the first nn.Module
 positional argument -> its; else None. A user hook, `Audit(stage_label=fn)` or `auditor run
 --label module:function`, comes first: `fn(target_name, args, kwargs) -> str | None` with
-the call's own arguments (a method's `self` first), None keeping the default. A hook that raises or returns anything else is switched off with a
-warning; the program goes on.
+the call's own arguments (a method's `self` first), None keeping the default. A hook that
+raises or returns anything else is switched off with a warning; the program goes on.
 
 Qualified names are those of `named_modules()` of the module's root (the module that is no
 other module's child), without a prefix for the root itself (the root's own label is its
@@ -30,6 +30,8 @@ import sys
 import threading
 import time
 import weakref
+
+from auditor.capture.staging.user_imports import import_named
 
 _MISSING = object()
 MIN_SCAN_INTERVAL_S = 1.0
@@ -217,7 +219,6 @@ def _describe(hook) -> str:
 def resolve_hook(spec: str):
     """The function named by "module:function" (--label), imported as a stage target is.
     Raises ValueError with a one-line message."""
-    from auditor.capture.staging.targets import import_named
     module_name, _, qualname = spec.partition(":")
     if not module_name or not qualname:
         raise ValueError(f"--label {spec!r} should look like module:function")

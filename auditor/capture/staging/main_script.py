@@ -8,9 +8,10 @@ a patch made before the run would be overwritten, and importing the script under
 (`prune:get_llm`) gives another copy that the program never calls. So the program is declared
 (`Main.declare`), a target naming it (`prune:get_llm` for a script, the module's own name for
 -m, or `__main__:get_llm` for any of the three) is checked in its source without running it
-(auditor.capture.staging.targets, auditor.capture.staging.script_names), and `run` compiles the program with one call after each top-level statement
-that binds a watched name (`def`, `class`, an assignment, an import): the call patches the new
-binding there (auditor.capture.staging.targets.LatePatch), before any later line can call it. Line numbers,
+(auditor.capture.staging.targets, auditor.capture.staging.script_names), and `run` compiles the
+program with one call after each top-level statement that binds a watched name (`def`, `class`,
+an assignment, an import): the call patches the new binding there
+(auditor.capture.staging.targets.LatePatch), before any later line can call it. Line numbers,
 `__file__`, `__spec__`, `sys.argv` and tracebacks stay what python gives. A program nobody
 watches runs unchanged.
 

@@ -3,13 +3,14 @@
     resolve("gradprobe.pruner:GradProbe.record_gradients")   # or "module:function",
     resolve(GradProbe.record_gradients)                      # or the object itself
 
-A target is patched where it lives (the attribute on its module or class) for the length of
-an audit and restored afterwards. A function's copies bound by name in other loaded modules
-(`from m import f` in the code that calls it) are staged too (auditor.capture.staging.name_bindings); copies
-kept elsewhere (a local variable, a default argument) keep calling the original. Repeated calls are numbered (`GradProbe.record_gradients#2`), and each
-call's stage says which call it is, `"call": {"target", "index", "label"}`, the label naming
-what the call worked on (auditor.capture.staging.call_labels: `model.layers.3.mlp.down_proj`). A staged
-method also registers its receiver as a census root named after its class and the label
+A target is patched where it lives (the attribute on its module or class) for the length of an
+audit and restored afterwards. A function's copies bound by name in other loaded modules
+(`from m import f` in the code that calls it) are staged too (auditor.capture.staging.name_bindings);
+copies kept elsewhere (a local variable, a default argument) keep calling the original. Repeated
+calls are numbered (`GradProbe.record_gradients#2`), and each call's stage says which call it
+is, `"call": {"target", "index", "label"}`, the label naming what the call worked on
+(auditor.capture.staging.call_labels: `model.layers.3.mlp.down_proj`). A staged method also
+registers its receiver as a census root named after its class and the label
 (`SparseGPT[model.layers.3.mlp.down_proj]`). Like any stage, each call also opens a torch
 profiler range (auditor.capture.stage) while a profiler records.
 
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import importlib
 import inspect
 import os
 import sys
@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from auditor.capture.stage import AUDITOR_CODE, CallStage, active_audit, in_auditor_code, profiler_recording, stage
 from auditor.capture.staging import main_script, name_bindings, script_names
 from auditor.capture.staging.call_labels import CallLabels
+from auditor.capture.staging.user_imports import import_named
 
 _MISSING = object()
 _HEAP_TYPE, _IMMUTABLE_TYPE = 1 << 9, 1 << 8  # CPython's type flags: a class statement's, a C type's
@@ -83,19 +84,6 @@ def _resolve_in_script(script: str, module_name: str, qualname: str) -> Target:
     if missing is not None:
         raise ValueError(f"stage target {spec!r}: {missing}")
     return Target(name=qualname, owner=None, attribute=qualname.split(".")[-1], spec=spec, script=script)
-
-
-def import_named(module_name: str, what: str = "stage target") -> types.ModuleType:
-    """The module, or ValueError with a one-line message starting with `what`."""
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        if error.name and module_name.startswith(error.name):
-            raise ValueError(f"{what}: no module named {module_name!r}") from None
-        raise ValueError(f"{what}: importing {module_name!r} failed: {error}") from None
-    except Exception as error:  # the module's own code failed while importing
-        raise ValueError(f"{what}: importing {module_name!r} failed: "
-                         f"{type(error).__name__}: {error}") from None
 
 
 def _resolve_path(module, module_name: str, qualname: str) -> Target:
