@@ -26,6 +26,7 @@ import benchmark_record
 
 from auditor.facts.units import size
 from auditor.renderers import validation_markdown
+from auditor.report_models.validation import validation_report
 
 BASELINE_SMALL = ["--arch", "tinystories-33m", "--hidden", "256", "--layers", "2"]
 SMALL_MISTRAL = ["--arch", "mistral-7b", "--layers", "1", "--hidden", "256", "--vocab", "32000", "--heads", "4",
@@ -141,7 +142,7 @@ def summary(records: dict[str, dict]) -> str:
 
 def section(case: str, record: dict) -> str:
     """The report `validate-projection` wrote, one heading level down, titled by its case."""
-    text = validation_markdown.render(record["result"], record["command"])
+    text = validation_markdown.render(validation_report(record["result"]), record["command"])
     title, rest = text.split("\n", 1)
     named = f"Variant `{case}`" if "--variant" in record["command"] else case
     title = title.replace("# Projection validation:", f"## {named}:", 1)

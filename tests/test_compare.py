@@ -14,6 +14,7 @@ from conftest import one_error_line
 from auditor.cli import main
 from auditor.comparison import Comparison, Side, Tolerance, run_comparison
 from auditor.renderers import comparison_markdown
+from auditor.report_models.comparison import comparison_report
 
 MiB = 1 << 20
 
@@ -202,7 +203,7 @@ def test_sides_alternate(workdir):
     assert [run["side"] for run in runs] == expected
     assert [run["order"] for run in runs] == list(range(1, 10))
     assert [run["repeat"] for run in runs] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
-    assert "base -> v1 -> v2" in comparison_markdown.render(comparison.record, comparison.summary)
+    assert "base -> v1 -> v2" in comparison_markdown.render(comparison_report(comparison.record, comparison.summary))
 
 
 def test_peak_is_the_childs_own_not_the_parents(workdir):

@@ -1,7 +1,7 @@
 """The projection-validation report's model, made once from a validation result: each projected
 figure beside the real one with its error, the targets missed or not checked, what ran."""
 from auditor.analysis.projection.validation import check_targets
-from auditor.renderers.validation_markdown import render_report
+from auditor.renderers.validation_markdown import render
 from auditor.report_models.validation import GradProbeRun, validation_report
 
 MIB = 2**20
@@ -44,7 +44,7 @@ def test_the_model_holds_every_figure_beside_the_real_one():
 
 
 def test_the_renderer_formats_the_model():
-    text = render_report(validation_report(_result()), ["auditor", "validate-projection"])
+    text = render(validation_report(_result()), ["auditor", "validate-projection"])
     assert "**Missed:** peak RSS (traced) -10.00% against ±5%." in text
     assert "| prune/save | 0 B | - | - | 300.0 MiB | - | - |" in text
     assert "GradProbe variant `lean`, strategy `magnitude`" in text

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from auditor.analysis.projection.validation import check_targets
-from auditor.renderers.validation_markdown import render_report, report_tables
+from auditor.renderers.validation_markdown import render, tables
 from auditor.report_models.validation import validation_report
 
 RECORD = Path(__file__).resolve().parents[1] / "reports" / "projection-validation-variants-runs" / "sparse-state.json"
@@ -28,11 +28,11 @@ def test_a_scaled_projection_that_prints_no_number_shows_no_peak():
         assert scaled.bytes is None and scaled.error is None
         assert scaled.withheld == "not explained by its drivers: the report prints no number (see traced)"
         assert line.figure.projected["traced"].bytes is not None  # the traced one is shown
-    headers, rows = report_tables(report)["peaks"]
+    headers, rows = tables(report)["peaks"]
     scaled_column = headers.index("scaled")
     assert all(row[scaled_column].startswith("not shown: not explained by its drivers") for row in rows)
     assert all(row[scaled_column + 1] == "-" for row in rows)
-    text = render_report(report)
+    text = render(report)
     peaks = text.split("## Peaks", 1)[1].split("## Stages", 1)[0]
     assert peaks.count("GiB | not shown: not explained by its drivers: the report prints no number (see traced) | - |") == 2
 
@@ -64,4 +64,4 @@ def test_a_scaled_projection_explained_everywhere_shows_every_figure():
     assert all(line.figure.projected["scaled"].bytes == result["peak"]["scaled"][key]
                for line, key in zip(report.peaks, ("live_tensors", "rss"), strict=False))
     assert all(s.tensors.projected["scaled"].withheld is None for s in report.stages)
-    assert "not shown" not in render_report(report)
+    assert "not shown" not in render(report)

@@ -266,8 +266,8 @@ def _finish(comparison, out: Path, console, source: Path | None = None) -> int:
         if written is None:
             comparison.save(json_path)
             written = "the record"
-        comparison_chart.render_report(report, chart)
-        out.write_text(comparison_markdown.render_report(report, chart=chart.name))
+        comparison_chart.render(report, chart)
+        out.write_text(comparison_markdown.render(report, chart=chart.name))
     except OSError as error:
         kept = (f"{written} {json_path} is complete: `auditor compare --from {json_path}` renders it again"
                 if written else "no record was written")

@@ -87,7 +87,7 @@ def main(args) -> int:
     from auditor.cli.progress import StatusLine
     from auditor.jobs.projection_validation import NotEnoughMemory, validate
     from auditor.renderers import terminal
-    from auditor.renderers.validation_markdown import render_report
+    from auditor.renderers.validation_markdown import render
     from auditor.report_models.validation import validation_report
 
     name = Path(args.script).stem if program else args.arch
@@ -118,7 +118,7 @@ def main(args) -> int:
         return 1
     report = validation_report(result)
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(render_report(report, args.command_line))
+    output.write_text(render(report, args.command_line))
     console = terminal.console(stdout=True, highlight=True, piped_width=200)
     if "held_out" in result:  # which real run the projection was held against
         console.print(result["held_out"]["sentence"], markup=False, highlight=False, soft_wrap=True)

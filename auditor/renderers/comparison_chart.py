@@ -10,16 +10,12 @@ from pathlib import Path
 
 from auditor.facts.units import MiB
 from auditor.renderers.plot_text import fit_title
-from auditor.report_models.comparison import ComparisonReport, Spread, comparison_report
+from auditor.report_models.comparison import ComparisonReport, Spread
 
 LOADED_COLOUR, OVERHEAD_COLOUR, TIME_COLOUR = "#b8c4d6", "#3b6fb6", "#8c8c8c"
 
 
-def render(record: dict, summary: dict, path: str | Path) -> Path:
-    return render_report(comparison_report(record, summary), path)
-
-
-def render_report(report: ComparisonReport, path: str | Path) -> Path:
+def render(report: ComparisonReport, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     draw(report).savefig(path)

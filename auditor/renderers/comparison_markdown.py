@@ -16,18 +16,13 @@ from auditor.report_models.comparison import (
     Scalar,
     Spread,
     Variant,
-    comparison_report,
 )
 
 DIGEST_CHARS = 12
 
 
-def render(record: dict, summary: dict, chart: str | None = None) -> str:
+def render(report: ComparisonReport, chart: str | None = None) -> str:
     """`chart`: the chart PNG's path relative to the markdown file, or None for no chart."""
-    return render_report(comparison_report(record, summary), chart)
-
-
-def render_report(report: ComparisonReport, chart: str | None = None) -> str:
     out: list[str] = [f"# Comparison: {report.name}", ""]
     out += _verdict(report) + [""]
     out += _setting(report) + [""]
@@ -79,8 +74,8 @@ def _setting(report: ComparisonReport) -> list[str]:
              f"its peak RSS is the kernel's high-water mark for that process alone (`ru_maxrss` from "
              f"`wait4`).", "",
              f"Load average (1 / 5 / 15 min) at the start {_load(env.load_start)}"
-             + (f", at the end {_load(env.load_end)}" if env.load_end else "") + f", on {cpus} CPUs (the runs themselves "
-             f"add about one to it)."]
+             + (f", at the end {_load(env.load_end)}" if env.load_end else "")
+             + f", on {cpus} CPUs (the runs themselves add about one to it)."]
     if setting.busy:
         lines[-1] += (" Other work was running: wall and CPU times are noisy (compare them "
                       "between sides of the same round, not with other reports); peak RSS is each "

@@ -314,17 +314,18 @@ def _spread(spread: Spread | None, unit: float, digits: int = 0) -> str:
 
 def validation(out: Console, report: ValidationReport, output: Path) -> None:
     """The scale-up, the tables of the markdown report, and where it and the runs are."""
-    from auditor.renderers.validation_markdown import report_tables  # not needed by `auditor run`
+    from auditor.renderers.validation_markdown import tables  # not needed by `auditor run`
     low, high = report.scale_up_range
     note = "" if report.in_range else f" (the targets are stated for {low:g}x to {high:g}x)"
     out.print(f"[bold]{report.small.label} -> {report.target.label}[/]: "
               f"{report.scale_up:.1f}x parameters{note}", highlight=False)
     titles = {"targets": "Targets", "peaks": "Peaks", "stages": "Peak inside each stage",
               "components": f"Components at the end of {report.components_stage}"}
-    for name, (headers, rows) in report_tables(report).items():
+    for name, (headers, rows) in tables(report).items():
         table = Table(title=titles[name], title_justify="left")
         for i, header in enumerate(headers):
-            table.add_column(header, justify="left" if i == 0 or header in ("category", "target", "method") else "right")
+            left = i == 0 or header in ("category", "target", "method")
+            table.add_column(header, justify="left" if left else "right")
         for row in rows:
             table.add_row(*row)
         out.print(table)

@@ -2,7 +2,7 @@
 peaks, every stage and every component of the peak stage, real against scaled and traced, and
 what the scaled projection's fit found. It formats auditor.report_models.validation's model,
 made from a validation result alone (`auditor.jobs.projection_validation.validate`).
-`tables(result)` gives the same tables as rows, for the terminal.
+`tables(report)` gives the same tables as rows, for the terminal.
 """
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from auditor.report_models.validation import (
     Projected,
     Target,
     ValidationReport,
-    validation_report,
 )
 
 Table = tuple[list[str], list[list[str]]]
@@ -46,12 +45,8 @@ def _projected(p: Projected) -> str:
     return units.size(p.bytes)
 
 
-def tables(result: dict) -> dict[str, Table]:
+def tables(report: ValidationReport) -> dict[str, Table]:
     """name -> (headers, rows) for the targets, peaks, stages and components."""
-    return report_tables(validation_report(result))
-
-
-def report_tables(report: ValidationReport) -> dict[str, Table]:
     methods = report.methods
     targets = (["target", "method", "limit", "error", "met"],
                [[t.what, t.method, f"±{t.limit:.0%}", _error(t.error), _met(t)] for t in report.targets])
@@ -67,14 +62,10 @@ def report_tables(report: ValidationReport) -> dict[str, Table]:
     return {"targets": targets, "peaks": peaks, "stages": stages, "components": components}
 
 
-def render(result: dict, command: list[str] | str | None = None) -> str:
-    return render_report(validation_report(result), command)
-
-
-def render_report(report: ValidationReport, command: list[str] | str | None = None) -> str:
+def render(report: ValidationReport, command: list[str] | str | None = None) -> str:
     """`command`: the command that made it, as its words or as one line (a benchmark's record)."""
     small, target = report.small, report.target
-    made = report_tables(report)
+    made = tables(report)
     out = [f"# Projection validation: {small.label} -> {target.label}", ""]
     out += [f"Audited for real at **{small.label}** ({small.parameters:,} parameters), "
             f"projected to **{target.label}** ({target.parameters:,} parameters, a "
