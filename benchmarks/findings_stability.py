@@ -27,7 +27,9 @@ import benchmark_record  # noqa: E402  (beside this script)
 
 from auditor.analysis.findings import noise_band  # noqa: E402
 from auditor.analysis.findings.rules import findings  # noqa: E402
-from auditor.analysis.run.components import attribute, census_order, finished, live_tensor_high, peak_stage  # noqa: E402
+from auditor.analysis.run.attribution import attribute  # noqa: E402
+from auditor.analysis.run.live_tensor_peak import live_tensor_high  # noqa: E402
+from auditor.analysis.run.stages import census_order, finished, peak_stage  # noqa: E402
 from auditor.facts import units  # noqa: E402
 from auditor.record.run_folder import load  # noqa: E402
 

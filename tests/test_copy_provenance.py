@@ -27,7 +27,8 @@ from conftest import audit_script
 import auditor
 from auditor import load
 from auditor.analysis.findings.rules import _copies_by_size, findings
-from auditor.analysis.run.components import census_order, weights_bytes
+from auditor.analysis.run.attribution import weights_bytes
+from auditor.analysis.run.stages import census_order
 from auditor.capture.census.provenance import live_provenance
 from auditor.capture.probes.live_tensors import LiveTensorMeter
 

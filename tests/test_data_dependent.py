@@ -223,7 +223,7 @@ def test_unique_is_sized_by_its_own_ratio(tmp_path):
 
 
 def test_report_views_carry_the_estimates():
-    from auditor.analysis.run.components import projection_views
+    from auditor.analysis.projection.views import projection_views
     traced = _record(name="t", workload={"architecture": "big"},
                      traced={"estimated_sizes": [{"site": "a.py:1 f", "op": "aten::index", "calls": 1,
                                                   "output_numel": 10, "ratio": 0.1, "source": "observed"}]},

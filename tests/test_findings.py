@@ -29,7 +29,8 @@ import auditor
 from architectures.calibration import synthetic_batches
 from auditor.analysis.findings import rules
 from auditor.analysis.findings.rules import evaluate, findings
-from auditor.analysis.run.components import attribute, census_order, peak_stage, weights_bytes
+from auditor.analysis.run.attribution import attribute, weights_bytes
+from auditor.analysis.run.stages import census_order, peak_stage
 from auditor.capture.probes.live_tensors import LiveTensorMeter
 from auditor.capture.probes.rss import current_rss
 from auditor.record.run_folder import load, write_json_atomically

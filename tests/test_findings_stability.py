@@ -20,7 +20,9 @@ import pytest
 
 from auditor.analysis.findings import noise_band
 from auditor.analysis.findings.rules import findings
-from auditor.analysis.run.components import attribute, live_tensor_high, peak_stage
+from auditor.analysis.run.attribution import attribute
+from auditor.analysis.run.live_tensor_peak import live_tensor_high
+from auditor.analysis.run.stages import peak_stage
 from auditor.record.run_folder import load
 from auditor.record.schema import RunRecord
 

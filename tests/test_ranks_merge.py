@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from auditor.analysis.ranks.merged import merge_ranks
-from auditor.analysis.run.components import live_tensor_high
+from auditor.analysis.run.live_tensor_peak import live_tensor_high
 from auditor.analysis.run.unstaged import peak_place
 from auditor.cli import main
 from auditor.facts import units

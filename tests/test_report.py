@@ -17,17 +17,9 @@ from conftest import one_error_line
 from test_findings import TINY_GPT_NEO, records
 
 from auditor.analysis.findings.rules import RULES, evaluate, findings
-from auditor.analysis.run.components import (
-    BEYOND_CENSUS,
-    UNSEEN_TENSORS,
-    attribute,
-    census_before,
-    final_stage,
-    peak_at_start,
-    peak_stage,
-    run_weights,
-)
+from auditor.analysis.run.attribution import BEYOND_CENSUS, UNSEEN_TENSORS, attribute, run_weights
 from auditor.analysis.run.source_paths import code_root, shown_command
+from auditor.analysis.run.stages import census_before, final_stage, peak_at_start, peak_stage
 from auditor.analysis.run.timeline import timeline
 from auditor.cli import main
 from auditor.facts import units
@@ -323,7 +315,8 @@ def test_an_uncalibrated_scaled_projection_says_so(built):
     """Without calibration runs the scaled figures rest on assumed drivers: the summary and
     every saving at the target say so; fitted on calibration runs, they do not."""
     from auditor.analysis.projection.scaled import project
-    from auditor.analysis.run.components import UNCALIBRATED, UNCHECKED
+    from auditor.analysis.projection.standing import UNCALIBRATED
+    from auditor.analysis.projection.views import UNCHECKED
     record = copy.deepcopy(built["pattern"][0])
     record.annotations["workload"] = {"architecture": "tinystories-33m", "overrides": TINY_GPT_NEO, "tokens": 32}
     record.annotations["projections"] = [project(record, "gpt-neo-125m", calibration=[])]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from auditor.analysis.projection.validation import TARGETS
-from auditor.analysis.run.components import UNCHECKED, projection_views
+from auditor.analysis.projection.views import UNCHECKED, projection_views
 from auditor.cli.gradprobe import _print_summary
 from auditor.facts import units
 from auditor.record.run_folder import load

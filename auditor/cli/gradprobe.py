@@ -224,7 +224,8 @@ def _default_output(args, targets: list[str]) -> Path:
 
 def _print_summary(record: RunRecord, output: Path, folder: Path) -> None:
     from auditor.analysis.projection.estimated_bytes import estimate_note
-    from auditor.analysis.run.components import projection_views, scaled_caveat
+    from auditor.analysis.projection.standing import scaled_caveat
+    from auditor.analysis.projection.views import projection_views
     from auditor.facts.units import size
     print(f"peak RSS {size(record.peak.rss)} in {record.peak.stage}")
     views = {(v.method, v.target, v.target_dtype): v for v in projection_views(record)}  # held to the traced one

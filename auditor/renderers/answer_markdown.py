@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from auditor.analysis.projection.side_by_side import TargetSides
-from auditor.analysis.run.components import method_words
+from auditor.analysis.projection.views import method_words
 from auditor.analysis.run.unstaged import PeakPlace
 from auditor.facts import units
 from auditor.renderers import markdown_text as md

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
+from auditor.analysis.run.attribution import BEYOND_CENSUS, BEYOND_LIVE, UNSEEN_TENSORS
 from auditor.analysis.run.component_history import ComponentHistory
-from auditor.analysis.run.components import BEYOND_CENSUS, BEYOND_LIVE, UNSEEN_TENSORS
 from auditor.facts import units
 from auditor.record.schema import Stage, Unstaged
 from auditor.renderers import markdown_text as md

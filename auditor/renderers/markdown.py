@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import quote
 
-from auditor.analysis.run.components import ProjectionView, method_words
+from auditor.analysis.projection.views import ProjectionView, method_words
 from auditor.analysis.run.stage_groups import StageRow
 from auditor.analysis.run.unstaged import PeakPlace
 from auditor.facts import units

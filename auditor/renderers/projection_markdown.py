@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from auditor.analysis.projection.side_by_side import ComponentSide, StageSide, TargetSides
-from auditor.analysis.run.components import ProjectionView
+from auditor.analysis.projection.views import ProjectionView
 from auditor.facts import units
 from auditor.renderers import markdown_text as md
 

@@ -19,14 +19,8 @@ from typing import Literal
 from auditor.analysis.findings.program_kind import ProgramKind
 from auditor.analysis.findings.rules import Finding, stage_transient
 from auditor.analysis.projection.reasons import TRANSIENT, Why, shrinking
-from auditor.analysis.run.components import (
-    BEYOND_CENSUS,
-    BEYOND_LIVE,
-    UNSEEN_TENSORS,
-    Attribution,
-    ProjectedStage,
-    ProjectionView,
-)
+from auditor.analysis.projection.views import ProjectedStage, ProjectionView
+from auditor.analysis.run.attribution import BEYOND_CENSUS, BEYOND_LIVE, UNSEEN_TENSORS, Attribution
 from auditor.record.schema import RunRecord
 
 REMEDY_WORDS = 160  # a remedy's headline in the fixes table; the whole remedy is in the details

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from auditor.analysis.run.components import scaled_caveat
+from auditor.analysis.projection.standing import scaled_caveat
 from auditor.record.schema import RunRecord
 
 # Settings that may differ between the runs compared: what the report sets side by side.

@@ -21,27 +21,15 @@ from typing import Literal
 from auditor.analysis.findings.program_kind import program_kind
 from auditor.analysis.findings.rules import SEVERITIES, Finding, Outcome, evaluate, ordered
 from auditor.analysis.projection.side_by_side import SideBySide, TargetSides, by_target, side_by_side
+from auditor.analysis.projection.views import ProjectedStage, ProjectionView, projection_views
 from auditor.analysis.ranks.merged import Spawn, spawns
 from auditor.analysis.run import source_paths, stage_groups, timeline, unstaged
+from auditor.analysis.run.attribution import Attribution, attribute, largest_weights, run_weights
 from auditor.analysis.run.component_history import ComponentHistory, history
-from auditor.analysis.run.components import (
-    Attribution,
-    ProjectedStage,
-    ProjectionView,
-    at_peak_categories,
-    attribute,
-    census_before,
-    census_order,
-    final_stage,
-    is_traced,
-    largest_weights,
-    live_tensor_high,
-    peak_at_start,
-    peak_stage,
-    projection_views,
-    run_weights,
-)
+from auditor.analysis.run.growers import at_peak_categories
+from auditor.analysis.run.live_tensor_peak import live_tensor_high
 from auditor.analysis.run.stage_groups import StageRow
+from auditor.analysis.run.stages import census_before, census_order, final_stage, is_traced, peak_at_start, peak_stage
 from auditor.analysis.run.unstaged import PeakPlace
 from auditor.facts.allocation_sites import passes_through
 from auditor.record import schema as record_schema

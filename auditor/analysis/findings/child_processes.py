@@ -24,7 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from auditor.analysis.findings.finding import Finding
-from auditor.analysis.run.components import census_order, ended, largest_weights, projection_views, weights_bytes
+from auditor.analysis.projection.views import projection_views
+from auditor.analysis.run.attribution import largest_weights, weights_bytes
+from auditor.analysis.run.stages import census_order, ended
 from auditor.facts import units
 from auditor.record.schema import Children, RunRecord
 

@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from auditor.analysis.run.components import census_order, is_buffer, largest_weights
+from auditor.analysis.run.attribution import is_buffer, largest_weights
+from auditor.analysis.run.stages import census_order
 from auditor.facts import units
 from auditor.record.schema import AtPeakRow, RunRecord
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 from auditor.analysis.findings.finding import Finding
 from auditor.analysis.findings.noise_band import BORDERLINE, rss_band
 from auditor.analysis.run import unstaged
-from auditor.analysis.run.components import BEYOND_CENSUS, attribute, live_tensor_high, live_tensor_peak, peak_stage
+from auditor.analysis.run.attribution import BEYOND_CENSUS, attribute
+from auditor.analysis.run.live_tensor_peak import live_tensor_high, live_tensor_peak
+from auditor.analysis.run.stages import peak_stage
 from auditor.facts import units
 from auditor.facts.allocator_retention import MMAP_THRESHOLD_START, threshold_fixed
 from auditor.record.schema import RunRecord

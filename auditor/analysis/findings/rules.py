@@ -35,21 +35,12 @@ from auditor.analysis.findings.rss_rules import (
     tensor_gap,
     untracked,
 )
+from auditor.analysis.projection.views import ProjectedStage, method_words, projection_views
 from auditor.analysis.run import source_paths, unstaged
-from auditor.analysis.run.components import (
-    ProjectedStage,
-    census_order,
-    finished,
-    growers,
-    is_buffer,
-    is_traced,
-    largest_weights,
-    live_tensor_peak,
-    method_words,
-    peak_stage,
-    projection_views,
-    weights_bytes,
-)
+from auditor.analysis.run.attribution import is_buffer, largest_weights, weights_bytes
+from auditor.analysis.run.growers import growers
+from auditor.analysis.run.live_tensor_peak import live_tensor_peak
+from auditor.analysis.run.stages import census_order, finished, is_traced, peak_stage
 from auditor.facts import units
 from auditor.facts.allocation_sites import DDP_BUCKETS, communication_buffer
 from auditor.record.schema import Component, RunRecord, Stage

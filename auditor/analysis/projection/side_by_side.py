@@ -18,8 +18,8 @@ import re
 from dataclasses import dataclass, field
 
 from auditor.analysis.projection.reasons import component_why
+from auditor.analysis.projection.standing import UNCALIBRATED, scaled_caveat
 from auditor.analysis.run.component_history import fold_component
-from auditor.analysis.run.components import UNCALIBRATED, scaled_caveat
 from auditor.record.schema import RunRecord
 
 _CALL_NUMBER = re.compile(r"#\d+(?=/|$)")

@@ -1,9 +1,11 @@
 """What a projection's headline may say: a traced run that ended in an error gives no headline
-figure, only where it failed; a target model that is a stand-in says so beside its figure.
+figure, only where it failed; a target model that is a stand-in says so beside its figure; a
+scaled projection fitted on no run, or an algorithm that cannot be projected, says so as its caveat.
 
     failed = traced_failure(projection)          # None, or .phrase "failed at stage `prune`: ..."
     failed = traced_failure(projection, traced)  # with the traced run's own record: its stage, exactly
     note = stand_in(projection)                  # the `target_built` sentence when a stand-in, else None
+    caveat = scaled_caveat(projection)           # UNCALIBRATED, why it is not projected, or None
 
 A traced run that dies part-way still finished some stages, and the stage it died in is
 finished too (status "failed"), holding whatever it had made before the error: at least the
@@ -94,3 +96,19 @@ def stand_in(projection: dict) -> str | None:
         return None
     says = built.get("says")
     return str(says).strip().rstrip(".") if says else "the target model is a stand-in architecture, not the program's own"
+
+
+UNCALIBRATED = ("uncalibrated: each quantity grown by an assumed driver (transients by parameters, "
+                "unseen tensors by activations), fitted on no run; it can be off by several times, "
+                "so trust the traced projection (a run without --no-trace calibrates this one)")
+
+
+def scaled_caveat(item: dict) -> str | None:
+    """A projection of an algorithm that cannot be projected says why (`not_projected`); a scaled
+    projection made without calibration runs says so (`fit.runs` empty)."""
+    if item.get("not_projected"):
+        return str(item["not_projected"])
+    fit = item.get("fit")
+    if item.get("method", "scaled") != "scaled" or not isinstance(fit, dict):
+        return None
+    return UNCALIBRATED if not fit.get("runs") else None

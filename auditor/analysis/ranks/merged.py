@@ -33,7 +33,7 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from auditor.analysis.run.components import live_tensor_high, live_tensor_peak
+from auditor.analysis.run.live_tensor_peak import live_tensor_high, live_tensor_peak
 from auditor.analysis.run.source_paths import code_root, shown_command
 from auditor.analysis.run.unstaged import peak_place
 from auditor.facts.allocation_sites import communication_buffer

@@ -18,7 +18,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from auditor.analysis.run.components import census_order, ended
+from auditor.analysis.run.stages import census_order, ended
 from auditor.record.schema import RunRecord, Stage
 
 

@@ -18,7 +18,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from auditor.analysis.run.components import meter
+from auditor.analysis.run.stages import meter
 from auditor.analysis.run.unstaged import describe
 from auditor.record.schema import Call, RunRecord, Stage, Unstaged
 

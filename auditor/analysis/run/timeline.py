@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from auditor.analysis.run.components import ended, finished, meter
+from auditor.analysis.run.stages import ended, finished, meter
 from auditor.record.schema import Readings, RunRecord, Stage
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from auditor.analysis.run.components import census_order, ended
+from auditor.analysis.run.stages import census_order, ended
 from auditor.analysis.run.timeline import Peak, Timeline
 from auditor.record.schema import AtPeak, LiveTensors, RunRecord, Stage, Unstaged
 from auditor.record.schema import PeakPlace as PeakWhere  # the record's `peak.where`
