@@ -67,7 +67,8 @@ from auditor.record.schema import RunRecord, Stage
 MARKER = "memory_budget"
 BODY = "test body"
 DEFAULT_REFERENCE = "reference"
-MEASURES = {"peak_rss": ("rss", "peak RSS"), "live_tensors": ("live_tensors", "live tensors peak above the body's start")}
+MEASURES = {"peak_rss": ("rss", "peak RSS"),
+            "live_tensors": ("live_tensors", "live tensors peak above the body's start")}
 OPTIONS = ("stage", "reference", "census", "memray")
 MAX_RATIO = 100  # a float this large is bytes written without a unit, not a ratio
 TOP = 5
@@ -314,7 +315,8 @@ def stage_table(record: RunRecord, over: set[int]) -> list[str]:
         rows.append(["  " * depth + s.name + ("  <- over budget" if id(s) in over else ""),
                      units.size(s.rss.peak), units.size(live), units.seconds(duration)])
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    return ["  " + "  ".join([row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=False)])
+    return ["  " + "  ".join([row[0].ljust(widths[0])]
+                             + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=False)])
             for row in rows]
 
 

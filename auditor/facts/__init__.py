@@ -1,1 +1,2 @@
-"""Facts the other floors share and that import nothing of the auditor: units, glibc's heap, which frames are the program's."""
+"""Facts the other floors share and that import nothing of the auditor: units, glibc's heap,
+which frames are the program's."""

@@ -22,7 +22,8 @@ from auditor.facts import communication_buffers
 
 MIN_BYTES = 64 * 1024  # smaller storages are not worth a frame walk: they never matter alone
 
-AUDITOR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")  # the package auditor/ (this file is in auditor/facts/)
+# the package auditor/ (this file is in auditor/facts/)
+AUDITOR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
 _JOBS = os.path.join(AUDITOR, "jobs", "")
 _verdicts: dict = {}  # code object -> shown path, or None for library code
 

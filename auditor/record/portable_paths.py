@@ -76,7 +76,8 @@ def make_portable(paths: list[Path], root: str) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m auditor.record.portable_paths", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m auditor.record.portable_paths",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", metavar="FOLDER_OR_FILE", type=Path)
     parser.add_argument("--root", default=os.getcwd(), help="the project's folder (default: the working folder)")
     args = parser.parse_args(argv)

@@ -86,11 +86,13 @@ the process's highest reading while it lasted, whichever thread caused it.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 from pathlib import Path
 
+from auditor.record import derived
 from auditor.record.schema import SCHEMA, RunRecord, RunRecordError, check_schema  # noqa: F401 (re-exported)
 
 EVENTS_FILE = "events.jsonl"
@@ -100,7 +102,7 @@ RUN_FILE = "run.json"
 TRACE_FILE = "memray.bin"
 FLAMEGRAPH_FILE = "memray-flamegraph.html"
 HISTORY_FILE = "cuda_memory_snapshot.pickle"
-DERIVED_FILES = {"calibration": "calibration.json", "projections": "projections.json"}
+DERIVED_FILES = {key: name for key, (name, _) in derived.FILES.items()}  # their types: auditor.record.derived
 # Written by the audit itself (RunRecord's fields); `Audit.annotate` adds any other field
 # (workload, result...), which the typed record keeps in `annotations`.
 RESERVED = set(RunRecord.__dataclass_fields__)
@@ -217,18 +219,14 @@ class EventLog:
         if error.errno == errno.EBADF or self._fd is None:
             self._fd = None  # not ours any more: never written, truncated nor closed
             return
-        try:
+        with contextlib.suppress(OSError):
             os.ftruncate(self._fd, self._size)  # no half line: readers see whole events only
-        except OSError:
-            pass
 
     def close(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None
-            try:
+            with contextlib.suppress(OSError):  # nothing is lost: every line was written unbuffered
                 os.close(fd)
-            except OSError:
-                pass  # nothing is lost: every line was written unbuffered
 
 
 def file_identity(fd: int) -> tuple[int, int]:
@@ -250,10 +248,8 @@ def write_json_atomically(path: Path, data: dict) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
         raise
 
 
@@ -427,22 +423,28 @@ def load(path: str | os.PathLike, from_events: bool = False) -> RunRecord:
 
 
 def write_derived(folder: str | os.PathLike, key: str, value) -> None:
-    """A derived result (`DERIVED_FILES`' key) into its own file beside run.json."""
-    write_json_atomically(Path(folder) / DERIVED_FILES[key], value)
+    """A derived result (`DERIVED_FILES`' key) into its own file beside run.json, checked against
+    its type first (auditor.record.derived): a result of the wrong shape is never written."""
+    name, kind = derived.FILES[key]
+    write_json_atomically(Path(folder) / name, derived.check(kind, value, f"{key} to write"))
 
 
 def with_derived(record: RunRecord, folder: str | os.PathLike) -> RunRecord:
     """`record` with the derived results found beside it in its annotations (a field the record
     itself holds, as older records do, is kept); RunRecordError (one line) for one that cannot
     be read."""
-    for key, name in DERIVED_FILES.items():
+    for key, (name, kind) in derived.FILES.items():
         path = Path(folder) / name
-        if key in record.annotations or not path.exists():
+        if key in record.annotations:
+            derived.check(kind, record.annotations[key], f"run record's {key}")
+            continue
+        if not path.exists():
             continue
         try:
-            record.annotations[key] = json.loads(path.read_text(encoding="utf-8"))
+            value = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             raise RunRecordError(f"cannot read {str(path)!r}, derived from the run record: {error}") from None
+        record.annotations[key] = derived.check(kind, value, str(path))
     return record
 
 

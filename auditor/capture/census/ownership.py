@@ -200,7 +200,8 @@ def _attributes(obj: object) -> list[tuple[str, object]]:
         for slot in (slots,) if isinstance(slots, str) else slots:
             if slot not in ("__dict__", "__weakref__"):
                 try:
-                    found.append((slot, getattr(obj, slot)))
-                except Exception:
-                    pass
+                    value = getattr(obj, slot)
+                except Exception:  # an unset slot, or a property that refuses: not an attribute
+                    continue
+                found.append((slot, value))
     return found

@@ -9,6 +9,7 @@ start from zero, exactly.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from auditor.record.run_folder import HISTORY_FILE
@@ -119,7 +120,5 @@ class CudaHistory:
             self.state = {"state": "failed", "reason": f"_dump_snapshot failed: {error}"}
             return None
         finally:
-            try:
+            with contextlib.suppress(AttributeError, TypeError, RuntimeError):
                 memory._record_memory_history(enabled=None)
-            except (AttributeError, TypeError, RuntimeError):
-                pass

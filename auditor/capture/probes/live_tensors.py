@@ -247,7 +247,8 @@ class LiveTensorMeter(MeasuringMode):
             return
         cell[KIND] = kind
         if kind == PARAMETER:
-            cell[ITEMSIZE], cell[COVERED], cell[SOURCE] = tensor.element_size(), 0, self._key(tensor.untyped_storage(), tensor)
+            cell[ITEMSIZE], cell[COVERED], cell[SOURCE] = (tensor.element_size(), 0,
+                                                           self._key(tensor.untyped_storage(), tensor))
         elif kind == BUFFER:
             cell[OWN_KEY] = self._key(tensor.untyped_storage(), tensor)
         row = self._table.get(cell[SERIAL])

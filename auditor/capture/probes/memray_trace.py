@@ -18,9 +18,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from auditor.facts.allocation_sites import AUDITOR, is_auditor_code, is_program_code, passes_through
 from auditor.record.run_folder import FLAMEGRAPH_FILE, TRACE_FILE
+
+if TYPE_CHECKING:
+    from memray import AllocationRecord, FileReader, Tracker
 
 TOP_SITES = 10
 NATIVE_FRAMES = 16
@@ -40,9 +44,10 @@ class MemrayTrace:
     def __init__(self, folder: Path):
         self.folder = folder
         self.state = {"state": "absent"}
-        self._tracker = self._read = None
-        self._started = None  # (perf_counter, unix time) when the tracker started
-        self.high_water_perf = None  # perf_counter time of the high-water snapshot, once summarized
+        self._tracker: Tracker | None = None
+        self._read: tuple[FileReader, list[AllocationRecord]] | None = None  # summarize's, for the flamegraph
+        self._started: tuple[float, float] | None = None  # (perf_counter, unix time) when the tracker started
+        self.high_water_perf: float | None = None  # perf_counter time of the high-water snapshot, once summarized
         try:
             import memray
         except ImportError:

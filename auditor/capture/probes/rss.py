@@ -8,6 +8,7 @@ maximum instead and the record says so.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
@@ -96,10 +97,8 @@ class RssProbe:
     def close(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None
-            try:
+            with contextlib.suppress(OSError):  # already closed under us: nothing left to release
                 os.close(fd)
-            except OSError:  # already closed under us: nothing left to release
-                pass
         if self._sampler is not None:
             sampler, self._sampler = self._sampler, None
             sampler.stop()

@@ -33,8 +33,8 @@ class SavedTensorLedger:
         self._layers = list(layers or [])
         self._seen: dict[int, tuple[str, int | None, int]] = {}  # data_ptr -> (kind, layer, bytes)
         self._current: int | None = None
-        self._hooks = None
-        self._handles: list = []
+        self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
 
     def __enter__(self) -> SavedTensorLedger:
         self._seen.clear()
@@ -43,12 +43,13 @@ class SavedTensorLedger:
             self._handles.append(layer.register_forward_pre_hook(self._entering(index),
                                                                  with_kwargs=True))
             self._handles.append(layer.register_forward_hook(self._leaving))
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
-        self._hooks.__enter__()
+        self._hooks = hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+        hooks.__enter__()
         return self
 
-    def __exit__(self, *exc) -> None:
-        self._hooks.__exit__(*exc)
+    def __exit__(self, *exc: object) -> None:
+        if self._hooks is not None:
+            self._hooks.__exit__(*exc)
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -114,7 +115,7 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The model's repeated blocks: its longest ModuleList whose children share one class."""
     best: list[torch.nn.Module] = []
     for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) > len(best):
-            if len({type(child) for child in module}) == 1:
-                best = list(module)
+        if (isinstance(module, torch.nn.ModuleList) and len(module) > len(best)
+                and len({type(child) for child in module}) == 1):
+            best = list(module)
     return best

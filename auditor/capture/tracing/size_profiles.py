@@ -61,7 +61,8 @@ class Profile:
             self.points.append(pending[:2])
             self.pending = [0, 0, 0]
         if len(self.points) >= 2 * MAX_POINTS:
-            self.points = [[a[0] + b[0], a[1] + b[1]] for a, b in zip(self.points[::2], self.points[1::2], strict=False)]
+            self.points = [[a[0] + b[0], a[1] + b[1]]
+                           for a, b in zip(self.points[::2], self.points[1::2], strict=False)]
             self.bucket *= 2
 
     def entry(self) -> dict:
