@@ -26,7 +26,8 @@ from conftest import audit_script
 
 import auditor
 from auditor import load
-from auditor.analysis.findings.rules import _copies_by_size, findings
+from auditor.analysis.findings.component_rules import copies_by_size
+from auditor.analysis.findings.rules import findings
 from auditor.analysis.run.attribution import weights_bytes
 from auditor.analysis.run.stages import census_order
 from auditor.capture.census.provenance import live_provenance
@@ -139,7 +140,7 @@ def test_the_size_rule_alone_would_have_called_the_cache_a_copy(cli):
     provenance keeps it out; a record without the meter's provenance falls back to size, and says so."""
     cache = named(_end(cli), "cache")[0]
     assert cache not in _full_copies(cli)
-    by_size = {f.evidence["component"] for f in _copies_by_size(census_order(cli), lambda name: True)}
+    by_size = {f.evidence["component"] for f in copies_by_size(census_order(cli), lambda name: True)}
     assert cache in by_size
     older = copy.deepcopy(cli)
     older.probes["live_tensors"].copies = None  # a record from before provenance

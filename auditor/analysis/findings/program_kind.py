@@ -64,7 +64,8 @@ def program_kind(record: RunRecord) -> ProgramKind:
         return ProgramKind("pruning", "the census names " + " and ".join(
             f"{c} ({units.size(categories[c])})" for c in pruner))
     rows = _kept_rows(record)
-    made_weights = {r.created_in for r in rows if r.category == "weights" or (r.op in PARAMETER_OPS and r.category != MASKS)}
+    made_weights = {r.created_in for r in rows
+                    if r.category == "weights" or (r.op in PARAMETER_OPS and r.category != MASKS)}
     masks = sum(r.bytes for r in rows if r.category == MASKS and r.created_in not in made_weights
                 and not is_buffer(r.owner or ""))
     state = _optimizer_state(record, rows)
@@ -135,7 +136,8 @@ def _backward_seen(record: RunRecord, categories: dict[str, int]) -> str | None:
     for stage in record.stages:
         if stage.live_tensors is None or stage.live_tensors.at_peak is None:
             continue
-        ops = sorted({r.op for r in stage.live_tensors.at_peak.rows if r.op and r.op.endswith(("_backward", "_backward_data"))})
+        ops = sorted({r.op for r in stage.live_tensors.at_peak.rows
+                      if r.op and r.op.endswith(("_backward", "_backward_data"))})
         if ops:
             return f"backward operators ran (`{ops[0]}` in `{stage.path}`)"
     return None
