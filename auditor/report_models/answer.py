@@ -135,7 +135,8 @@ def peak_answer(census: Attribution, projected: list[tuple[ProjectionView, Proje
                           each(lambda p: None if p.unseen is None and p.beyond_tensors is None
                                else (p.unseen or 0) + (p.beyond_tensors or 0), lambda p: ["unseen"])))
     if census.unseen:  # the census missed live tensors: say how much of the rest they are
-        rows.append(AnswerRow("of which", UNSEEN_TENSORS, census.unseen, each(lambda p: p.unseen, lambda p: ["unseen"])))
+        rows.append(AnswerRow("of which", UNSEEN_TENSORS, census.unseen,
+                              each(lambda p: p.unseen, lambda p: ["unseen"])))
         rows.append(AnswerRow("of which", BEYOND_LIVE, census.beyond_live, each(lambda p: p.beyond_tensors)))
     if census.rss_peak is not None and census.rss_end is not None:
         risen = census.rss_peak - census.rss_end

@@ -410,10 +410,8 @@ def sites(record: RunRecord) -> Sites:
 
 def _site_line(site: Site, root: str | None) -> SiteLine:
     frames, native = site.python_stack, not site.python_stack
-    if native:
-        frames = site.native_stack
-    else:  # torch's call plumbing says nothing about who asked for the memory
-        frames = [f for f in frames if not passes_through(*_function_and_file(f))]
+    # a Python stack leaves out torch's call plumbing: it says nothing about who asked for the memory
+    frames = site.native_stack if native else [f for f in frames if not passes_through(*_function_and_file(f))]
     return SiteLine(site, source_paths.shown_path(site.location, root),
                     [_frame(f, root) for f in frames], native)
 

@@ -209,8 +209,8 @@ def projection_summary(projection: dict, folder: Path) -> ProjectionSummary:
     peak = projection.get("peak") or {}
     as_rank = projection.get("traced_as_rank")
     failed = traced_failure(projection, _traced_record(projection, folder)) if projection.get("incomplete") else None
-    return ProjectionSummary(projection["target"], projection.get("live_tensor_peak"), peak.get("rss"), peak.get("stage"),
-                             projection.get("incomplete") or None, folder,
+    return ProjectionSummary(projection["target"], projection.get("live_tensor_peak"), peak.get("rss"),
+                             peak.get("stage"), projection.get("incomplete") or None, folder,
                              f"rank {as_rank['rank']} of {as_rank['world_size']}" if as_rank else None,
                              failed.plain if failed is not None else None, stand_in(projection),
                              _band(peak.get("rss_band")))

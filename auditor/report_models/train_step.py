@@ -189,7 +189,8 @@ def _intro(records: list[RunRecord]) -> Intro:
 
 def _sweep(records: list[RunRecord]) -> Sweep:
     rows = training.sweep_rows(records)
-    return Sweep([_sweep_row(row, record) for row, record in zip(rows, records, strict=False)], training.sweep_commentary(rows))
+    return Sweep([_sweep_row(row, record) for row, record in zip(rows, records, strict=False)],
+                 training.sweep_commentary(rows))
 
 
 def _sweep_row(row: dict, record: RunRecord) -> SweepRow:

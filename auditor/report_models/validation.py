@@ -283,11 +283,11 @@ def _stages(result: dict, methods: tuple[str, ...]) -> list[StageLine]:
     for s in result["stages"]:
         n = seen[s["path"]] = seen.get(s["path"], -1) + 1
         entries = {m: keyed[m].get((s["path"], n)) or {} for m in methods}
-        withheld: Withheld = {m: (_UNEXPLAINED, e.get("miss")) for m, e in entries.items() if e.get("explained") is False}
-
-        def figure(key: str) -> Figure:
-            return _figure(s["real"][key], {m: (s[m] or {}).get(key) for m in methods}, withheld)
-        lines.append(StageLine(s["path"], figure("tensor_peak"), figure("rss_peak")))
+        withheld: Withheld = {m: (_UNEXPLAINED, e.get("miss"))
+                              for m, e in entries.items() if e.get("explained") is False}
+        tensors, rss = (_figure(s["real"][key], {m: (s[m] or {}).get(key) for m in methods}, withheld)
+                        for key in ("tensor_peak", "rss_peak"))
+        lines.append(StageLine(s["path"], tensors, rss))
     return lines
 
 

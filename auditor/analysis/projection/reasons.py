@@ -46,7 +46,8 @@ def shrinking(record: RunRecord, stage: str) -> dict[tuple[str, str], dict[str, 
     at `stage` that come out below what was measured here."""
     found: dict[tuple[str, str], dict[str, Why]] = {}
     for item in record.annotations.get("projections") or []:
-        if not isinstance(item, dict) or item.get("method", "scaled") != "scaled" or not isinstance(item.get("stages"), list):
+        if (not isinstance(item, dict) or item.get("method", "scaled") != "scaled"
+                or not isinstance(item.get("stages"), list)):
             continue
         drivers = (item.get("fit") or {}).get("drivers") or {}
         entry = next((e for e in item["stages"] if isinstance(e, dict) and e.get("path") == stage), None)
@@ -90,7 +91,8 @@ def _component(c: dict, drivers: dict, target: str, audited: str) -> Why | None:
 
 
 def _transient(transient: dict, drivers: dict, target: str) -> str:
-    return (f"the fit explains this stage's transient by {_shrinking_words(transient.get('shares') or {}, drivers, target)}: "
+    words = _shrinking_words(transient.get("shares") or {}, drivers, target)
+    return (f"the fit explains this stage's transient by {words}: "
             "it says what made it here, not what makes it at the target (a traced projection measures that)")
 
 

@@ -60,7 +60,8 @@ class SideBySide:
     components: list[ComponentSide] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the figures rest on
     rss_band_basis: str | None = None  # how its RSS bands were made, in one sentence
-    target_model: str | None = None  # how its target model was built (auditor.capture.tracing.model_from's target_built)
+    # how its target model was built (auditor.capture.tracing.model_from's target_built)
+    target_model: str | None = None
 
     uncalibrated: bool = False  # a scaled projection fitted on no calibration run
 

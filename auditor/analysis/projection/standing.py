@@ -95,7 +95,9 @@ def stand_in(projection: dict) -> str | None:
     if not isinstance(built, dict) or built.get("by") != "stand-in":
         return None
     says = built.get("says")
-    return str(says).strip().rstrip(".") if says else "the target model is a stand-in architecture, not the program's own"
+    if says:
+        return str(says).strip().rstrip(".")
+    return "the target model is a stand-in architecture, not the program's own"
 
 
 UNCALIBRATED = ("uncalibrated: each quantity grown by an assumed driver (transients by parameters, "

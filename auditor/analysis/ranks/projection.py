@@ -338,7 +338,8 @@ def held_out_row(world_size: int, projected: ProjectedRank, real_record: RunReco
                       projected.threshold_fixed and threshold_fixed(real_record), peak.rss_may_add)
 
 
-def held_out_findings(rows: list[HeldOutRow], live_limit: float = LIVE_LIMIT, rss_limit: float = RSS_LIMIT) -> HeldOutFindings:
+def held_out_findings(rows: list[HeldOutRow], live_limit: float = LIVE_LIMIT,
+                      rss_limit: float = RSS_LIMIT) -> HeldOutFindings:
     """What the held-out rows show, read off them: the worst rank on each figure, against the
     single-process traced targets (`live_limit`, `rss_limit`: the largest error in size that meets them)."""
     def worst(figure: str) -> WorstRank:
