@@ -69,9 +69,12 @@ def test_the_run_record_keeps_the_malloc_settings(tmp_path):
     record = load(tmp_path / "run")
     assert record.environment.malloc == {"mmap_threshold": "131072", "arena_max": "2"}
     from auditor.renderers.markdown import malloc_setting
-    assert malloc_setting(record.environment.malloc) == ("arena_max=2, mmap_threshold=131072: "
-                                                        "the mmap threshold stays fixed")
-    assert malloc_setting({}).startswith("glibc defaults: the mmap threshold follows the largest block freed")
+    from auditor.report_models.run import environment
+    env = environment(record)
+    assert env.malloc_threshold_fixed
+    assert malloc_setting(record.environment.malloc, env.malloc_threshold_fixed) == (
+        "arena_max=2, mmap_threshold=131072: the mmap threshold stays fixed")
+    assert malloc_setting({}, False).startswith("glibc defaults: the mmap threshold follows the largest block freed")
 
 
 def _record(threshold: int, rss: int, tensors: int, threads: int = 2) -> dict:

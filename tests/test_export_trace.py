@@ -19,6 +19,7 @@ import auditor
 from auditor.cli import main
 from auditor.record.schema import RunRecord
 from auditor.renderers.chrome_trace import render
+from auditor.report_models.trace import RunTrace, run_trace
 
 FLOATS = 1_000_000  # 4 MB float32 tensors: clear of noise, quick to allocate
 NS = 1e-3  # in microseconds: the record keeps 1 us, so ns is rounding only
@@ -132,6 +133,11 @@ def exported(request):
 
 # -- reading a trace back ----------------------------------------------------------------
 
+def exported_from(trace: RunTrace) -> dict:
+    """The trace the renderer writes, read back."""
+    return json.loads(render(trace))
+
+
 def events(trace, ph) -> list[dict]:
     return [e for e in trace["traceEvents"] if e["ph"] == ph]
 
@@ -219,7 +225,7 @@ def test_rendering_leaves_the_record_alone(finished):
     record, trace = finished
     typed = RunRecord.from_json(record)
     before = copy.deepcopy(typed)
-    assert render(typed, source="elsewhere")["traceEvents"] == trace["traceEvents"]
+    assert exported_from(run_trace(typed, source="elsewhere"))["traceEvents"] == trace["traceEvents"]
     assert typed == before and typed.to_json() == record
 
 
@@ -228,7 +234,8 @@ def test_every_thread_has_a_stable_tid_and_a_name(exported):
     names = thread_names(trace)
     assert sorted(names.values()) == sorted({s["thread"] for s in record["stages"]})
     assert names[1] == "MainThread" and 0 not in names  # 0: the process's own events
-    assert render(RunRecord.from_json(record))["traceEvents"][:len(names) * 2 + 1] == trace["traceEvents"][:len(names) * 2 + 1]
+    assert exported_from(run_trace(RunRecord.from_json(record)))["traceEvents"][:len(names) * 2 + 1] \
+        == trace["traceEvents"][:len(names) * 2 + 1]
 
 
 # -- stages ------------------------------------------------------------------------------
@@ -364,7 +371,7 @@ def test_cuda_readings_become_a_counter(finished):
                          "reserved_end": 4096, "peak_allocated": 1000 * n + 999}
     for n, mark in enumerate(record["marks"]):
         mark["cuda"] = {"allocated": 5 + n, "reserved": 4096}
-    trace = render(RunRecord.from_json(record))
+    trace = exported_from(run_trace(RunRecord.from_json(record)))
     assert counter_points(trace) == record_readings(record)
     assert any(name == "CUDA allocated" for name, _, _ in counter_points(trace))
     peaks = {e["args"]["stage"]: e["args"] for e in events(trace, "i") if e["name"] == "stage peak"}

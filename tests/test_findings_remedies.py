@@ -17,6 +17,7 @@ from auditor.comparison.verdict import summarise
 from auditor.facts import units
 from auditor.record.schema import RunRecord
 from auditor.renderers.markdown import render
+from auditor.report_models.run import run_report
 
 MiB, GiB = 2**20, 2**30
 BASE = 400 * MiB
@@ -160,11 +161,11 @@ def test_savings_here_and_at_each_projection_target():
                             "basis": "the evidence's components at stage `prune_fn`"}
     [kept] = fired(record, "retained-at-end")
     assert kept.saving["projected"][0]["bytes"] == GiB
-    text = render(typed(record))
+    text = render(run_report(typed(record)))
     assert f"({units.size(WEIGHTS)} of parameters the most a census saw)" in text  # none in the peak stage's
     assert (f"  - Remedy: {cycle.remedy} Saves up to {units.size(CYCLE)} here; {units.size(4 * GiB)} at llama-7b (scaled)."
             in text)
-    assert "no projection in this record" in render(typed(cycle_record()))
+    assert "no projection in this record" in render(run_report(typed(cycle_record())))
 
 
 def test_rules_without_a_saving_say_none():
@@ -184,7 +185,7 @@ def test_a_validated_remedy_is_cited_with_its_measured_saving():
     [cycle] = fired(record, "reference-cycle")
     assert [v["variant"] for v in cycle.validated] == ["no-closure"]
     assert fired(record, "retained-at-end")[0].validated == ()
-    text = render(typed(record))
+    text = render(run_report(typed(record)))
     fixes = text.split("## Fixes", 1)[1].split("\n## ", 1)[0]
     [cited] = [line for line in fixes.splitlines() if line.startswith("| **high** reference-cycle")]
     assert cited.endswith("| `no-closure` |")  # named in the fix's row, described once below it

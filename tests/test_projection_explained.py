@@ -17,6 +17,7 @@ from auditor.jobs.gradprobe import Settings
 from auditor.record.schema import RunRecord
 from auditor.renderers.markdown import render
 from auditor.renderers.projection_markdown import sections as projection_sections
+from auditor.report_models.run import run_report
 
 SMALL = dict(layers=2, hidden=64, vocab=256, heads=4, kv_heads=2, intermediate=128)
 TOKENS = 32
@@ -84,7 +85,7 @@ def test_a_hessian_no_driver_explains_is_not_printed_as_a_number():
     assert scaled["miss"] == {"stage": "prune", "bytes": stages["prune"]["miss"], "what": "pruner.hessians"}
 
     record.annotations["projections"] = [scaled, traced(record)]
-    text = render(record)
+    text = render(run_report(record))
     headline = summary(text).split("projected (scaled: mistral-7b)", 1)[1].split("\n", 1)[0]
     assert "not explained by its drivers (miss" in headline and "see traced" in headline
     assert "the traced figure stands for it, 140.29 GiB peak RSS" in headline
@@ -111,7 +112,7 @@ def test_a_state_the_drivers_explain_is_printed():
     assert scaled["explained"] is True
     assert all(s["explained"] for s in scaled["stages"])
     record.annotations["projections"] = [scaled]
-    headline = summary(render(record)).split("projected (scaled: mistral-7b)", 1)[1].split("\n", 1)[0]
+    headline = summary(render(run_report(record))).split("projected (scaled: mistral-7b)", 1)[1].split("\n", 1)[0]
     assert "GiB peak RSS" in headline and "not explained" not in headline
 
 
@@ -120,5 +121,5 @@ def test_without_calibration_runs_nothing_is_checked_and_the_caveat_stays():
     scaled = project(record, "mistral-7b")
     assert "explained" not in scaled and all("explained" not in s for s in scaled["stages"])
     record.annotations["projections"] = [scaled]
-    headline = summary(render(record)).split("projected (scaled: mistral-7b)", 1)[1].split("\n", 1)[0]
+    headline = summary(render(run_report(record))).split("projected (scaled: mistral-7b)", 1)[1].split("\n", 1)[0]
     assert "uncalibrated" in headline and "not explained" not in headline

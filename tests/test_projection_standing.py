@@ -21,6 +21,7 @@ import auditor
 from auditor.analysis.projection.standing import traced_failure
 from auditor.renderers import terminal
 from auditor.renderers.markdown import render
+from auditor.report_models.run import run_report
 from auditor.report_models.terminal import projection_summary
 
 TARGET = ["--target", "llama-2-7b", "--target-layers", "2", "--target-hidden", "128",
@@ -82,7 +83,7 @@ def test_a_traced_run_that_fails_part_way_gives_no_headline_figure(failing):
     assert not SIZE.search(line) and "peak live tensors" not in line
     # the report: the title, the summary row and the answer table's traced column say so, no figure
     record = auditor.load(out)
-    text = render(record)
+    text = render(run_report(record))
     title = text.splitlines()[0]
     target_part = title.split("; at llama-2-7b", 1)[1]
     assert "(traced) failed at stage `score`: RuntimeError: no device map on this model" in target_part
@@ -121,14 +122,14 @@ def test_a_stand_in_target_model_is_said_where_the_traced_figure_is_shown(failin
     projection.pop("incomplete")  # the same figures from a run that finished, its model a stand-in
     says = "The program's model is not a transformers model, so the target is a stand-in Llama"
     projection["target_built"] = {"by": "stand-in", "says": says}
-    text = render(record)
+    text = render(run_report(record))
     header = _answer_table(text)[0]
     (column,) = [h for h in header if h.startswith("at llama-2-7b")]
     assert column.endswith("(traced)¹")
     assert f"\n\n¹ {says}.\n" in text
     assert SIZE.search(_answer_table(text)[-1][-1])  # the figure is shown, its footnote beside
     projection["target_built"] = {"by": "program", "says": "built by get_llm"}
-    assert "(traced)¹" not in render(record)
+    assert "(traced)¹" not in render(run_report(record))
 
 
 def _answer_table(text: str) -> list[list[str]]:

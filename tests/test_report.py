@@ -25,6 +25,7 @@ from auditor.cli import main
 from auditor.facts import units
 from auditor.record.schema import CudaReadings, RunRecord
 from auditor.renderers.markdown import render
+from auditor.report_models.run import run_report
 
 SECTIONS = ["## What was alive at the peak", "## Fixes", "## Summary", "## Stages", "## Timeline",
             "## Theoretical minimum and gap", "## Details", "## Top allocation sites at the peak", "## Findings",
@@ -206,11 +207,11 @@ def test_cuda_columns_when_the_record_has_cuda_readings(built):
     for index, stage in enumerate(record.stages):
         stage.cuda = CudaReadings(allocated_start=0, allocated_end=(index + 1) * 2**30,
                                   reserved_end=(index + 2) * 2**30, peak_allocated=(index + 3) * 2**30)
-    table = table_after(render(record), "## Stages")
+    table = table_after(render(run_report(record)), "## Stages")
     header = table[0]
     assert header[-3:] == ["CUDA allocated", "CUDA reserved", "CUDA peak allocated"]
     assert row(table, "boom")[-3:] == [units.size(2 * 2**30), units.size(3 * 2**30), units.size(4 * 2**30)]
-    assert "CUDA allocated" not in table_after(render(built["failed"][0]), "## Stages")[0]
+    assert "CUDA allocated" not in table_after(render(run_report(built["failed"][0])), "## Stages")[0]
 
 
 # -- components -----------------------------------------------------------------------------
@@ -291,7 +292,7 @@ def test_projection_columns_scaled_and_traced_side_by_side(built, tmp_path):
     scaled = project(record, "gpt-neo-125m")
     traced_run = built["pattern"][0].to_json()  # stands in for a traced run of the target (its JSON)
     record.annotations["projections"] = [{"method": "traced", "target": "gpt-neo-125m", "record": traced_run}, scaled]
-    text = render(record)
+    text = render(run_report(record))
     stage = peak_stage(record).path
     table = table_after(text, "## What was alive at the peak")  # one table, each method a column
     assert table[0][3].startswith("at gpt-neo-125m (scaled") and table[0][4] == "at gpt-neo-125m (traced)"
@@ -320,14 +321,14 @@ def test_an_uncalibrated_scaled_projection_says_so(built):
     record = copy.deepcopy(built["pattern"][0])
     record.annotations["workload"] = {"architecture": "tinystories-33m", "overrides": TINY_GPT_NEO, "tokens": 32}
     record.annotations["projections"] = [project(record, "gpt-neo-125m", calibration=[])]
-    text = render(record)
+    text = render(run_report(record))
     assert UNCALIBRATED in row(table_after(text, "## Summary"), "projected (scaled: gpt-neo-125m)")[1]
     assert f"at gpt-neo-125m (scaled, uncalibrated, {UNCHECKED})" in text and "(scaled)" not in text
     calibration = built["pattern"][0].to_json()  # stands in for a calibration run (its JSON)
     calibration["workload"] = {"architecture": "tinystories-33m", "tokens": 32,
                                "overrides": {**TINY_GPT_NEO, "layers": 2 * TINY_GPT_NEO["layers"]}}
     record.annotations["projections"] = [project(record, "gpt-neo-125m", calibration=[calibration])]
-    calibrated = render(record)
+    calibrated = render(run_report(record))
     assert UNCALIBRATED not in calibrated and "(scaled, uncalibrated)" not in calibrated
 
 
@@ -423,12 +424,12 @@ def test_findings_section_shows_every_finding_and_every_rule(reports, built):
 
 def test_theoretical_minimum_and_gap(built):
     record = copy.deepcopy(built["pattern"][0])
-    assert "No minimum was declared for this run" in render(record)
+    assert "No minimum was declared for this run" in render(run_report(record))
     weights = run_weights(record)
     record.annotations["minimum"] = {"items": [{"name": "weights", "bytes": weights, "why": "the model itself"},
                                                {"name": "one gradient", "bytes": weights, "why": "one backward"}],
                                      "total": 2 * weights, "note": "streaming: nothing else need be resident"}
-    text = render(record)
+    text = render(run_report(record))
     section = text[text.index("## Theoretical minimum and gap"):]
     items, gaps = tables(section)[:2]
     assert row(items, "one gradient")[1:] == [units.size(weights), "one backward"]
@@ -511,7 +512,7 @@ def test_names_with_markdown_characters_keep_tables_valid(built):
         if stage.path == "save":
             stage.name = stage.path = odd
             stage.components["pruner.saved|copy"] = stage.components.pop("pruner.saved")
-    text = render(record)
+    text = render(run_report(record))
     for table in tables(text):
         assert all(len(r) == len(table[0]) for r in table)
     assert "load \\| &lt;b&gt;\\*x\\*&lt;/b&gt; \\[y\\]" in text

@@ -26,6 +26,7 @@ from auditor.cli import main
 from auditor.facts import units
 from auditor.record.schema import Call, Memray, PeakPlace, Readings, RunRecord, Stage
 from auditor.renderers.markdown import render
+from auditor.report_models.run import run_report
 
 MiB = 2**20
 WEIGHTS = 64 * MiB
@@ -148,7 +149,7 @@ def test_repeated_calls_fold_into_one_row_with_the_call_holding_each_maximum(by_
     assert stage_groups.call_name(at) == f"{LINEARS[1]} (call 5)"
     assert [r.label for r in rows if r.kind == "stage"] == ["load", "prune_fn"]  # single calls stay plain
 
-    table = table_after(render(by_hand), "## Stages")
+    table = table_after(render(run_report(by_hand)), "## Stages")
     header = table[0]
     cells = row(table, "SparseGPT.add_batch × 6")
     assert cells[0] == "&emsp;SparseGPT.add_batch × 6"
@@ -194,7 +195,7 @@ def test_the_peak_between_two_calls_is_located_with_what_was_alive(by_hand):
     place = unstaged.peak_place(by_hand)
     assert place.kind == "unstaged" and place.interval.id == 7
     assert place.phrase == f"between `{stage_path(5)}` and `{stage_path(6)}` (inside `prune_fn`)"
-    text = render(by_hand)
+    text = render(run_report(by_hand))
     assert "outside every stage" not in text
     summary = table_after(text, "## Summary")
     assert row(summary, "peak RSS")[1] == (f"**{units.size(BASE + 400 * MiB)}** between `{stage_path(5)}` "
@@ -224,7 +225,7 @@ def test_unstaged_phrases_for_every_place():
 
 def test_without_a_live_composition_the_census_before_the_interval_stands_in(by_hand):
     by_hand.unstaged[1].live_tensors.at_peak = None
-    text = render(by_hand)
+    text = render(run_report(by_hand))
     section = text[text.index("### What was alive at the run's peak"):]
     assert f"the census at the end of `{stage_path(5)}`, the last before it" in section
     assert row(tables(section)[0], f"`SparseGPT[{LINEARS[1]}].H`")[2] == units.size(H_BYTES)
@@ -246,7 +247,7 @@ def test_components_are_folded_over_instances_with_exact_bytes(by_hand):
     assert items["model.parameters"].most_at_once == WEIGHTS
     assert items["unowned"].first_stage == "prune_fn/SparseGPT.add_batch"
 
-    text = render(by_hand, components_plot="x-components.png")
+    text = render(run_report(by_hand), components_plot="x-components.png")
     over = table_after(text, "### Over the run")
     assert row(over, "`SparseGPT.H`")[1:6] == [
         "other", "2", f"{units.size(H_BYTES)} ({H_BYTES:,} B) × 2",
@@ -259,7 +260,7 @@ def test_components_are_folded_over_instances_with_exact_bytes(by_hand):
 
 
 def test_live_tensor_highs_are_shown_for_the_top_stages(by_hand):
-    text = render(by_hand)
+    text = render(run_report(by_hand))
     heading = f"### Alive at the live-tensor high of `{stage_path(2)}` ({LINEARS[0]} (call 2)), a top live-tensor peak"
     alive = table_after(text, heading)
     assert row(alive, "`model.parameters`")[2] == "before the audit or unstaged"
@@ -268,8 +269,8 @@ def test_live_tensor_highs_are_shown_for_the_top_stages(by_hand):
 
 
 def test_write_report_writes_both_pngs(by_hand, tmp_path):
-    from auditor.renderers.markdown import write_report
-    out = write_report(by_hand, tmp_path / "r.md")
+    from auditor.renderers.markdown import write
+    out = write(run_report(by_hand), tmp_path / "r.md")
     for png in ("r-timeline.png", "r-components.png"):
         data = (tmp_path / png).read_bytes()
         assert data.startswith(b"\x89PNG") and struct.unpack(">II", data[16:24])[0] > 600
@@ -282,7 +283,7 @@ def test_memray_section_names_its_own_stage_and_basis(by_hand):
     by_hand.memray = Memray(peak_memory=300 * MiB, total_allocations=10, stage=stage_path(5),
                             stage_basis="time of memray's high-water mark, from its ~10 ms memory snapshots",
                             at_s=6.1, auditor_bytes=3 * MiB, sites=[])
-    text = render(by_hand)
+    text = render(run_report(by_hand))
     section = text[text.index("## Top allocation sites"):text.index("## Findings")]
     assert (f"(in stage `{stage_path(5)}`, about 6.10 s into the audit; stage found by: time of "
             "memray's high-water mark, from its ~10 ms memory snapshots)") in section
@@ -295,12 +296,13 @@ def test_an_older_record_without_the_new_fields_still_renders():
     for stage in old["stages"]:
         stage.pop("call", None)
         (stage.get("live_tensors") or {}).pop("at_peak", None)
-    text = render(RunRecord.from_json(old))
+    text = render(run_report(RunRecord.from_json(old)))
     assert "in stage `prune_fn`" in table_after(text, "## Summary")[3][1]
     assert "unstaged time" not in text and "Alive at the live-tensor high" not in text
     assert row(table_after(text, "## Stages"), "SparseGPT.add_batch × 6")  # folded by name
     old["peak"]["stage"] = old["peak"]["stage_id"] = None
-    assert "(outside every stage: this record does not locate it further)" in render(RunRecord.from_json(old))
+    text = render(run_report(RunRecord.from_json(old)))
+    assert "(outside every stage: this record does not locate it further)" in text
 
 
 # -- a real run: a per-layer pruner written here, staged from outside --------------------------

@@ -12,6 +12,7 @@ from test_findings_remedies import cycle_record, typed
 
 from auditor.facts import units
 from auditor.renderers.markdown import render
+from auditor.report_models.run import run_report
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "reports" / "gradprobe-tinystories-33m.md"
@@ -76,7 +77,7 @@ def test_a_small_report_rendered_here_reads_in_one_screen():
          "architecture": "tiny-llama", "source": "reports/compare-tiny-llama.json"},
         {"variant": "drop-kept", "what": "the helper's buffer freed on return", "components": ["helper.buffer"],
          "rules": ["retained-at-end", "reference-cycle"], "peak_saving": 2**20, "claims_saving": False}]
-    text = render(typed(record))
+    text = render(run_report(typed(record)))
     check_layout(text, "llama-7b", record["validated_remedies"])
     fixes = text.split("## Fixes", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in fixes.splitlines() if line.startswith("| **")]

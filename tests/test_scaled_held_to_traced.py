@@ -20,6 +20,7 @@ from auditor.cli.gradprobe import _print_summary
 from auditor.facts import units
 from auditor.record.run_folder import load
 from auditor.renderers.markdown import render
+from auditor.report_models.run import run_report
 
 ROOT = Path(__file__).resolve().parents[1]
 AUDIT = ROOT / "reports" / "gradprobe-tinystories-33m-runs" / "audit"
@@ -68,7 +69,7 @@ def test_the_committed_record_shows_its_scaled_figures_where_the_traced_one_agre
     scaled, traced = _views(_copy(tmp_path))
     assert traced is not None and scaled.withheld is None and scaled.unchecked is None
     assert abs(scaled.peak_rss / traced.peak_rss - 1) < LIMIT["peak RSS"]
-    text = render(load(AUDIT))
+    text = render(run_report(load(AUDIT)))
     title = text.splitlines()[0]
     assert f"at mistral-7b {units.size(scaled.peak_rss)} (scaled), {units.size(traced.peak_rss)} (traced)" in title
     assert "149.01 GiB (scaled)" in title and "not shown" not in text and "unchecked" not in text
@@ -101,7 +102,7 @@ def test_a_scaled_projection_the_traced_one_does_not_bear_out_is_withheld_from_e
     assert re.fullmatch(r"not shown: differs from the traced projection by \+10\.\d% on peak live tensors "
                         r"\(target 3%\) and \+10\.\d% on peak RSS \(target 5%\)", sentence), sentence
     record = load(folder)
-    head, details = _sections(render(record))
+    head, details = _sections(render(run_report(record)))
     figure = units.size(scaled.peak_rss)  # the grown peak: in no headline, kept in the details
     assert figure not in head and figure in details
     title = head.splitlines()[0]
@@ -136,7 +137,7 @@ def test_a_scaled_projection_with_nothing_to_hold_it_to_is_labelled_unchecked_wh
     scaled, _ = _views(folder)
     assert scaled.withheld is None and scaled.unchecked == UNCHECKED
     record = load(folder)
-    head, details = _sections(render(record))
+    head, details = _sections(render(run_report(record)))
     label = f"scaled, {UNCHECKED}"
     assert f"at mistral-7b {units.size(scaled.peak_rss)} ({label})" in head.splitlines()[0]
     assert f"| at mistral-7b ({label}) |" in head  # the answer's column and the fixes' column

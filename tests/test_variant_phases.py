@@ -13,6 +13,7 @@ from auditor.analysis.projection.scaled import project
 from auditor.jobs import gradprobe as job
 from auditor.record.schema import RunRecord
 from auditor.renderers.markdown import render
+from auditor.report_models.run import run_report
 from gradprobe.variants import VARIANTS
 
 TINY = dict(layers=1, hidden=64, vocab=256, heads=4)
@@ -94,6 +95,6 @@ def test_a_variant_that_cannot_be_projected_says_why_instead_of_numbers(tmp_path
     scaled = project(record, "mistral-7b")
     assert scaled["not_projected"] and scaled["peak"] is None and scaled["live_tensor_peak"] is None
     record.annotations["projections"] = [scaled]
-    summary = render(record).split("## Summary", 1)[1].split("\n## ", 1)[0]
+    summary = render(run_report(record)).split("## Summary", 1)[1].split("\n## ", 1)[0]
     assert "this pruner is not projected: why" in summary
     assert " GiB" not in summary.split("projected (scaled: mistral-7b)", 1)[1].split("\n", 1)[0]

@@ -11,7 +11,6 @@ exit status 2, nothing written.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -41,13 +40,14 @@ def register(subparsers) -> None:
 
 def main(args) -> int:
     from auditor.renderers.chrome_trace import render
+    from auditor.report_models.trace import run_trace
     run = Path(args.run)
     record = read_record(run)
     folder = run if run.is_dir() else run.parent
     out = Path(args.output) if args.output else folder / DEFAULT_NAMES[args.format]
     check_output(out, run)
     try:
-        text = json.dumps(render(record, source=str(run)), separators=(",", ":"))
+        text = render(run_trace(record, source=str(run)))
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise UsageError(f"run record {args.run!r} is malformed ({type(error).__name__}: {error})") from None
     write(out, text)

@@ -160,11 +160,12 @@ def _audit(args, settings, targets, folder: Path, projections: list) -> RunRecor
 def _write(record: RunRecord, folder: Path, output: Path) -> None:
     """The derived results beside run.json (which stays the audit's own), then the report."""
     from auditor.record.run_folder import DERIVED_FILES, write_derived
-    from auditor.renderers.markdown import write_report
+    from auditor.renderers import markdown
+    from auditor.report_models.run import run_report
     for key in DERIVED_FILES:
         if key in record.annotations:
             write_derived(folder, key, record.annotations[key])
-    write_report(record, output, run_folder=folder)
+    markdown.write(run_report(record), output, run_folder=folder)
 
 
 def _partial(folder: Path, output: Path, projections: list, why: str, status: int) -> int:

@@ -65,7 +65,7 @@ def main(args) -> int:
     from auditor.analysis.ranks.projection import rank_projection
     from auditor.capture.audit import new_run_folder
     from auditor.jobs.rank_projection import project_world_sizes
-    from auditor.renderers.rank_projection_markdown import render_projection
+    from auditor.renderers import rank_projection_markdown
 
     folder = Path(args.run_dir) if args.run_dir else new_run_folder(f"ranks-{args.arch}-to-{Path(args.target).name}")
     output = Path(args.output) if args.output else folder / "rank-projection.md"
@@ -83,7 +83,8 @@ def main(args) -> int:
     (folder / "rank-projection.json").write_text(
         json.dumps({"worlds": [w.to_json() for w in worlds]}, indent=1, default=str) + "\n")
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(render_projection(rank_projection(worlds, args.device_memory), small, target, args.command_line))
+    output.write_text(rank_projection_markdown.render(rank_projection(worlds, args.device_memory), small=small,
+                                                      target=target, command=args.command_line))
     from auditor.facts.units import size
     worst = worlds[-1].worst.sharded
     print(f"auditor: {len(worlds)} world size(s) projected; at {worlds[-1].world_size} ranks the worst "

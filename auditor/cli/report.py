@@ -64,12 +64,16 @@ def main(args) -> int:
     try:
         if all(training):
             from auditor.renderers import train_step_markdown
+            from auditor.report_models.train_step import train_step_report
             # in the order the configurations ran, whatever order a shell glob gave them in
             in_order = sorted(loaded, key=lambda pair: pair[0].started_at or "")
-            train_step_markdown.write_report(in_order, out, command=shlex.join(args.command_line))
+            train_step_markdown.write(train_step_report([record for record, _ in in_order]), out,
+                                      folders=[folder for _, folder in in_order],
+                                      command=shlex.join(args.command_line))
         else:
             from auditor.renderers import markdown
-            markdown.write_report(loaded[0][0], out, run_folder=run_folder)
+            from auditor.report_models.run import run_report
+            markdown.write(run_report(loaded[0][0]), out, run_folder=run_folder)
     except OSError as error:
         raise UsageError(f"cannot write the report to {str(out)!r}: {error.strerror or error}") from None
     except (KeyError, TypeError, ValueError, AttributeError) as error:
@@ -87,7 +91,7 @@ def _ranks_report(folder: Path, out: str | None) -> int:
     """The merged report of a multi-rank run folder (RUN/rank-N/, one record per rank)."""
     from auditor.analysis.ranks.merged import merge_ranks
     from auditor.record.run_folder import RunRecordError
-    from auditor.renderers.ranks_markdown import write_report
+    from auditor.renderers import ranks_markdown
     try:
         merged = merge_ranks(folder)
     except RunRecordError as error:
@@ -95,7 +99,7 @@ def _ranks_report(folder: Path, out: str | None) -> int:
     target = Path(out) if out else folder / DEFAULT_NAME
     _check_writable(target)
     try:
-        write_report(merged, target)
+        target.write_text(ranks_markdown.render(merged), encoding="utf-8")
     except OSError as error:
         raise UsageError(f"cannot write the report to {str(target)!r}: {error.strerror or error}") from None
     print(target)

@@ -108,7 +108,8 @@ def _sweep(args, runs, output: Path) -> int:
     import sys
 
     from auditor.jobs.train_step import audit_in_fresh_process
-    from auditor.renderers.train_step_markdown import write_report
+    from auditor.renderers import train_step_markdown
+    from auditor.report_models.train_step import train_step_report
 
     on_cpu = args.device == "cpu"
     records, failed, interrupted = [], 0, False
@@ -136,7 +137,8 @@ def _sweep(args, runs, output: Path) -> int:
     if not records:
         print("auditor: no configuration left a run record; no report written", file=sys.stderr)
         return 130 if interrupted else 1
-    write_report(records, output, command=shlex.join(args.command_line))
+    train_step_markdown.write(train_step_report([record for record, _ in records]), output,
+                              folders=[folder for _, folder in records], command=shlex.join(args.command_line))
     _print_summary(records, output)
     if interrupted:
         print(f"auditor: interrupted; the report holds the {len(records)} configuration(s) begun",

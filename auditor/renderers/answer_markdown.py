@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 
 from auditor.analysis.projection.side_by_side import TargetSides
-from auditor.analysis.projection.views import method_words
 from auditor.analysis.run.unstaged import PeakPlace
 from auditor.facts import units
 from auditor.renderers import markdown_text as md
@@ -16,13 +15,13 @@ from auditor.renderers.components_markdown import unstaged_peak
 from auditor.renderers.markdown_text import INDENT
 from auditor.renderers.projection_markdown import heading as projection_heading
 from auditor.renderers.projection_markdown import unexplained
-from auditor.report_models import run as model
 from auditor.report_models.answer import Answer, AtTarget, Fixes, Variant
+from auditor.report_models.run import Components, Findings
 
 FINDINGS = "Findings"  # the folded section's heading, linked from the fixes and the summary
 
 
-def answer_section(answer: Answer | None, place: PeakPlace, components: model.Components,
+def answer_section(answer: Answer | None, place: PeakPlace, components: Components,
                    targets: list[TargetSides]) -> str:
     head = "## What was alive at the peak"
     no_census = ("\n\nNo tensor census in this record (run with census on to see which structure holds "
@@ -32,8 +31,9 @@ def answer_section(answer: Answer | None, place: PeakPlace, components: model.Co
     if answer is None:
         return f"{head}" + (no_census or "\n\nThe stage holding the peak has no census.") + _live_only(components)
     notes = md.Notes()
-    columns = [f"at {md.text(_target(v.target, v.target_dtype))} ({md.text(method_words(v))})"
-               + (notes.mark(v.stand_in) if v.stand_in and v.failed is None else "") for v in answer.views]
+    columns = [f"at {md.text(_target(v.target, v.target_dtype))} ({md.text(how)})"
+               + (notes.mark(v.stand_in) if v.stand_in and v.failed is None else "")
+               for v, how in zip(answer.views, answer.hows, strict=True)]
     rows = []
     for row in answer.rows:
         ratio = units.ratio(row.bytes, answer.weights)
@@ -63,14 +63,14 @@ def answer_section(answer: Answer | None, place: PeakPlace, components: model.Co
 
 def _withheld(answer: Answer) -> str:
     """Each scaled column not shown: why, and where its figures are."""
-    lines = [md.wrapped(f"At {md.text(_target(v.target, v.target_dtype))} ({md.text(method_words(v))}): "
+    lines = [md.wrapped(f"At {md.text(_target(v.target, v.target_dtype))} ({md.text(how)}): "
                         f"{md.text(v.withheld)}; its figures are in the details "
                         f"([how]({md.anchor(projection_heading(v.target))})).")
-             for v in answer.views if v.withheld and v.failed is None]
+             for v, how in zip(answer.views, answer.hows, strict=True) if v.withheld and v.failed is None]
     return "".join(f"\n\n{line}" for line in lines)
 
 
-def _live_only(components: model.Components) -> str:
+def _live_only(components: Components) -> str:
     """Without a census: the live tensors at the peak stage's high, by category, where metered."""
     high = next((h for h in components.live_highs if h.is_peak_stage), None)
     if high is None:
@@ -82,7 +82,7 @@ def _live_only(components: model.Components) -> str:
             "by category (each storage in the details):\n\n" + md.table(["category", "bytes", "share"], rows, right={1, 2}))
 
 
-def _caveats(targets: list[TargetSides], components: model.Components) -> str:
+def _caveats(targets: list[TargetSides], components: Components) -> str:
     """What the figures rest on, a sentence each, linking to the detail."""
     lines = []
     if any(c.moment == "just before the peak stage" for c in components.censuses):
@@ -164,7 +164,7 @@ def _variants(variants: list[Variant]) -> str:
     return f"\n\nVariants that implement a remedy{how}:\n\n" + "\n".join(lines)
 
 
-def findings_detail(findings: model.Findings) -> str:
+def findings_detail(findings: Findings) -> str:
     """Each finding in full (statement, evidence, remedy, saving at each target) and every rule."""
     found, outcomes = findings.found, findings.outcomes
     if found:

@@ -9,13 +9,16 @@ peak is a value without an instant (a high-water mark says how high, not when), 
 instant event at the end of its stage that says so, never a counter point at a made-up time.
 
 Times are microseconds since the audit began (the record's seconds x 1e6); sizes are bytes.
+Formats auditor.report_models.trace's `RunTrace` (`run_trace(record)`) only.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
-from auditor.record.schema import Mark, Peak, RunRecord, Stage
+from auditor.record.schema import Mark, RunRecord, Stage
+from auditor.report_models.trace import RunTrace
 
 PEAK_TIME = "somewhere inside the stage; the record keeps the value, not the instant"
 RUN_PEAK_TIME = ("somewhere inside stage {stage!r}, drawn at its end; the record keeps the "
@@ -31,50 +34,28 @@ PROCESS_TID = 0  # counters and run-wide events belong to the process, not to a 
 Reading = tuple[float, str, "int | None"]  # (time, counter, bytes)
 
 
-def render(record: RunRecord, source: str | None = None) -> dict:
-    """The trace-event JSON object for a run record (from auditor.record.run_folder.load)."""
-    pid = record.process.pid or 1
-    tids = thread_ids(record)
-    end_s = run_end(record)
-    events = metadata(record, pid, tids)
-    events += [stage_span(entry, pid, tids, end_s) for entry in record.stages]
-    events += counters(record, pid)
-    events += [peak for entry in record.stages if (peak := stage_peak(entry, pid, tids))]
-    events += [mark_event(mark, pid, tids) for mark in record.marks]
-    events += run_peak(record, pid, tids, end_s)
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": other_data(record, source, end_s)}
+def render(trace: RunTrace) -> str:
+    """The trace-event JSON (compact) of a run."""
+    record, pid = trace.record, trace.pid
+    drawn = metadata(trace)
+    drawn += [stage_span(entry, trace) for entry in record.stages]
+    drawn += counters(record, pid)
+    drawn += [peak for entry in record.stages if (peak := stage_peak(entry, trace))]
+    drawn += [mark_event(mark, trace) for mark in record.marks]
+    drawn += run_peak(trace)
+    return json.dumps({"traceEvents": drawn, "displayTimeUnit": "ms", "otherData": other_data(trace)},
+                      separators=(",", ":"))
 
 
 def us(seconds: float) -> float:
     return round(seconds * 1e6, 3)
 
 
-def thread_ids(record: RunRecord) -> dict[str, int]:
-    """A tid per thread name: the main thread 1, then the others as they first appear."""
-    items: list[Stage | Mark] = [*record.stages, *record.marks]
-    names = dict.fromkeys(thread_of(item) for item in items)
-    ordered = sorted(names, key=lambda name: name != "MainThread")  # stable: keeps first appearance
-    return {name: tid for tid, name in enumerate(ordered, 1)}
-
-
-def thread_of(item: Stage | Mark) -> str:
-    return item.thread or "MainThread"
-
-
-def run_end(record: RunRecord) -> float:
-    """The run's duration, or for a killed run the last time its event log records."""
-    if record.duration_s is not None:
-        return record.duration_s
-    times = [t for s in record.stages for t in (s.start_s, s.end_s) if t is not None]
-    times += [m.t_s for m in record.marks]
-    return max(times, default=0.0)
-
-
-def metadata(record: RunRecord, pid: int, tids: dict[str, int]) -> list[dict]:
+def metadata(trace: RunTrace) -> list[dict]:
+    pid = trace.pid
     events = [{"name": "process_name", "ph": "M", "pid": pid, "tid": PROCESS_TID,
-               "args": {"name": f"auditor: {record.name} ({record.device})"}}]
-    for name, tid in tids.items():
+               "args": {"name": f"auditor: {trace.record.name} ({trace.record.device})"}}]
+    for name, tid in trace.threads.items():
         events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
         events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
                        "args": {"sort_index": tid}})
@@ -83,21 +64,21 @@ def metadata(record: RunRecord, pid: int, tids: dict[str, int]) -> list[dict]:
 
 # -- stages ------------------------------------------------------------------------------
 
-def stage_span(entry: Stage, pid: int, tids: dict[str, int], run_end_s: float) -> dict:
+def stage_span(entry: Stage, trace: RunTrace) -> dict:
     """A complete event ("X"); the trace viewers nest spans of one thread by their times."""
     args = {key: value for key, value in entry.to_json().items()  # every field, as the record has it
             if key not in ("name", "start_s", "end_s") and value is not None}
     end_s = entry.end_s
     if end_s is None:
-        end_s = max(run_end_s, entry.start_s)
+        end_s = max(trace.end_s, entry.start_s)
         args["end"] = OPEN_STAGE.format(end_s=end_s)
     start = us(entry.start_s)
     return {"name": entry.name, "cat": "stage", "ph": "X", "ts": start,
-            "dur": round(us(end_s) - start, 3), "pid": pid, "tid": tids[thread_of(entry)],
+            "dur": round(us(end_s) - start, 3), "pid": trace.pid, "tid": trace.tid(entry),
             "args": args}
 
 
-def stage_peak(entry: Stage, pid: int, tids: dict[str, int]) -> dict | None:
+def stage_peak(entry: Stage, trace: RunTrace) -> dict | None:
     """The stage's peaks at its end, on its thread, saying the instant is unknown."""
     live, heap, cuda = entry.live_tensors, entry.py_heap, entry.cuda
     peaks = {"peak_rss": entry.rss.peak, "peak_live_tensors": live.peak if live else None,
@@ -107,7 +88,7 @@ def stage_peak(entry: Stage, pid: int, tids: dict[str, int]) -> dict | None:
     if not peaks or entry.end_s is None:  # an open stage never had its peak read
         return None
     return {"name": "stage peak", "cat": "peak", "ph": "i", "s": "t", "ts": us(entry.end_s),
-            "pid": pid, "tid": tids[thread_of(entry)],
+            "pid": trace.pid, "tid": trace.tid(entry),
             "args": {"stage": entry.path, **peaks, "time": PEAK_TIME}}
 
 
@@ -154,24 +135,25 @@ def mark_readings(mark: Mark) -> Iterator[Reading]:
 
 # -- marks and the run's peak ------------------------------------------------------------
 
-def mark_event(mark: Mark, pid: int, tids: dict[str, int]) -> dict:
+def mark_event(mark: Mark, trace: RunTrace) -> dict:
     args = {key: value for key, value in mark.to_json().items()
             if key not in ("name", "t_s", "thread") and value is not None}
     return {"name": mark.name, "cat": "mark", "ph": "i", "s": "t", "ts": us(mark.t_s),
-            "pid": pid, "tid": tids[thread_of(mark)], "args": args}
+            "pid": trace.pid, "tid": trace.tid(mark), "args": args}
 
 
-def run_peak(record: RunRecord, pid: int, tids: dict[str, int], run_end_s: float) -> list[dict]:
+def run_peak(trace: RunTrace) -> list[dict]:
     """"peak RSS", global, at the end of the stage holding it, with memray's top sites."""
+    record = trace.record
     peak = record.peak
     if peak.rss is None:
         return []  # killed before any stage finished: no peak was read
-    holder = peak_holder(record, peak)
+    holder = trace.peak_holder
     args = {key: value for key, value in peak.to_json().items() if value is not None}
     if holder is None or holder.end_s is None:
-        t_s, tid, args["time"] = run_end_s, PROCESS_TID, RUN_PEAK_OUTSIDE
+        t_s, tid, args["time"] = trace.end_s, PROCESS_TID, RUN_PEAK_OUTSIDE
     else:
-        t_s, tid = holder.end_s, tids[thread_of(holder)]
+        t_s, tid = holder.end_s, trace.tid(holder)
         args["time"] = RUN_PEAK_TIME.format(stage=holder.path)
     memray = record.memray
     if memray is not None and memray.sites:
@@ -180,25 +162,18 @@ def run_peak(record: RunRecord, pid: int, tids: dict[str, int], run_end_s: float
             "what": MEMRAY_SITES,
             "sites": [{"location": site.location, "function": site.function, "code": site.code,
                        "bytes": site.bytes, "allocations": site.allocations} for site in memray.sites]}
-    return [{"name": "peak RSS", "cat": "peak", "ph": "i", "s": "g", "ts": us(t_s), "pid": pid,
+    return [{"name": "peak RSS", "cat": "peak", "ph": "i", "s": "g", "ts": us(t_s), "pid": trace.pid,
              "tid": tid, "args": args}]
 
 
-def peak_holder(record: RunRecord, peak: Peak) -> Stage | None:
-    finished = [s for s in record.stages if s.end_s is not None]
-    by_id = [s for s in finished if peak.stage_id is not None and s.id == peak.stage_id]
-    by_path = [s for s in finished if s.path == peak.stage]
-    return next(iter(by_id or by_path), None)
-
-
-def other_data(record: RunRecord, source: str | None, end_s: float) -> dict:
+def other_data(trace: RunTrace) -> dict:
+    record = trace.record
     data: dict[str, Any] = {"name": record.name, "command": record.command, "device": record.device,
             "schema": record.schema, "started_at": record.started_at}
     data.update(exit=record.exit.to_json() if record.exit is not None else None,
                 duration_s=record.duration_s, sizes="bytes", times="microseconds since the audit began")
-    if source is not None:
-        data["record"] = source
-    if (record.exit is not None and record.exit.status == "unfinished") or any(
-            s.end_s is None for s in record.stages):
-        data["unfinished"] = UNFINISHED.format(end_s=end_s)
+    if trace.source is not None:
+        data["record"] = trace.source
+    if trace.unfinished:
+        data["unfinished"] = UNFINISHED.format(end_s=trace.end_s)
     return data

@@ -16,13 +16,13 @@ from auditor.renderers import markdown_text as md
 from auditor.renderers.markdown_text import INDENT, folded
 from auditor.renderers.markdown_text import phrase as _phrase
 from auditor.renderers.projection_markdown import unexplained
-from auditor.report_models import run as model
+from auditor.report_models.run import AliveAt, Components, LiveHigh, StageCensus, UnstagedPeak
 
 MAX_COMPONENT_ROWS = 40   # folded components over the run
 MAX_INSTANCES = 200       # instances listed under them
 
 
-def details(components: model.Components, plot: str | None = None) -> list[str]:
+def details(components: Components, plot: str | None = None) -> list[str]:
     """The folded blocks: over the run, the live-tensor highs, the censuses besides the peak stage's."""
     blocks = []
     if components.has_census:
@@ -111,7 +111,7 @@ def _instances(items) -> str:
     return (f"<details><summary>Each instance ({total:,})</summary>\n\n{table}{more}\n\n</details>")
 
 
-def unstaged_peak(peak: model.UnstagedPeak) -> str:
+def unstaged_peak(peak: UnstagedPeak) -> str:
     place = peak.place
     title = f"### What was alive at the run's peak, {_phrase(place.phrase)}"
     interval = place.interval
@@ -135,7 +135,7 @@ def unstaged_peak(peak: model.UnstagedPeak) -> str:
             + md.table(["component", "category", "bytes"], rows, right={2}))
 
 
-def _live_high(high: model.LiveHigh) -> str:
+def _live_high(high: LiveHigh) -> str:
     """What was alive at the high-water moment of the peak stage or of a top live peak."""
     stage = high.stage
     readings = stage.live_tensors
@@ -151,7 +151,7 @@ def _live_high(high: model.LiveHigh) -> str:
             f"made them.\n\n{_at_peak_table(high.alive)}")
 
 
-def _at_peak_table(alive: model.AliveAt) -> str:
+def _at_peak_table(alive: AliveAt) -> str:
     at_peak = alive.at_peak
     total = at_peak.bytes
     rows = []
@@ -172,7 +172,7 @@ def _at_peak_table(alive: model.AliveAt) -> str:
     return f"{table}\n\nBy category: {categories or 'none'}."
 
 
-def _component_tables(census: model.StageCensus, why: str = "") -> str:
+def _component_tables(census: StageCensus, why: str = "") -> str:
     stage, a, projected = census.stage, census.attribution, census.projected
     title = f"### Components {census.moment}: {md.code(stage.path)}"
     if a is None:

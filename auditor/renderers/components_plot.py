@@ -13,17 +13,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from auditor.analysis.run.component_history import ComponentHistory, fold_component
+from auditor.analysis.run.component_history import ComponentHistory
 from auditor.facts import units
 from auditor.renderers.plot_text import component_name, fit_title
-from auditor.report_models.run import RunReport
+from auditor.report_models.run import OneCensus, RunReport
 
 TOP = 8
 COLOURS = ("#1f4e9c", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457", "#827717")
 REST_COLOUR = "#bdbdbd"
 
 
-def write_png(report: RunReport, path: str | Path) -> Path | None:
+def render(report: RunReport, path: str | Path) -> Path | None:
     """Draw the report's component timeline into `path`; None (nothing written) without a census."""
     figure = draw(report)
     if figure is None:
@@ -41,8 +41,9 @@ def draw(report: RunReport):
     items = report.components.over_the_run
     if not items:
         return None
-    if len(items[0].series) < 2:
-        return _draw_moments(report, items, Figure, FigureCanvasAgg)
+    one = report.components.one_census
+    if one is not None:
+        return _draw_moments(report, one, Figure, FigureCanvasAgg)
     times = [t for t, _ in items[0].series]
     top, rest = items[:TOP], items[TOP:]
     peak = max(sum(v for _, v in values) for values in zip(*(i.series for i in items), strict=False))
@@ -79,19 +80,13 @@ def _label(item: ComponentHistory) -> str:
     return f"{name}{count} (max {units.size(item.most_at_once)})"
 
 
-def _draw_moments(report: RunReport, items: list[ComponentHistory], figure_type, canvas_type):
+def _draw_moments(report: RunReport, one: OneCensus, figure_type, canvas_type):
     """One census: its stage's live-tensor high beside its end, as two stacked bars."""
-    stage = _census_stage(report)
+    stage = one.stage
     columns: list[tuple[str, dict[str, int]]] = []
-    rows = stage.live_tensors.at_peak.rows if stage is not None and stage.live_tensors is not None \
-        and stage.live_tensors.at_peak is not None else []
-    if rows:
-        high: dict[str, int] = {}
-        for row in rows:
-            name = fold_component(row.owner) if row.owner else f"({row.category or 'unnamed'})"
-            high[name] = high.get(name, 0) + row.bytes
-        columns.append(("at its live-tensor high", high))
-    columns.append(("at its end (census)", {item.name: item.series[-1][1] for item in items}))
+    if one.at_high:
+        columns.append(("at its live-tensor high", one.at_high))
+    columns.append(("at its end (census)", one.at_end))
     names = sorted({n for _, values in columns for n in values},
                    key=lambda n: -max(values.get(n, 0) for _, values in columns))
     top, rest = names[:TOP], names[TOP:]
@@ -122,13 +117,3 @@ def _draw_moments(report: RunReport, items: list[ComponentHistory], figure_type,
     axes.legend(loc="upper right", fontsize=7, framealpha=0.85)
     return figure
 
-
-def _census_stage(report: RunReport):
-    """The stage the single census was taken at the end of."""
-    components = report.components
-    if components.censuses:
-        return components.censuses[-1].stage
-    if components.peak_stage is not None:
-        return components.peak_stage
-    highs = sorted(components.live_highs, key=lambda high: not high.is_peak_stage)
-    return highs[0].stage if highs else None

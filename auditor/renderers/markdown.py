@@ -1,6 +1,6 @@
 """The memory report: one markdown file (GitHub-flavoured) and its PNGs beside it.
 
-    write_report(record, "runs/x/report.md", run_folder="runs/x")
+    write(run_report(record), "runs/x/report.md", run_folder="runs/x")
 
 It opens with the answer: a title line (the peak, its multiple of the weights, each target's
 projected peak), what was alive at the peak by category and component (here, x the weights,
@@ -11,7 +11,8 @@ each live-tensor high (components_markdown), each target's projection (projectio
 allocation sites (sites_markdown), each finding in full with the rules checked, environment.
 
 What the report says is computed once, by auditor.report_models.run (`run_report(record)`,
-one object per section); these modules only format it. Everything comes from the run record;
+one object per section), before it is handed here; these modules only format it (the
+protocol: auditor/renderers/__init__.py). Everything comes from the run record;
 the only files read are the ones it names (the flamegraph is linked, not read), and the PNGs
 are drawn from the same model by their own renderers (timeline_plot, components_plot).
 """
@@ -22,11 +23,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import quote
 
-from auditor.analysis.projection.views import ProjectionView, method_words
+from auditor.analysis.projection.views import ProjectionView
 from auditor.analysis.run.stage_groups import StageRow
 from auditor.analysis.run.unstaged import PeakPlace
 from auditor.facts import units
-from auditor.record.schema import Children, RunRecord
+from auditor.record.schema import Children
 from auditor.renderers import components_markdown
 from auditor.renderers import markdown_text as md
 from auditor.renderers.answer_markdown import answer_section, findings_detail, fixes_section
@@ -35,15 +36,24 @@ from auditor.renderers.markdown_text import INDENT, folded
 from auditor.renderers.markdown_text import phrase as _phrase
 from auditor.renderers.projection_markdown import heading as projection_heading
 from auditor.renderers.projection_markdown import sections as projection_sections
-from auditor.renderers.sites_markdown import format_sites, sites_section
-from auditor.renderers.sites_markdown import section as sites_section_of
-from auditor.report_models import run as model
-from auditor.report_models.run import MAX_STAGE_ROWS, RunReport, run_report  # MAX_STAGE_ROWS: tests read it here
+from auditor.renderers.sites_markdown import section as sites_section
+from auditor.report_models.run import (  # MAX_STAGE_ROWS: tests read it here
+    MAX_STAGE_ROWS,
+    Banner,
+    Environment,
+    Minimum,
+    ProjectionHeadline,
+    RunReport,
+    StageLine,
+    Stages,
+    Summary,
+    UnstagedTime,
+)
 
-__all__ = ["format_environment", "format_sites", "render", "sites_section", "write_report"]
+__all__ = ["MAX_STAGE_ROWS", "environment_section", "render", "write"]
 
 
-def write_report(record: RunRecord, out: str | os.PathLike, run_folder: str | os.PathLike | None = None) -> Path:
+def write(report: RunReport, out: str | os.PathLike, run_folder: str | os.PathLike | None = None) -> Path:
     """Write the markdown report to `out` and its PNGs next to it (the timeline; the components
     over the run when the record has a census); returns `out`.
 
@@ -52,15 +62,14 @@ def write_report(record: RunRecord, out: str | os.PathLike, run_folder: str | os
     out = Path(out)
     plot = out.with_name(out.stem + "-timeline.png")
     parts = out.with_name(out.stem + "-components.png")
-    report = run_report(record)
     has_census = report.components.has_census
-    text = format_report(report, plot=plot.name, report_folder=out.parent,  # first: a record the
+    text = render(report, plot=plot.name, report_folder=out.parent,  # first: a record the
                          run_folder=Path(run_folder) if run_folder is not None else None,  # renderer
                          components_plot=parts.name if has_census else None)  # refuses leaves no PNG
     try:
-        timeline_plot.write_png(report, plot)
+        timeline_plot.render(report, plot)
         if has_census:
-            components_plot.write_png(report, parts)
+            components_plot.render(report, parts)
         out.write_text(text, encoding="utf-8")
     except BaseException:
         plot.unlink(missing_ok=True)
@@ -69,25 +78,19 @@ def write_report(record: RunRecord, out: str | os.PathLike, run_folder: str | os
     return out
 
 
-def render(record: RunRecord, *, plot: str | None = None, report_folder: Path | None = None,
+def render(report: RunReport, *, plot: str | None = None, report_folder: Path | None = None,
            run_folder: Path | None = None, components_plot: str | None = None) -> str:
     """The report's markdown. `plot`, `components_plot`: the PNGs' paths relative to the report
-    (None: no image)."""
-    return format_report(run_report(record), plot=plot, report_folder=report_folder, run_folder=run_folder,
-                         components_plot=components_plot)
-
-
-def format_report(report: RunReport, *, plot: str | None = None, report_folder: Path | None = None,
-                  run_folder: Path | None = None, components_plot: str | None = None) -> str:
-    """The markdown of a report already computed (`render`'s arguments otherwise)."""
+    (None: no image); `report_folder`, `run_folder`: where the report and the record's own files
+    are, for relative links."""
     details = [*components_markdown.details(report.components, components_plot)]
     if report.targets:
         details.append(folded("Projection to " + ", ".join(t.target for t in report.targets)
                               + ": each stage and component, and how",
                               projection_sections(report.targets, [h.view for h in report.summary.projections])))
-    details += [folded("Allocation sites at the peak (memray)", sites_section_of(report.sites, report_folder, run_folder)),
+    details += [folded("Allocation sites at the peak (memray)", sites_section(report.sites, report_folder, run_folder)),
                 folded("Each finding in full, and the rules checked", findings_detail(report.findings)),
-                folded("Environment, probes and the audit's own time", _environment(report.environment))]
+                folded("Environment, probes and the audit's own time", environment_section(report.environment))]
     parts = [
         _title(report.summary),
         _banner(report.banner),
@@ -102,7 +105,7 @@ def format_report(report: RunReport, *, plot: str | None = None, report_folder: 
     return "\n\n".join(p for p in parts if p).rstrip() + "\n"
 
 
-def _title(summary: model.Summary) -> str:
+def _title(summary: Summary) -> str:
     """The title line: the peak, its multiple of the weights, each target's projected peak."""
     said = [f"peak {units.size(summary.peak_rss)} RSS"]
     if summary.weights:
@@ -115,15 +118,15 @@ def _title(summary: model.Summary) -> str:
                   else "not projected")
         name = view.target + (f" {view.target_dtype}" if view.target_dtype else "")
         not_shown = view.failed.phrase if view.failed is not None else view.withheld  # no figure: it stopped,
-        targets.setdefault(name, []).append(f"{figure} ({method_words(view)})" if not_shown is None  # or the
-                                            else f"({method_words(view)}) {not_shown}")  # traced one differs
+        targets.setdefault(name, []).append(f"{figure} ({headline.how})" if not_shown is None  # or the
+                                            else f"({headline.how}) {not_shown}")  # traced one differs
     line = ", ".join(said) + "".join(f"; at {t} {', '.join(f)}" for t, f in targets.items())
     return f"# Memory report: {md.text(summary.name)}: {md.text(line)}"
 
 
 # -- pieces --------------------------------------------------------------------------------
 
-def _banner(banner: model.Banner) -> str:
+def _banner(banner: Banner) -> str:
     lines = []
     exit_ = banner.exit
     if exit_ is not None and exit_.status == "unfinished":
@@ -176,7 +179,7 @@ def children_held(children: Children) -> str:
     return "; ".join(held)
 
 
-def _unfinished(banner: model.Banner) -> str:
+def _unfinished(banner: Banner) -> str:
     """What a reader of a killed run needs first: that it did not finish, and how far it got."""
     finished, still_open = banner.finished, banner.still_open
     error = banner.exit.error if banner.exit is not None else None
@@ -190,7 +193,7 @@ def _unfinished(banner: model.Banner) -> str:
             f"could not be written. {got}. Readings stop where the event log stops.")
 
 
-def _summary(summary: model.Summary) -> str:
+def _summary(summary: Summary) -> str:
     place = summary.peak_place
     rows = [["run", md.text(summary.name)]]
     where = f" {_phrase(place.phrase)}" if place.kind != "unknown" else f" ({_phrase(place.phrase)})"
@@ -224,7 +227,7 @@ def _summary(summary: model.Summary) -> str:
     return "## Summary\n\n" + md.table(["measure", "value"], rows)
 
 
-def _projected(headline: model.ProjectionHeadline) -> str:
+def _projected(headline: ProjectionHeadline) -> str:
     view = headline.view
     if view.failed is not None:  # what it finished is in the details, never a headline figure
         return f"{_phrase(view.failed.phrase)} ([how]({md.anchor(projection_heading(view.target))}))"
@@ -243,7 +246,7 @@ def _projected(headline: model.ProjectionHeadline) -> str:
     return value + f" ([how]({md.anchor(projection_heading(view.target))}))"
 
 
-def _unstaged_summary(time: model.UnstagedTime, place: PeakPlace) -> str:
+def _unstaged_summary(time: UnstagedTime, place: PeakPlace) -> str:
     share = f" ({time.seconds / time.run_s:.1%} of the run)" if time.run_s else ""
     text = f"{units.seconds(time.seconds)} in {time.intervals:,} intervals no stage covers{share}"
     if place.kind == "unstaged":
@@ -254,7 +257,7 @@ def _unstaged_summary(time: model.UnstagedTime, place: PeakPlace) -> str:
     return text
 
 
-def _stages(stages: model.Stages) -> str:
+def _stages(stages: Stages) -> str:
     if not stages.recorded:
         return "## Stages\n\nThe record has no stages." + _unstaged_note(stages.unstaged)
     live, heap, cuda, folded = stages.live_tensors, stages.py_heap, stages.cuda, stages.folded
@@ -287,7 +290,7 @@ def _stages(stages: model.Stages) -> str:
     return "## Stages\n\n" + note + "\n\n" + table + more + _unstaged_note(stages.unstaged)
 
 
-def _stage_row(line: model.StageLine, live: bool, heap: bool, cuda: bool, folded: bool) -> list[str]:
+def _stage_row(line: StageLine, live: bool, heap: bool, cuda: bool, folded: bool) -> list[str]:
     row = line.row
     name = md.text(row.label) + (f" × {row.count:,}" if row.kind == "folded" else "")
     if row.kind == "unstaged":
@@ -334,14 +337,14 @@ def _status(row: StageRow) -> str:
     return ", ".join(f"{words.get(k, md.text(k))} {n:,}" for k, n in counts.items())
 
 
-def _highest_calls(line: model.StageLine) -> str:
+def _highest_calls(line: StageLine) -> str:
     text = md.code(line.highest_call) if line.highest_call is not None else "-"  # folded: calls only
     if line.highest_live_call is not None:
         text += f"; {md.code(line.highest_live_call)} ({units.size(line.row.highest('live_tensors')[0])})"
     return text
 
 
-def _unstaged_note(time: model.UnstagedTime | None) -> str:
+def _unstaged_note(time: UnstagedTime | None) -> str:
     if time is None:
         return ""
     share = f", {time.seconds / time.run_s:.1%} of the run" if time.run_s else ""
@@ -378,7 +381,7 @@ _OVERHEAD = {"boundaries_s": "stage starts and ends", "census_s": "tensor census
              "finish_s": "finishing (last readings, memray trace)"}  # the audit's own time, by what it was spent on
 
 
-def _minimum(minimum: model.Minimum) -> str:
+def _minimum(minimum: Minimum) -> str:
     head = "## Theoretical minimum and gap"
     if not minimum.items:
         return f"{head}\n\nNo minimum was declared for this run (the job that ran the algorithm can declare one in the run record)."
@@ -399,23 +402,15 @@ def _minimum(minimum: model.Minimum) -> str:
             + md.table(["measured", "bytes", "gap to the minimum", "x minimum"], gap_rows, right={1, 2, 3}))
 
 
-def environment_section(record: RunRecord, head: str = "## Environment") -> str:
-    return _environment(model.environment(record), head)
-
-
-def format_environment(environment: model.Environment, head: str = "## Environment") -> str:
-    """The environment section of a model already computed (the training-step report shows its first configuration's)."""
-    return _environment(environment, head)
-
-
-def _environment(environment: model.Environment, head: str = "## Environment") -> str:
+def environment_section(environment: Environment, head: str = "## Environment") -> str:
+    """The environment section (the training-step report shows its first configuration's)."""
     env, machine = environment.software, environment.machine
     rows = [["python", md.text(_or(env.python, "-"))], ["torch", md.text(env.torch or "-")],
             ["transformers", md.text(env.transformers or "-")],
             ["threads", md.text(_or(env.threads, "-"))],
             ["device", md.text(environment.device)]]
     if env.malloc is not None:  # None: a record from before it was kept
-        rows.insert(4, ["malloc", md.text(malloc_setting(env.malloc))])
+        rows.insert(4, ["malloc", md.text(malloc_setting(env.malloc, environment.malloc_threshold_fixed))])
     if machine is not None:
         rows.append(["machine", md.text(f"{_or(machine.platform, '?')}, {machine.cpus} CPUs, "  # None: unknown to os
                                       f"{units.size(machine.memory_total)} memory")])
@@ -445,13 +440,13 @@ def _environment(environment: model.Environment, head: str = "## Environment") -
     return "\n\n".join(parts)
 
 
-def malloc_setting(settings: dict[str, str]) -> str:
-    """glibc malloc's settings of the run, and what they mean for its mmap threshold."""
-    from auditor.facts.allocator_retention import threshold_fixed
+def malloc_setting(settings: dict[str, str], threshold_fixed: bool) -> str:
+    """glibc malloc's settings of the run, and what they mean for its mmap threshold
+    (`threshold_fixed`: the report model's `malloc_threshold_fixed`)."""
     if not settings:
         return "glibc defaults: the mmap threshold follows the largest block freed (up to 32 MiB)"
     given = ", ".join(f"{name}={value}" for name, value in sorted(settings.items()))
-    return given + (": the mmap threshold stays fixed" if threshold_fixed(settings)
+    return given + (": the mmap threshold stays fixed" if threshold_fixed
                     else ": the mmap threshold follows the largest block freed")
 
 

@@ -78,8 +78,10 @@ def devices_table(projection: RankProjection) -> list[str]:
     return lines
 
 
-def render_projection(projection: RankProjection, small, target, command: list[str] | None = None) -> str:
-    """The `auditor project-ranks` report: each rank at each world size, then the device counts."""
+def render(projection: RankProjection, *, small, target, command: list[str] | None = None) -> str:
+    """The `auditor project-ranks` report: each rank at each world size, then the device counts;
+    `small`, `target`: the GradProbe settings audited and projected to (their architecture and
+    overrides name them)."""
     import shlex
     worlds = projection.worlds
 
@@ -92,7 +94,8 @@ def render_projection(projection: RankProjection, small, target, command: list[s
     out += [BASIS, "", "Two peaks per rank: the whole run's, at `build model` or `shard model` (the job builds "
             "the whole model on every rank before FSDP2 copies out its shards), and the sharded part's "
             "(`prune` and its phases), which a device run that builds its model on meta or on the host "
-            "has alone; device counts read the sharded part.", "", f"## Each rank at {', '.join(str(w.world_size) for w in worlds)} ranks", "",
+            "has alone; device counts read the sharded part.", "",
+            f"## Each rank at {', '.join(str(w.world_size) for w in worlds)} ranks", "",
             *ranks_table(worlds), "", "## How many devices", "",
             "The fewest ranks whose worst rank's sharded part fits each device size. GPU figures are "
             "live tensors: the CUDA context and the caching allocator's slack come on top.", "",

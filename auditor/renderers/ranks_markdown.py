@@ -1,10 +1,8 @@
 """The merged report of a multi-rank run: ranks, the global peak, every rank's stages side by
 side, imbalance across ranks, communication buffers. What it says is computed by
-auditor.analysis.ranks.merged (`merge_ranks(folder)` -> MergedRanks); this module only formats it."""
+auditor.analysis.ranks.merged (`merge_ranks(folder)` -> MergedRanks, this report's model); this
+module only formats it."""
 from __future__ import annotations
-
-import os
-from pathlib import Path
 
 from auditor.analysis.ranks.merged import Launcher, MergedRanks, RankSummary, Spread
 from auditor.facts import units
@@ -26,12 +24,6 @@ COMMUNICATION_NOTE = (
 PARTIAL_NOTE = (
     "*(rank N partial)*: rank N was killed before it finished, so its figure there is what it "
     "reached before it stopped, a lower bound: the max/min and spread over the ranks are not final.")
-
-
-def write_report(merged: MergedRanks, out: str | os.PathLike) -> Path:
-    out = Path(out)
-    out.write_text(render(merged), encoding="utf-8")
-    return out
 
 
 def render(merged: MergedRanks) -> str:

@@ -9,27 +9,17 @@ import subprocess
 from pathlib import Path
 
 from auditor.facts import units
-from auditor.record.schema import Memray, RunRecord
+from auditor.record.schema import Memray
 from auditor.renderers import markdown_text as md
-from auditor.report_models import run as model
+from auditor.report_models.run import SiteLine, Sites
 
 SITE_STACK_FRAMES = 3
 
 
-def sites_section(record: RunRecord, report_folder: Path | None, run_folder: Path | None,
-                  head: str = "## Top allocation sites at the peak") -> str:
-    """memray's sites alive at its high-water mark (the training-step report titles it its own way)."""
-    return section(model.sites(record), report_folder, run_folder, head)
-
-
-def format_sites(sites: model.Sites, report_folder: Path | None, run_folder: Path | None,
-                 head: str = "## Top allocation sites at the peak") -> str:
-    """The sites section of a model already computed (the training-step report has one per configuration)."""
-    return section(sites, report_folder, run_folder, head)
-
-
-def section(sites: model.Sites, report_folder: Path | None, run_folder: Path | None,
-           head: str = "## Top allocation sites at the peak") -> str:
+def section(sites: Sites, report_folder: Path | None, run_folder: Path | None,
+            head: str = "## Top allocation sites at the peak") -> str:
+    """memray's sites alive at its high-water mark (the training-step report has one per
+    configuration, titled its own way)."""
     memray, probe = sites.memray, sites.probe
     if memray is None:
         state = probe.state if probe is not None else None
@@ -97,7 +87,7 @@ def _kept_out_of_git(path: Path) -> bool:
     return done is not None and done.returncode == 0
 
 
-def _stack(line: model.SiteLine) -> str:
+def _stack(line: SiteLine) -> str:
     shown = []
     for frame in line.stack[:SITE_STACK_FRAMES]:
         function = frame.function if len(frame.function) <= 60 else frame.function[:57] + "..."

@@ -43,7 +43,7 @@ class Stack:
     bands: list[tuple[str, list[int]]]   # (legend label, bytes at each time), bottom first
 
 
-def write_png(report: RunReport, path: str | Path) -> Path:
+def render(report: RunReport, path: str | Path) -> Path:
     """Draw the report's timeline into `path` (a .png); returns the path."""
     path = Path(path)
     draw(report).savefig(path, format="png")

@@ -15,7 +15,7 @@ COLOURS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer state": "
            "model buffers": "#937860", "temporaries": "#da8bc3"}
 
 
-def write_png(report: TrainStepReport, path: str | Path) -> Path:
+def render(report: TrainStepReport, path: str | Path) -> Path:
     draw(report).savefig(path)
     return Path(path)
 

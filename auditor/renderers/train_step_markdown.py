@@ -1,9 +1,11 @@
 """The training-step report: the sweep table with its commentary and a components chart
-(train_step_chart), then one section per configuration (components, activation calculator, one step against many, leak/spike/stable,
-largest allocations). What it says is computed once from the run records by
-auditor.report_models.train_step (`train_step_report(records)`); this module only formats it.
+(train_step_chart), then one section per configuration (components, activation calculator, one
+step against many, leak/spike/stable, largest allocations). What it says is computed once from
+the run records by auditor.report_models.train_step (`train_step_report(records)`), before it
+is handed here; this module only formats it.
 
-    write_report(records, "reports/train-step-tinystories-33m.md", command="auditor train-step ...")
+    write(train_step_report(records), "reports/train-step-tinystories-33m.md", folders=folders,
+          command="auditor train-step ...")
 """
 from __future__ import annotations
 
@@ -12,48 +14,49 @@ from pathlib import Path
 from urllib.parse import quote
 
 from auditor.facts import units
-from auditor.record.schema import RunRecord
 from auditor.renderers import markdown_text as md
-from auditor.renderers.markdown import format_environment, format_sites
-from auditor.report_models import train_step as model
-from auditor.report_models.train_step import MEASURES, TrainStepReport, train_step_report
+from auditor.renderers.markdown import environment_section
+from auditor.renderers.sites_markdown import section as sites_section
+from auditor.report_models.train_step import (
+    MEASURES,
+    Calculator,
+    Configuration,
+    Intro,
+    NoFormula,
+    Study,
+    Sweep,
+    TrainStepReport,
+    Unfinished,
+)
 
 
-def write_report(records: list[tuple[RunRecord, Path]], out: str | os.PathLike, *, command: str) -> Path:
-    """`records`: (run record, its run folder) per configuration, in sweep order."""
-    from auditor.renderers.train_step_chart import write_png
+def write(report: TrainStepReport, out: str | os.PathLike, *, folders: list[Path], command: str) -> Path:
+    """The markdown to `out` and its components chart beside it; `folders`: each configuration's
+    run folder, in sweep order."""
+    from auditor.renderers import train_step_chart
     out = Path(out)
-    report = train_step_report([record for record, _ in records])
-    folders = [folder for _, folder in records]
     chart = None
     if any(c.study is not None for c in report.configurations):  # no step finished: no bars
-        chart = write_png(report, out.with_name(out.stem + "-components.png")).name
-    out.write_text(format_report(report, folders, command=command, report_folder=out.parent, chart=chart),
+        chart = train_step_chart.render(report, out.with_name(out.stem + "-components.png")).name
+    out.write_text(render(report, folders=folders, command=command, report_folder=out.parent, chart=chart),
                    encoding="utf-8")
     return out
 
 
-def render(records: list[tuple[RunRecord, Path]], *, command: str, report_folder: Path | None = None,
-           chart: str | None = None) -> str:
-    """The report's markdown; `chart`: the components PNG's path relative to the report."""
-    report = train_step_report([record for record, _ in records])
-    return format_report(report, [folder for _, folder in records], command=command,
-                         report_folder=report_folder, chart=chart)
-
-
-def format_report(report: TrainStepReport, folders: list[Path], *, command: str,
-                  report_folder: Path | None = None, chart: str | None = None) -> str:
-    """The markdown of a report already computed; `folders`: each configuration's run folder."""
+def render(report: TrainStepReport, *, folders: list[Path], command: str,
+           report_folder: Path | None = None, chart: str | None = None) -> str:
+    """The report's markdown; `folders`: each configuration's run folder; `chart`: the
+    components PNG's path relative to the report."""
     parts = [f"# Training-step memory: {md.text(', '.join(report.architectures))}",
              _intro(report.intro, command), _sweep(report.sweep),
              f"![components against the measured peaks]({quote(chart)})" if chart else ""]
     for configuration, folder in zip(report.configurations, folders, strict=False):
         parts.append(_configuration(configuration, folder, report_folder))
-    parts.append(format_environment(report.environment, head="## Environment (first configuration)"))
+    parts.append(environment_section(report.environment, head="## Environment (first configuration)"))
     return "\n\n".join(p for p in parts if p).rstrip() + "\n"
 
 
-def _intro(intro: model.Intro, command: str) -> str:
+def _intro(intro: Intro, command: str) -> str:
     """`command`: what made the report, unless the records name the sweep they all came from
     (then the report made again from them reads the same)."""
     command = intro.sweep_command or command
@@ -65,7 +68,7 @@ def _intro(intro: model.Intro, command: str) -> str:
             f"`forward only` is one micro-batch without autograd (inference).")
 
 
-def _sweep(sweep: model.Sweep) -> str:
+def _sweep(sweep: Sweep) -> str:
     rows = sweep.rows
     measures = [(k, label) for k, label in MEASURES.items() if any(r.step.get(k) for r in rows)]
     headers = ["architecture", "sequence", "precision"]
@@ -88,7 +91,7 @@ def _sweep(sweep: model.Sweep) -> str:
             + md.table(headers, table, right) + "\n\n" + text)
 
 
-def _configuration(configuration: model.Configuration, folder: Path, report_folder: Path | None) -> str:
+def _configuration(configuration: Configuration, folder: Path, report_folder: Path | None) -> str:
     c = configuration
     head = f"## {md.text(c.architecture)}, sequence {c.sequence_length}, {md.text(c.precision)}"
     unfinished = _unfinished(c.unfinished) if c.unfinished is not None else None
@@ -101,7 +104,7 @@ def _configuration(configuration: model.Configuration, folder: Path, report_fold
     return "\n\n".join(p for p in parts if p)
 
 
-def _unfinished(unfinished: model.Unfinished) -> str:
+def _unfinished(unfinished: Unfinished) -> str:
     """The line saying the run did not finish, how it ended and which stages finished."""
     cut = unfinished.cut
     return (f"**This configuration did not finish: {md.text(unfinished.ending)}.** Finished stages: "
@@ -109,7 +112,7 @@ def _unfinished(unfinished: model.Unfinished) -> str:
             + (f"; cut short: {', '.join(md.code(p) for p in cut)}" if cut else "") + ".")
 
 
-def _components(study: model.Study) -> str:
+def _components(study: Study) -> str:
     rows = []
     for row in study.components:
         exact = "-" if row.exact is None else ("yes, to the byte" if row.exact else "**no**")
@@ -130,10 +133,10 @@ def _components(study: model.Study) -> str:
                      rows, right={1, 2, 3}) + line)
 
 
-def _calculator(calc: model.Calculator | model.NoFormula | None) -> str:
+def _calculator(calc: Calculator | NoFormula | None) -> str:
     if calc is None:
         return ""
-    if isinstance(calc, model.NoFormula):
+    if isinstance(calc, NoFormula):
         return ("### Activation size from the config\n\n"
                 f"No formula for this model: {md.text(calc.why)}.")
     measured = calc.measured_layers
@@ -153,7 +156,7 @@ def _calculator(calc: model.Calculator | model.NoFormula | None) -> str:
             f"```\n{calc.whole_derivation}\n```")
 
 
-def _steps(study: model.Study) -> str:
+def _steps(study: Study) -> str:
     series = study.series
     keys = [(k, label) for k, label in MEASURES.items() if series.get(k)]
     rows = []
@@ -171,13 +174,13 @@ def _steps(study: model.Study) -> str:
     return f"### One step against many\n\n{side}\n\nStep by step:\n\n{table}\n\n{lines}"
 
 
-def _stability(study: model.Study) -> str:
+def _stability(study: Study) -> str:
     lines = [f"- {s.measure}: **{s.verdict}**. {md.text(s.evidence)}" for s in study.stability]
     return "### Leak, spike or stable\n\n" + "\n".join(lines)
 
 
-def _allocations(configuration: model.Configuration, folder: Path, report_folder: Path | None) -> str:
-    parts = [format_sites(configuration.sites, report_folder, folder, head="### Largest allocations at the peak")]
+def _allocations(configuration: Configuration, folder: Path, report_folder: Path | None) -> str:
+    parts = [sites_section(configuration.sites, report_folder, folder, head="### Largest allocations at the peak")]
     history = configuration.cuda_history
     if history:
         target = Path(folder) / history

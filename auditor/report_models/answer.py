@@ -19,7 +19,7 @@ from typing import Literal
 from auditor.analysis.findings.program_kind import ProgramKind
 from auditor.analysis.findings.rules import Finding, stage_transient
 from auditor.analysis.projection.reasons import TRANSIENT, Why, shrinking
-from auditor.analysis.projection.views import ProjectedStage, ProjectionView
+from auditor.analysis.projection.views import ProjectedStage, ProjectionView, method_words
 from auditor.analysis.run.attribution import BEYOND_CENSUS, BEYOND_LIVE, UNSEEN_TENSORS, Attribution
 from auditor.record.schema import RunRecord
 
@@ -53,6 +53,7 @@ class Answer:
     weights: int                # parameters (module buffers not counted), for "x the weights"
     buffers: int
     views: list[ProjectionView]  # the columns at the targets
+    hows: list[str]             # how each was projected, in words (method_words), one per view
     rows: list[AnswerRow]
 
 
@@ -151,7 +152,8 @@ def peak_answer(census: Attribution, projected: list[tuple[ProjectionView, Proje
         elif view.withheld is not None:
             for row in rows:
                 row.at_targets[i] = AtTarget(withheld=view.withheld)
-    return Answer(census.stage, census.weights, census.buffers, [v for v, _ in projected], rows)
+    return Answer(census.stage, census.weights, census.buffers, [v for v, _ in projected],
+                  [method_words(v) for v, _ in projected], rows)
 
 
 def _sum(values) -> int | None:

@@ -21,17 +21,18 @@ from typing import Literal
 from auditor.analysis.findings.program_kind import program_kind
 from auditor.analysis.findings.rules import SEVERITIES, Finding, Outcome, evaluate, ordered
 from auditor.analysis.projection.side_by_side import SideBySide, TargetSides, by_target, side_by_side
-from auditor.analysis.projection.views import ProjectedStage, ProjectionView, projection_views
+from auditor.analysis.projection.views import ProjectedStage, ProjectionView, method_words, projection_views
 from auditor.analysis.ranks.merged import Spawn, spawns
 from auditor.analysis.run import source_paths, stage_groups, timeline, unstaged
 from auditor.analysis.run.attribution import Attribution, attribute, largest_weights, run_weights
-from auditor.analysis.run.component_history import ComponentHistory, history
+from auditor.analysis.run.component_history import ComponentHistory, fold_component, history
 from auditor.analysis.run.growers import at_peak_categories
 from auditor.analysis.run.live_tensor_peak import live_tensor_high
 from auditor.analysis.run.stage_groups import StageRow
 from auditor.analysis.run.stages import census_before, census_order, final_stage, is_traced, peak_at_start, peak_stage
 from auditor.analysis.run.unstaged import PeakPlace
 from auditor.facts.allocation_sites import passes_through
+from auditor.facts.allocator_retention import threshold_fixed
 from auditor.record import schema as record_schema
 from auditor.record.schema import (
     AtPeak,
@@ -82,6 +83,7 @@ class UnstagedTime:
 class ProjectionHeadline:
     """A projection's line of the summary."""
     view: ProjectionView
+    how: str                   # how it was projected, in words (method_words)
     # a scaled projection its drivers do not explain: the traced one of its target standing for it
     traced: ProjectionView | None = None
 
@@ -159,6 +161,15 @@ class StageCensus:
 
 
 @dataclass
+class OneCensus:
+    """A run with a single census (one stage around the work): no timeline to draw, so its
+    stage's live-tensor high beside its end, each by folded component."""
+    stage: Stage | None            # the stage the census was taken at the end of
+    at_high: dict[str, int]        # folded component -> bytes at the live-tensor high; empty: not metered
+    at_end: dict[str, int]         # folded component -> bytes in the census
+
+
+@dataclass
 class Components:
     census_ends: int                      # stage ends with a census; 0: the record has none
     over_the_run: list[ComponentHistory]  # largest first
@@ -167,6 +178,7 @@ class Components:
     live_highs: list[LiveHigh]
     peak_stage: Stage | None
     censuses: list[StageCensus]           # before the peak stage (when it peaked at its start), at it, at the end
+    one_census: OneCensus | None = None   # the census was taken once: what the components plot draws instead
 
     @property
     def has_census(self) -> bool:
@@ -233,6 +245,7 @@ class Environment:
     overhead_s: dict[str, float]
     probes: dict[str, ProbeState]
     live_tensors_absent: bool      # no meter readings and no probe saying why
+    malloc_threshold_fixed: bool   # glibc's mmap threshold stays where the run's malloc settings put it
     warnings: list[str]
 
 
@@ -302,7 +315,7 @@ def _summary(record: RunRecord, place: PeakPlace, views: list[ProjectionView], f
         buffers=attribution.buffers if attribution is not None else 0,
         live_tensor_high=live_tensor_high(record),
         largest_census=max(((s.tensors.live_bytes if s.tensors else None) or 0 for s in record.stages), default=0),
-        projections=[ProjectionHeadline(v, _traced_for(v, views)) for v in views], unstaged=time,
+        projections=[ProjectionHeadline(v, method_words(v), _traced_for(v, views)) for v in views], unstaged=time,
         findings={s: sum(1 for f in found if f.severity == s) for s in SEVERITIES})
 
 
@@ -338,11 +351,34 @@ def _stage_line(row: StageRow, record: RunRecord) -> StageLine:
 def _components(record: RunRecord, place: PeakPlace, views: list[ProjectionView]) -> Components:
     ends = census_order(record)
     holder = peak_stage(record)
-    return Components(
+    components = Components(
         census_ends=len(ends), over_the_run=history(record) if ends else [], run_s=record.duration_s,
         unstaged_peak=_unstaged_peak(record, place) if place.kind == "unstaged" else None,
         live_highs=_live_highs(record, place), peak_stage=holder,
         censuses=_censuses(record, holder, views) if ends and holder is not None else [])
+    items = components.over_the_run
+    if items and len(items[0].series) < 2:
+        components.one_census = _one_census(components)
+    return components
+
+
+def _one_census(components: Components) -> OneCensus:
+    """The single census's stage: its live-tensor high (the `at_peak` rows, named by the
+    censuses taken inside it) and its end, by folded component."""
+    stage: Stage | None
+    if components.censuses:
+        stage = components.censuses[-1].stage
+    elif components.peak_stage is not None:
+        stage = components.peak_stage
+    else:
+        highs = sorted(components.live_highs, key=lambda high: not high.is_peak_stage)
+        stage = highs[0].stage if highs else None
+    meter = stage.live_tensors if stage is not None else None
+    at_high: dict[str, int] = {}
+    for row in meter.at_peak.rows if meter is not None and meter.at_peak is not None else []:
+        name = fold_component(row.owner) if row.owner else f"({row.category or 'unnamed'})"
+        at_high[name] = at_high.get(name, 0) + row.bytes
+    return OneCensus(stage, at_high, {item.name: item.series[-1][1] for item in components.over_the_run})
 
 
 def _alive(at_peak: AtPeak) -> AliveAt:
@@ -453,4 +489,5 @@ def environment(record: RunRecord) -> Environment:
         exit=record.exit, overhead_s=record.audit_overhead_s or {}, probes=probes,
         live_tensors_absent=(not any(s.live_tensors is not None for s in record.stages)
                              and "live_tensors" not in probes),
+        malloc_threshold_fixed=threshold_fixed(record.environment.malloc or {}),
         warnings=record.warnings)
