@@ -177,7 +177,8 @@ def _transformers_model_types() -> frozenset[str] | None:
     try:
         with open(os.path.join(models, "auto", "auto_mappings.py"), encoding="utf-8") as file:
             tree = ast.parse(file.read())
-        table = next(node.value.args[0] for node in tree.body if isinstance(node, ast.Assign)
+        table = next(node.value.args[0] for node in tree.body
+                     if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
                      and any(getattr(t, "id", None) == "CONFIG_MAPPING_NAMES" for t in node.targets))
         names = {name for name, _ in ast.literal_eval(table)}
     except (OSError, SyntaxError, ValueError, StopIteration, AttributeError, IndexError, TypeError):
@@ -270,7 +271,7 @@ def build_model(name_or_path: str, *, seed: int = 0, dtype: torch.dtype | None =
     from transformers import AutoModelForCausalLM
     dtype = torch.float32 if dtype is None else dtype
     if is_checkpoint_folder(name_or_path) and _has_weights(name_or_path) and not overrides:
-        model = AutoModelForCausalLM.from_pretrained(
+        model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
             name_or_path, dtype=dtype, attn_implementation=attn_implementation)
         return model.to(device)
     config = make_config(name_or_path, **overrides)

@@ -87,7 +87,13 @@ class Limit:
     ratio: float | None = None
 
     def allowed(self, reference_peak: int | None) -> int:
-        return self.bytes if self.ratio is None else round(self.ratio * reference_peak)
+        if self.ratio is not None:
+            if reference_peak is None:  # enforce reads every measure's reference peak first
+                raise ValueError(f"{self.measure}: a ratio budget without its reference stage's peak")
+            return round(self.ratio * reference_peak)
+        if self.bytes is None:  # parse_limit gives every limit a ratio or bytes
+            raise ValueError(f"{self.measure}: a budget with neither bytes nor a ratio")
+        return self.bytes
 
     def describe(self, reference: str, reference_peak: int | None) -> str:
         if self.ratio is None:

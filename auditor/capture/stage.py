@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+from typing import Any, Literal
 
 _active = None  # the Audit in progress, or None; set only by Audit.__enter__/__exit__
 
@@ -36,8 +37,9 @@ _PROFILER = "torch.autograd.profiler"
 _modules = sys.modules
 # torch.autograd.profiler once the program has loaded it. Its `_is_profiler_enabled` is the
 # flag torch keeps "for fast python checks" (set by torch.profiler.profile, emit_nvtx and
-# emit_itt): one attribute read, where the C query costs a call.
-_profiler = None
+# emit_itt): one attribute read, where the C query costs a call. Any: a module looked up at
+# run time (or _WithoutFlag), whose attributes torch types nowhere this module can see.
+_profiler: Any = None
 _ranges = threading.local()  # per thread, `stack`: [(stage, record_function)] still open
 _open_ranges = 0  # in all threads: while 0, a closing stage skips the thread-local lookup
 _ranges_lock = threading.Lock()
@@ -110,7 +112,7 @@ class stage:
     """
 
     __slots__ = ("name",)
-    call = None  # what a staged callable's stage adds to its entry (CallStage)
+    call: dict[str, object] | None = None  # what a staged callable's stage adds to its entry (CallStage)
 
     def __init__(self, name: str):
         self.name = name
@@ -138,7 +140,7 @@ class stage:
                     raise
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         audit = _active
         if audit is None and not _open_ranges:
             return False
@@ -176,7 +178,7 @@ class CallStage(stage):
 
     __slots__ = ("call",)
 
-    def __init__(self, name: str, call: dict):
+    def __init__(self, name: str, call: dict[str, object]):
         self.name, self.call = name, call
 
 

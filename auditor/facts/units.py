@@ -80,7 +80,7 @@ def parse_size(value: int | str) -> int:
     text = value if isinstance(value, str) else ""
     match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
     unit = match.group(2).lower() if match else None
-    if unit not in _SIZE_UNITS or (_SIZE_UNITS[unit] == 1 and "." in match.group(1)):
+    if match is None or unit not in _SIZE_UNITS or (_SIZE_UNITS[unit] == 1 and "." in match.group(1)):
         raise ValueError(f"{value!r} is not a size: write e.g. 1.5GiB, 900MiB, 512KiB, 1GB "
                          "or a whole number of bytes")
     return round(float(match.group(1)) * _SIZE_UNITS[unit])

@@ -116,7 +116,7 @@ def _modules_and_optimizers() -> tuple[list, list]:
 
 def _top_level(modules: list) -> list:
     """The modules no other live module holds as a child, that hold a tensor."""
-    children = set()
+    children: set[int] = set()
     for module in modules:
         try:
             children.update(id(child) for child in vars(module).get("_modules", {}).values())

@@ -41,7 +41,7 @@ from __future__ import annotations
 import types
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
 
 import torch
@@ -147,6 +147,7 @@ class _Walker:
             return
         self.visited.add(id(value))
         self.budget -= 1
+        children: Sequence[tuple[str | int, object]]  # (path segment, value)
         try:  # copy at most MAX_ITEMS items; another thread may be changing the container
             if isinstance(value, dict):
                 children = [(_key(k), v) for k, v in islice(value.items(), MAX_ITEMS)]

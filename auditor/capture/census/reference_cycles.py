@@ -108,7 +108,7 @@ class _Closure:
     """The objects that reach the candidates' tensors, each held once, in `nodes`: the
     check's only reference to each (its refcount reading subtracts exactly this one)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.nodes: list = []
         self.index: dict[int, int] = {}  # id -> position in nodes
         self.unexplored: set[int] = set()  # positions whose referrers are not all in nodes
@@ -155,7 +155,7 @@ class _Closure:
             if any(t.layout is not torch.strided for t in group):
                 return True  # sparse: its parts' holders are not followed here
             ids = {id(t) for t in group}
-            views = Counter()
+            views: Counter[int] = Counter()
             for t in group:
                 if t._is_view():
                     base_id = id(t._base)
@@ -207,6 +207,7 @@ class _Closure:
         inside = [0] * count
         children: list[list[int]] = [[] for _ in range(count)]
         parents: list[list[int]] = [[] for _ in range(count)]
+        referents: list[object] | None
         for i in range(count):
             referents = gc.get_referents(self.nodes[i])
             for referent in referents:

@@ -347,11 +347,11 @@ class _Ledger:
             total += nbytes
             counted += 1
         for name, component in components.items():
-            held = copies.get(name)
-            if held is not None:
-                component.update(copy_bytes=held[0], weights_copied=held[1], parameters_copied=len(held[2]))
+            copied = copies.get(name)
+            if copied is not None:
+                component.update(copy_bytes=copied[0], weights_copied=copied[1], parameters_copied=len(copied[2]))
             if name in (automatic or ()):
-                if held is not None and held[0] >= MOSTLY_COPIES * component["bytes"]:
+                if copied is not None and copied[0] >= MOSTLY_COPIES * component["bytes"]:
                     component["category"] = SAVED_COPIES  # made from the weights, whatever its name
                     continue
                 if all_buffers[name]:

@@ -419,7 +419,8 @@ def _resize_counted(storage, size):
 
 def _watch_resizes() -> None:
     """`UntypedStorage.resize_` tells the counting meters while there are any; torch's own otherwise."""
-    torch.UntypedStorage.resize_ = _resize_counted if _RESIZE_WATCHERS else _RESIZE
+    # replacing the method is the point: resizes are seen only through it
+    torch.UntypedStorage.resize_ = _resize_counted if _RESIZE_WATCHERS else _RESIZE  # type: ignore[method-assign]
 
 
 class LiveTensorProbe:
@@ -437,6 +438,7 @@ class LiveTensorProbe:
         self._meter = LiveTensorMeter(self.keeps_composition)
         self._meter.seed_existing()
         self._meter.__enter__()
+        self._closed = False
 
     def read(self) -> tuple[int, int, int]:
         live = self._meter.live
@@ -472,18 +474,22 @@ class LiveTensorProbe:
         component}, "components": {...}} from a census taken since, or None (census off)."""
         began = time.perf_counter()
         alive_now = self._meter.alive(peak.rows) if census is not None else set()
+        # read once, not per row: owners only when some row is still alive (a census without
+        # owners is never asked), components whenever a census is given
+        owners: dict = census["owners"] if census is not None and alive_now else {}
+        components: dict = census["components"] if census is not None else {}
         groups: dict[tuple, list] = {}
         for row in peak.rows:  # at every stage end: kept to plain operations, no call per row
             serial, size, created_in, op, key, is_bool, seen_owner, seen_category, where, copy_of, origin = row
             kept = serial in alive_at_end
-            owner = census["owners"].get(key) if serial in alive_now else None
+            owner = owners.get(key) if serial in alive_now else None
             # what provenance says it is, when no census names it (auditor.capture.census.provenance)
             made = SAVED_COPIES if copy_of else BUFFERS if origin == BUFFER else MASKS if is_bool else None
             if seen_owner is None and where is not None and (not kept or communication_buffer(where)):
                 seen_owner = f"{ALLOCATED_AT} {where}"  # a temporary, or a buffer the site names
                 seen_category = made or ACTIVATIONS
             if owner is not None:
-                category = (census["components"].get(owner) or {}).get("category") or OTHER
+                category = (components.get(owner) or {}).get("category") or OTHER
             elif seen_owner is not None:  # freed since, or out of the census's sight now
                 owner, category = seen_owner, seen_category
             elif not kept:
@@ -520,9 +526,10 @@ class LiveTensorProbe:
         return {"state": "on", "method": method, "copies": COPIES_FOLLOWED}
 
     def close(self) -> None:
-        if self._meter is not None:
+        if not self._closed:
             self._meter.__exit__(None, None, None)
-            self._meter = None
+            self._closed = True
+            del self._meter  # its live table goes with it, whoever still holds the probe
 
 
 def _holds_memory(tensor: torch.Tensor, storage) -> bool:

@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 import weakref
+from typing import Any
 
 from auditor.capture.staging.user_imports import import_named
 
@@ -43,11 +44,14 @@ def _module_class():
     return getattr(sys.modules.get("torch.nn.modules.module"), "Module", None)
 
 
+_Entry = tuple[weakref.ref[Any], str, bool]  # (the module, its qualified name, settled)
+
+
 class ModuleNames:
     """Qualified module names, from an index of module trees held by weak references."""
 
-    def __init__(self):
-        self._names: dict[int, tuple] = {}  # id(module) -> (weakref, name, settled)
+    def __init__(self) -> None:
+        self._names: dict[int, _Entry] = {}  # id(module) -> (weakref, name, settled)
         self._lock = threading.RLock()
         self._next_scan = 0.0  # perf_counter time before which no scan runs
         self.scans = 0
@@ -109,9 +113,12 @@ class ModuleNames:
         entry = self._names.get(key)
         ref = entry[0] if entry is not None and entry[0]() is module else None
         if ref is None:
+            def forget(dead: weakref.ref[Any], key: int = key, names: dict[int, _Entry] = self._names) -> None:
+                entry = names.get(key)
+                if entry is not None and entry[0] is dead:  # not a newer module given the same id
+                    names.pop(key, None)
             try:
-                ref = weakref.ref(module, lambda dead, key=key, names=self._names:
-                                  names.pop(key, None) if names.get(key, (None,))[0] is dead else None)
+                ref = weakref.ref(module, forget)
             except TypeError:
                 return
         self._names[key] = (ref, name, settled)
@@ -222,7 +229,7 @@ def resolve_hook(spec: str):
     module_name, _, qualname = spec.partition(":")
     if not module_name or not qualname:
         raise ValueError(f"--label {spec!r} should look like module:function")
-    obj = import_named(module_name, "--label")
+    obj: object = import_named(module_name, "--label")
     for depth, part in enumerate(qualname.split(".")):
         found = getattr(obj, part, _MISSING)
         if found is _MISSING:

@@ -23,6 +23,7 @@ import importlib.abc
 import importlib.machinery
 import socket
 import sys
+import types
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,7 +151,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def __init__(self, spawns: _Spawns):
         self.spawns = spawns
         self.loader = None
-        self.patched: list[tuple[object, object]] = []
+        self.patched: list[tuple[types.ModuleType, object]] = []  # (module, its own start_processes)
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != SPAWN_MODULE:
@@ -168,20 +169,21 @@ class _PatchOnImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.loader.exec_module(module)
         self.patch(module)
 
-    def patch(self, module) -> None:
+    def patch(self, module: types.ModuleType) -> None:
         original = getattr(module, "start_processes", None)
         if original is None or hasattr(original, "__auditor_spawn__"):
             return
-        module.start_processes = self.spawns.wrap(original)
+        names = vars(module)  # a module's attributes are its namespace's entries
+        names["start_processes"] = self.spawns.wrap(original)
         self.patched.append((module, original))
         package = sys.modules.get("torch.multiprocessing")  # bound from the module on its import
         if package is not None and getattr(package, "start_processes", None) is original:
-            package.start_processes = module.start_processes
+            vars(package)["start_processes"] = names["start_processes"]
 
     def restore(self) -> None:
         package = sys.modules.get("torch.multiprocessing")
         for module, original in self.patched:
             for owner in (module, package):
-                if hasattr(getattr(owner, "start_processes", None), "__auditor_spawn__"):
-                    owner.start_processes = original
+                if owner is not None and hasattr(getattr(owner, "start_processes", None), "__auditor_spawn__"):
+                    vars(owner)["start_processes"] = original
         self.patched.clear()

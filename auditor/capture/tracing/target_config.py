@@ -25,7 +25,12 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import os
+
+    from transformers import PreTrainedModel
 
 # The sizes a config may carry, in transformers' standard names (each config maps them to its
 # own fields through its attribute_map: GPT-2's n_embd, GPT-Neo's num_layers).
@@ -124,7 +129,8 @@ class AtTargetSizes:
             init(model, config, *args, **kwargs)
         return resized_init
 
-    def from_pretrained(self, cls, name_or_path=None, *model_args, **kwargs):
+    def from_pretrained(self, cls: type[PreTrainedModel], name_or_path: str | os.PathLike[str] | None = None,
+                        *model_args: object, **kwargs: Any) -> PreTrainedModel:
         """The checkpoint's model class built from its config at the target's sizes, as
         from_pretrained would return it (dtype, attention, device map, eval mode), weights
         random: a 7B checkpoint's weights are neither needed nor read."""
@@ -132,9 +138,12 @@ class AtTargetSizes:
         from transformers import AutoConfig, PretrainedConfig
         config = kwargs.get("config")
         if not isinstance(config, PretrainedConfig):
+            source = config or name_or_path
+            if source is None:  # transformers would look for a checkpoint named "None" on the hub
+                raise ValueError("from_pretrained needs a checkpoint name or folder, or config=")
             options = {k: kwargs[k] for k in ("revision", "trust_remote_code", "cache_dir",
                                               "local_files_only", "token") if k in kwargs}
-            config = AutoConfig.from_pretrained(config or name_or_path, **options)
+            config = AutoConfig.from_pretrained(source, **options)
         dtype = kwargs.get("dtype", kwargs.get("torch_dtype", "auto"))
         if dtype in (None, "auto"):
             dtype = getattr(config, "dtype", None) or torch.float32
