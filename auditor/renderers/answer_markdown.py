@@ -46,7 +46,8 @@ def answer_section(answer: Answer | None, place: PeakPlace, components: Componen
             rows.append([INDENT + "of which " + md.text(row.name), units.size(row.bytes), ratio, *cells])
         elif row.kind == "peak":
             rows.append(["**peak RSS**", f"**{units.size(row.bytes)}**", f"**{ratio}**",
-                         *(c if a.failed or a.withheld else f"**{c}**" for a, c in zip(row.at_targets, cells, strict=False))])
+                         *(c if a.failed or a.withheld else f"**{c}**"
+                           for a, c in zip(row.at_targets, cells, strict=False))])
         else:
             rows.append([md.text(row.name), units.size(row.bytes), ratio, *cells])
     table = md.table(["category / component", "bytes here", "x the weights", *columns], rows,
@@ -79,7 +80,8 @@ def _live_only(components: Components) -> str:
     rows = [[md.text(c), units.size(b), units.share(b, total)] for c, b in high.alive.categories]
     rows.append(["**live tensors at the high**", f"**{units.size(total)}**", ""])
     return (f"\n\nThe live tensors at the highest moment of {md.code(high.stage.path)}, the stage holding the peak, "
-            "by category (each storage in the details):\n\n" + md.table(["category", "bytes", "share"], rows, right={1, 2}))
+            "by category (each storage in the details):\n\n"
+            + md.table(["category", "bytes", "share"], rows, right={1, 2}))
 
 
 def _caveats(targets: list[TargetSides], components: Components) -> str:
@@ -114,7 +116,8 @@ def _cell(at: AtTarget, notes: md.Notes, peak: bool = False) -> str:
     if at.bytes is None and at.why:
         return "not projected" + notes.mark(at.why)
     text = units.size(at.bytes)
-    return text + (f" (est. {units.size(at.estimated)})" if at.estimated else "") + (notes.mark(at.why) if at.why else "")
+    return (text + (f" (est. {units.size(at.estimated)})" if at.estimated else "")
+            + (notes.mark(at.why) if at.why else ""))
 
 
 def fixes_section(fixes: Fixes) -> str:

@@ -1,8 +1,8 @@
 """The run report's component details, folded under `<details>`: every component over the run
 (with each instance and the components plot), what was alive at each live-tensor high, and the
 census just before the peak stage and at the last stage (the peak stage's own census is the
-report's answer table unless the run's peak fell between stages, auditor.renderers.answer_markdown). Formats auditor.report_models.run's
-`components` only.
+report's answer table unless the run's peak fell between stages, auditor.renderers.answer_markdown).
+Formats auditor.report_models.run's `components` only.
 """
 from __future__ import annotations
 
@@ -181,7 +181,8 @@ def _component_tables(census: StageCensus, why: str = "") -> str:
     lead = (f"Census at the end of the stage, a moment after its work (for the algorithm's state "
             f"over the run see *Over the run*; for what made a peak, the live-tensor highs): "
             f"RSS {units.size(a.rss_end)}; the peak inside the stage "
-            f"was {units.size(a.rss_peak)} ({units.signed_size(None if a.rss_peak is None or a.rss_end is None else a.rss_peak - a.rss_end)} "
+            f"was {units.size(a.rss_peak)} "
+            f"({units.signed_size(None if a.rss_peak is None or a.rss_end is None else a.rss_peak - a.rss_end)} "
             f"from its end: transients, see the timeline and the allocation sites). "
             f"Share = of RSS at the stage end.")
     if why:

@@ -78,7 +78,8 @@ def _configuration(config: dict) -> str:
 def _runs_table(runs: list[DeviceRun]) -> str:
     headers = ["run", "device", "variant", "peak RSS", "peak RSS in", "CUDA peak allocated", "CUDA reserved (most)",
                "CUDA allocated at end", "prune", "whole run", "pruned", "mask digest"]
-    rows = [[md.code(PurePath(run.source).name), md.text(run.device), md.text(run.variant), mib(run.peak_rss), md.code(run.peak_place or "-"),
+    rows = [[md.code(PurePath(run.source).name), md.text(run.device), md.text(run.variant), mib(run.peak_rss),
+             md.code(run.peak_place or "-"),
              _cuda(run, run.cuda_peak_allocated), _cuda(run, run.cuda_reserved), _cuda(run, run.cuda_allocated_end),
              _seconds(run.prune_s), _seconds(run.duration_s), "-" if run.pruned is None else f"{run.pruned:,}",
              md.code(run.mask_digest[:12]) if run.mask_digest else "not recorded"] for run in runs]

@@ -144,7 +144,8 @@ def _banner(banner: Banner) -> str:
         folder, workers = spawn.folder, spawn.nprocs
         if folder is None:
             lines.append(f"> **This process started {workers} worker(s) with torch.multiprocessing "
-                         f"(start method {md.text(spawn.start_method or 'unknown')}), not audited**: their memory is not in this record.")
+                         f"(start method {md.text(spawn.start_method or 'unknown')}), not audited**: "
+                         "their memory is not in this record.")
         else:
             lines.append(f"> **This process spawned {workers} worker(s) with torch.multiprocessing, audited as "
                          f"ranks in {md.code(('' if folder == '.' else folder + '/') + 'rank-N')} of this run "
@@ -170,7 +171,8 @@ def children_held(children: Children) -> str:
     """What a record's `process.children` says, as a clause."""
     held = []
     if children.largest_ended_peak_rss is not None:
-        held.append(f"the largest that ended during the run peaked at {units.size(children.largest_ended_peak_rss)} RSS")
+        held.append(f"the largest that ended during the run peaked at "
+                    f"{units.size(children.largest_ended_peak_rss)} RSS")
     if children.alive_at_end:
         own = children.alive_uss_at_end
         held.append(f"{children.alive_at_end} still running at its end held "
@@ -384,7 +386,8 @@ _OVERHEAD = {"boundaries_s": "stage starts and ends", "census_s": "tensor census
 def _minimum(minimum: Minimum) -> str:
     head = "## Theoretical minimum and gap"
     if not minimum.items:
-        return f"{head}\n\nNo minimum was declared for this run (the job that ran the algorithm can declare one in the run record)."
+        return (f"{head}\n\nNo minimum was declared for this run (the job that ran the algorithm can declare one "
+                "in the run record).")
     total = minimum.total
     rows = [[md.text(i.get("name", "?")), units.size(i.get("bytes")), md.text(i.get("why", ""))] for i in minimum.items]
     rows.append(["**total**", f"**{units.size(total)}**", ""])

@@ -170,7 +170,8 @@ def retention_section(data: dict) -> list[str]:
             f"Rank 0 of the held-out check's 2-rank run, {data['rows'][0]['runs']} runs of each: at the small and "
             "the held-out size, with glibc's default "
             f"malloc and with its mmap threshold fixed (*{fixed}*: MALLOC_MMAP_THRESHOLD_=131072, which also "
-            "stops it from following the blocks freed). Arenas are glibc's `malloc_info` after the prune: the main arena "
+            "stops it from following the blocks freed). Arenas are glibc's `malloc_info` after the prune: "
+            "the main arena "
             "is the main thread's (the program's tensors and objects), the others are other threads' (gloo's "
             "workers). Each row is the run of median peak RSS.", "", *lines, "",
             f"- From the small to the held-out size, RSS beyond live tensors grew by "
@@ -228,7 +229,8 @@ def sweep_section(runs: list[dict]) -> list[str]:
     for r in rows:
         beyond, ratio, water = r["rss"] - r["live"], kept(r), r.get("heap_high_water")
         added.setdefault(r["malloc"], []).append((grown(r), grown(r) / r["live"]))
-        lines.append(f"| {r['run']} | {r['hidden']} | {r['ranks']} | {r['malloc']} | {size(r['threshold'])} | {size(r['live'])} | "
+        lines.append(f"| {r['run']} | {r['hidden']} | {r['ranks']} | {r['malloc']} | {size(r['threshold'])} | "
+                     f"{size(r['live'])} | "
                      f"{size(r['rss'])} | {size(r['beyond_after_sharding'])} | {size(beyond)} | {size(grown(r))} | "
                      f"{grown(r) / r['live']:.2f} | {size(water) if water is not None else 'not kept'} | "
                      f"{'-' if ratio is None else f'{ratio:.2f}'} |")
@@ -247,7 +249,8 @@ def sweep_section(runs: list[dict]) -> list[str]:
     largest = max(r["hidden"] for r in rows)
     if most is not None and most["hidden"] != largest:
         said.append(f"- With the default malloc the prune added most at hidden {most['hidden']} on {most['ranks']} "
-                    f"ranks in run {most['run']} (threshold {size(most['threshold'])}; the sweep's largest size is hidden {largest}), "
+                    f"ranks in run {most['run']} (threshold {size(most['threshold'])}; "
+                    f"the sweep's largest size is hidden {largest}), "
                     "so what is added follows how glibc's threshold meets the program's block sizes, not the size "
                     "alone.")
     each = "once" if len(runs) == 1 else f"in {len(runs)} runs of the sweep, once in each"

@@ -175,7 +175,8 @@ def _communication(merged: MergedRanks) -> str:
                             for stage, kind in rows], right=range(2, len(ranks) + 2)))
     largest = comm.largest_wrapper
     if largest is not None:
-        body += ("\n\nThe stages' live-tensor peaks (side by side above) also count the `AsyncCollectiveTensor` wrappers "
+        body += ("\n\nThe stages' live-tensor peaks (side by side above) also count the "
+                 "`AsyncCollectiveTensor` wrappers "
                  "functional collectives return (their storage has a size but no memory of its own), "
                  f"up to {units.size(largest.bytes)} (stage {md.code(largest.stage)}, rank "
                  f"{largest.rank}); they are left out of this table.")

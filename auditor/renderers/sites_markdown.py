@@ -74,7 +74,8 @@ def _flamegraph_link(memray: Memray, report_folder: Path | None, run_folder: Pat
                 "git ignores it (megabytes), so it exists only where the command ran.")
     if not target.exists():
         return f"Flamegraph: {md.code(name)} was not found in the run folder {md.code(run_folder)}."
-    return f"Flamegraph of the allocations alive at the peak: [{md.text(name)}]({md.relative_link(target, report_folder)})."
+    return (f"Flamegraph of the allocations alive at the peak: "
+            f"[{md.text(name)}]({md.relative_link(target, report_folder)}).")
 
 
 def _kept_out_of_git(path: Path) -> bool:

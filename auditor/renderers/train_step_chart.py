@@ -30,7 +30,7 @@ def draw(report: TrainStepReport):
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     labelled: set[str] = set()
-    for x, (configuration, study) in enumerate(shown):
+    for x, (_, study) in enumerate(shown):
         bottom = 0.0
         for row in study.components:
             height = (row.measured or 0) / units.MiB

@@ -114,7 +114,8 @@ def _resting_on_estimates(targets: list[Target]) -> list[str]:
             judged = t.stages
             assert judged is not None  # the every-stage target counts the stages it judges
             lines += [f"{t.what.capitalize()} ({t.method}) is judged on the {judged:,} "
-                      f"stage{'' if judged == 1 else 's'} whose sizes are exact. {worst.stages:,} more rest partly on estimated "
+                      f"stage{'' if judged == 1 else 's'} whose sizes are exact. "
+                      f"{worst.stages:,} more rest partly on estimated "
                       "value-dependent sizes, not held to it: the run's total of such a structure is "
                       "estimated, but its split across the target's tensors depends on values. The worst "
                       f"is {worst.error:+.2%}, {md.code(worst.path)} "
