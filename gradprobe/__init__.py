@@ -1,4 +1,5 @@
-"""GradProbe (baseline): gradient-comparison pruning, written from the GradProbe specification (shared/gradprobe-spec.md beside this repository).
+"""GradProbe (baseline): gradient-comparison pruning, written from the GradProbe specification
+(shared/gradprobe-spec.md beside this repository).
 
     from gradprobe import GradProbe, mask_digest
     result = GradProbe(model, strategy="magnitude").prune(batches, sparsity=0.1)

@@ -15,8 +15,9 @@ class CalibrationBatches:
         if isinstance(loader, Iterator):  # not iter(loader): on a DataLoader that starts its workers
             raise ValueError("the loader is a one-shot iterator, but GradProbe reads it from the start on "
                              "every pass: pass a list of batches or a DataLoader")
-        if _known_length(loader) < count:
-            raise ValueError(_too_few(len(loader), count))
+        known = _known_length(loader)
+        if known < count:  # so known, not infinite
+            raise ValueError(_too_few(int(known), count))
         self.loader, self.count, self.device = loader, count, device
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 from architectures.options import (
     HelpFormatter,
@@ -43,7 +44,7 @@ MiB, GiB = 1 << 20, 1 << 30
 def size(n: float) -> str:
     """Bytes as the auditor's reports write them: MiB below 1 GiB, GiB from 1 GiB on."""
     return f"{n / GiB:,.2f} GiB" if abs(n) >= GiB else f"{n / MiB:,.1f} MiB"
-EXIT_STATUSES = [(0, "done"), (1, "the run failed (python's traceback above)"),
+EXIT_STATUSES: list[tuple[int | str, str]] = [(0, "done"), (1, "the run failed (python's traceback above)"),
                  (2, "bad input: one line on stderr saying what is wrong, before any work")]
 # A tokenizer folder holds at least one of these (what AutoTokenizer.from_pretrained reads).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model")
@@ -67,6 +68,14 @@ class OneLineErrors(argparse.ArgumentParser):
 
     def error(self, message: str):  # one line saying what is wrong, no usage block, no traceback
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+
+class CommandParser(OneLineErrors):
+    """A subcommand's parser: one-line errors, and help laid out as the top level's."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(**kwargs)
 
 
 def add_pruning_arguments(parser) -> None:
@@ -103,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrors(prog="gradprobe", description="Prune a causal LM with GradProbe or one of its variants.",
                            formatter_class=HelpFormatter,
                            epilog=epilog(["gradprobe --arch tinystories-33m --variant lean",
-                                          "gradprobe --arch ./my-checkpoint --strategy wanda --masks-out masks.safetensors"],
+                                          "gradprobe --arch ./my-checkpoint --strategy wanda "
+                                          "--masks-out masks.safetensors"],
                                          EXIT_STATUSES))
     parser.add_argument("--version", action="version", version=f"gradprobe {installed_version()}")
     parser.add_argument("--arch", default="tinystories-33m",
@@ -140,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> str:
     check_arguments(args)
     import torch
-    from transformers import AutoModelForCausalLM  # noqa: F401  (counted in "before build")
+    from transformers import AutoModelForCausalLM, PreTrainedModel  # noqa: F401  (counted in "before build")
 
     from architectures import build_model
 
@@ -155,6 +165,7 @@ def run(args: argparse.Namespace) -> str:
     start = time.perf_counter()
     model = build_model(args.arch, seed=args.seed, device=args.device, **_overrides(args))
     rss["after build"], built_s = current_rss(), time.perf_counter() - start
+    assert isinstance(model, PreTrainedModel)  # a causal LM: its config gives the vocabulary
     batches = _calibration(args, model.config.vocab_size)
     pruner = make_pruner(args.variant, model, args.strategy, per_layer=args.per_layer)  # alive while RSS is read
     settings = dict(sparsity=args.sparsity, num_batches=args.batches, reduction_factor=args.reduction,
@@ -276,7 +287,9 @@ def _storage_name(pruner, asked) -> str:
     return next((name for name, known in storage_dtypes().items() if known == dtype), str(dtype))
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, int]:
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The size overrides given: ints, by size names only, which build_model's other keywords are not
+    (typed Any because mypy cannot tell a `**dict[str, int]` from those keywords)."""
     return size_overrides(args)
 
 

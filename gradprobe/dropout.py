@@ -15,7 +15,7 @@ _RATE_ATTRIBUTES = ("attention_dropout",)
 
 @contextmanager
 def dropout_disabled(model: torch.nn.Module):
-    saved = []
+    saved: list[tuple[torch.nn.Module, str, float]] = []
     for module in model.modules():
         if isinstance(module, torch.nn.modules.dropout._DropoutNd):
             saved.append((module, "p", module.p))

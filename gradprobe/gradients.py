@@ -1,7 +1,7 @@
 """The gradient record G: per element, the running maximum of |grad| over the calibration batches."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import torch
 
@@ -20,7 +20,7 @@ def gradient_passes(model: torch.nn.Module, batches: Iterable, loss_fn: Callable
         yield
 
 
-def record_gradients(model: torch.nn.Module, tensors: dict[str, torch.Tensor], batches: Iterable,
+def record_gradients(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor], batches: Iterable,
                      loss_fn: Callable, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Dense G; the model's `.grad` is left as the last backward left it."""
     record: dict[str, torch.Tensor] = {}

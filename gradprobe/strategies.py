@@ -8,7 +8,7 @@ candidates, over all tensors at once (one global threshold, the default) or tens
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from functools import partial
 from itertools import chain
 
@@ -51,7 +51,7 @@ class Strategy:
         """Per-input-feature scales of |w| by tensor name; tensors left out are scored by |w|."""
         return {}
 
-    def select(self, model: torch.nn.Module, prunable: dict[str, torch.Tensor], sparsity: float,
+    def select(self, model: torch.nn.Module, prunable: Mapping[str, torch.Tensor], sparsity: float,
                batches: Iterable) -> dict[str, torch.Tensor]:
         scales = self.scales(model, prunable, batches)
         scores = {name: TensorScores(w, scales.get(name)) for name, w in prunable.items()}

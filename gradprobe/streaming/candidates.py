@@ -2,10 +2,11 @@
 
 The threshold is found by the baseline's exact counting search (`threshold.candidate_threshold`),
 fed one tensor at a time from disk, or, for half-precision weights by magnitude, by one histogram
-of their |w| bit patterns (`HalfMagnitudes`), filled as the first gradient pass loads them; a tensor's candidates are then `score < t`, scored by the
-baseline's own `TensorScores`. Since t is one number, a stage's candidates are found again each
-time the stage is loaded, from its original weights, and dropped with the stage: nothing about
-the candidates of the other stages is kept. While a stage is loaded its candidates are flat
+of their |w| bit patterns (`HalfMagnitudes`), filled as the first gradient pass loads them; a
+tensor's candidates are then `score < t`, scored by the baseline's own `TensorScores`. Since t
+is one number, a stage's candidates are found again each time the stage is loaded, from its
+original weights, and dropped with the stage: nothing about the candidates of the other stages
+is kept. While a stage is loaded its candidates are flat
 positions (ascending, int32 where they fit): 0.4 bytes per weight at 10% candidates where a bool
 mask takes 1, and a gradient is gathered at them by one `index_select` (a `masked_select` over
 the blocks again would cost ~50x the time, every batch).
@@ -78,6 +79,8 @@ class HalfMagnitudes:
             return 0.0
         if k >= self.total:
             return float("inf")
+        if self.dtype is None:
+            raise RuntimeError("no tensor was counted: the threshold has nothing to rank")
         pattern, _ = bin_holding(self.counts, k + 1)
         return torch.tensor([pattern], dtype=torch.int16).view(self.dtype).float().item()
 

@@ -17,7 +17,7 @@ import json
 import os
 import sys
 import time
-from functools import partial
+from typing import Any
 
 from architectures.options import (
     HelpFormatter,
@@ -31,6 +31,7 @@ from architectures.options import (
 
 from ..cli import (
     EXIT_STATUSES,
+    CommandParser,
     MiB,
     OneLineErrors,
     add_pruning_arguments,
@@ -53,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
                            description="GradProbe with the model on disk, one decoder layer in memory.",
                            epilog=epilog(WRITE_EXAMPLES + PRUNE_EXAMPLES, EXIT_STATUSES))
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                                     parser_class=partial(OneLineErrors, formatter_class=HelpFormatter))
+                                     parser_class=CommandParser)
     write = commands.add_parser("write-weights", help="write a model as a streaming weights folder",
                                 description="Write a model as a streaming weights folder (config.json + "
                                             "safetensors).", epilog=epilog(WRITE_EXAMPLES, EXIT_STATUSES))
@@ -140,7 +141,7 @@ def write_weights(args: argparse.Namespace) -> str:
 
     from ..process_memory import peak_rss
     from .writing import generate_random_weights, save_model
-    overrides = size_overrides(args)
+    overrides: dict[str, Any] = size_overrides(args)  # Any: as `gradprobe.cli._overrides` says why
     dtype = storage_dtypes()[args.dtype]
     start = time.perf_counter()
     if args.generate:

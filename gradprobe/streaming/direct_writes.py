@@ -57,7 +57,7 @@ class PositionedFile:
             self._plain(offset, data)
             return
         self._plain(offset, data[:middle_start - offset])
-        self._direct(middle_start, data[middle_start - offset:middle_end - offset])
+        self._direct(self.direct, middle_start, data[middle_start - offset:middle_end - offset])
         self._plain(middle_end, data[middle_end - offset:])
 
     def close(self) -> None:
@@ -71,19 +71,20 @@ class PositionedFile:
             written = os.pwrite(self.plain, data, offset)
             data, offset = data[written:], offset + written
 
-    def _direct(self, offset: int, data: memoryview) -> None:
+    def _direct(self, direct: int, offset: int, data: memoryview) -> None:
+        """Aligned writes through the O_DIRECT descriptor `direct` (self.direct, checked open)."""
         with memoryview(_Bounce.get(BUFFER_BYTES)) as view:
             for start in range(0, len(data), BUFFER_BYTES):
                 chunk = data[start:start + BUFFER_BYTES]
                 view[:len(chunk)] = chunk
                 try:
-                    written = os.pwrite(self.direct, view[:len(chunk)], offset + start)
+                    written = os.pwrite(direct, view[:len(chunk)], offset + start)
                 except OSError as error:
                     if error.errno != errno.EINVAL:
                         raise
                     written = 0  # this filesystem takes no O_DIRECT after all
                 if written != len(chunk):  # the rest as plain writes, and every later write too
-                    os.close(self.direct)
+                    os.close(direct)
                     self.direct = None
                     self._plain(offset + start + written, data[start + written:])
                     return

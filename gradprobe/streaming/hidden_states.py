@@ -29,6 +29,8 @@ class SpilledStack:
         self._top = [t.detach() for t in tensors]
 
     def top(self) -> list[torch.Tensor]:
+        if self._top is None:
+            raise RuntimeError("the stack's top is on disk (popped, or nothing pushed): pop it instead")
         return self._top
 
     def pop(self) -> list[torch.Tensor]:
@@ -41,7 +43,7 @@ class SpilledStack:
             for dtype, shape in layout:
                 tensor = torch.empty(shape, dtype=dtype)
                 if holds_values(tensor):  # a traced run's fake tensor: nothing was written
-                    file.readinto(tensor.view(-1).view(torch.uint8).numpy())
+                    file.readinto(tensor.view(-1).view(torch.uint8).numpy().data)
                 tensors.append(tensor)
         os.remove(path)
         return tensors

@@ -169,6 +169,8 @@ class StreamingGradProbe:
             release_free_memory()
             shutil.rmtree(scratch_folder, ignore_errors=True)
         prunable = sum(torch.Size(self.model.shapes[n]).numel() for n in self.model.prunable)
+        if self.threshold is None:  # fixed by the first gradient pass at the latest
+            raise RuntimeError("the pruner finished without a candidate threshold")
         return StreamingResult(out, masks_out, counts["pruned"] / prunable, counts["candidates"],
                                counts["pruned"], prunable, time.perf_counter() - start, self.threshold)
 
@@ -190,13 +192,15 @@ class StreamingGradProbe:
     @torch.no_grad()
     def input_norms(self, batches: list) -> dict[str, torch.Tensor]:
         """WANDA's ||X_j|| for every Linear, read by the baseline's own hooks in a streaming forward."""
-        family, norms = self.model.family, {}
+        family = self.model.family
+        norms: dict[str, torch.Tensor] = {}
         with self.resident(self.model.embeddings) as stage:
             hidden = [family.embed(stage.modules, x) for x, _ in batches]
         layer_inputs = [family.layer_inputs(h) for h in hidden]
         for layer in self.model.decoder_layers:
             with self.resident(layer) as stage, self._norms_hooked(stage, norms):
-                hidden = [family.run_layer(stage.layer, h, extra) for h, extra in zip(hidden, layer_inputs, strict=False)]
+                hidden = [family.run_layer(stage.layer, h, extra)
+                          for h, extra in zip(hidden, layer_inputs, strict=False)]
         with self.resident(self.model.head) as stage, self._norms_hooked(stage, norms):
             for h in hidden:
                 family.logits(stage.modules, h)  # the head's input norms; a tied head scores the embedding
@@ -267,7 +271,7 @@ class StreamingGradProbe:
                       stage_done: Callable[[Stage, dict[str, CandidateGradients], LoadedStage], None]) -> None:
         self.stage_done, self.records = stage_done, {}
         self.groups = stacked_groups(batches)
-        self.hidden = SpilledStack(tempfile.mkdtemp(prefix="hidden-", dir=self.scratch))
+        hidden = self.hidden = SpilledStack(tempfile.mkdtemp(prefix="hidden-", dir=self.scratch))
         try:
             layer_inputs = self.forward(batches)
             grads = self.backward_head(batches, loss_fn)
@@ -275,13 +279,13 @@ class StreamingGradProbe:
                 grads = self.backward_layer(stage, layer_inputs, grads)
             self.backward_embeddings(batches, grads)
         finally:
-            self.hidden.close()
+            hidden.close()
 
     @torch.no_grad()
     def forward(self, batches: list) -> list[dict]:
         """The hidden states between layers, kept in `self.hidden`; returns what each layer call needs."""
         self.forward_embeddings(batches)
-        layer_inputs = [self.model.family.layer_inputs(h) for h in self.hidden.top()]
+        layer_inputs = [self.model.family.layer_inputs(h) for h in self._hidden().top()]
         for layer in self.model.decoder_layers:
             self.forward_layer(layer, layer_inputs)
         return layer_inputs
@@ -291,20 +295,21 @@ class StreamingGradProbe:
         """Each batch embedded; the hidden states of each group of batches concatenated, for the layers."""
         with self.resident(self.model.embeddings) as stage:
             embedded = [self.model.family.embed(stage.modules, x) for x, _ in batches]
-            self.hidden.push([torch.cat([embedded[batch] for batch in group]) for group in self.groups])
+            self._hidden().push([torch.cat([embedded[batch] for batch in group]) for group in self.groups])
 
     @torch.no_grad()
     def forward_layer(self, layer: Stage, layer_inputs: list[dict]) -> None:
+        hidden = self._hidden()
         with self.resident(layer) as stage:
-            self.hidden.push([self.model.family.run_layer(stage.layer, h, inputs)
-                              for h, inputs in zip(self.hidden.top(), layer_inputs, strict=False)])
+            hidden.push([self.model.family.run_layer(stage.layer, h, inputs)
+                         for h, inputs in zip(hidden.top(), layer_inputs, strict=False)])
 
     def backward_head(self, batches: list, loss_fn: Callable) -> list[torch.Tensor]:
         """The loss of each batch apart; the gradient at the last layer's output, per group."""
         from transformers.modeling_outputs import CausalLMOutputWithPast
         grads = []
         with self.resident(self.model.head, backward=True) as stage:
-            for group, outputs in zip(self.groups, self.hidden.pop(), strict=False):
+            for group, outputs in zip(self.groups, self._hidden().pop(), strict=False):
                 parts = [part.detach().requires_grad_() for part in outputs.chunk(len(group))]
                 for self.batch, hidden in zip(group, parts, strict=False):
                     self._flowing(stage, [self.batch])
@@ -312,19 +317,19 @@ class StreamingGradProbe:
                     loss_fn(CausalLMOutputWithPast(logits=logits), batches[self.batch][1]).backward()
                     del logits  # its graph node holds the head's weight: gone before the stage is dropped
                     self.progress(Moment("batch", stage.stage.name, self.batch))
-                grads.append(torch.cat([hidden.grad for hidden in parts]))
+                grads.append(torch.cat([_grad(hidden) for hidden in parts]))
         return grads
 
     def backward_layer(self, layer: Stage, layer_inputs: list[dict], grads: list) -> list[torch.Tensor]:
         """Recompute the layer from its saved input, backpropagate the gradient at its output."""
-        inputs = self.hidden.pop()
+        inputs = self._hidden().pop()
         with self.resident(layer, backward=True) as stage:
             for group, hidden, extra, grad in zip(self.groups, inputs, layer_inputs, grads, strict=False):
                 self._flowing(stage, group)
                 self.model.family.run_layer(stage.layer, hidden.requires_grad_(), extra).backward(grad)
                 for batch in group:
                     self.progress(Moment("batch", layer.name, batch))
-        return [hidden.grad for hidden in inputs]
+        return [_grad(hidden) for hidden in inputs]
 
     def backward_embeddings(self, batches: list, grads: list) -> None:
         with self.resident(self.model.embeddings, backward=True) as stage:
@@ -333,6 +338,11 @@ class StreamingGradProbe:
                     self._flowing(stage, [self.batch])
                     self.model.family.embed(stage.modules, batches[self.batch][0]).backward(part)
                     self.progress(Moment("batch", "embeddings", self.batch))
+
+    def _hidden(self) -> SpilledStack:
+        if self.hidden is None:
+            raise RuntimeError("hidden states are kept during a gradient pass only")
+        return self.hidden
 
     def _flowing(self, stage: LoadedStage, group: list[int]) -> None:
         """The batches whose gradients come next, stacked in this order: each weight gradient is
@@ -387,13 +397,15 @@ class StreamingGradProbe:
     def _prepare(self, loaded: LoadedStage, backward: bool) -> None:
         reducing = self.reduction_factor is not None
         for name, weight in loaded.weights.items():
-            if backward or reducing:
-                if self.threshold is None:
-                    raise RuntimeError("candidates are needed before the threshold is known")
-                weight.threshold, weight.scale = self.threshold, self.scales.get(name)
-                weight.reduction = self.reduction_factor
+            if not (backward or reducing):  # a forward outside the reduced pass: nothing to read or reduce
+                continue
+            threshold = self.threshold
+            if threshold is None:
+                raise RuntimeError("candidates are needed before the threshold is known")
+            weight.threshold, weight.scale = threshold, self.scales.get(name)
+            weight.reduction = self.reduction_factor
             if backward:  # their positions: where the gradient is read, and the masks are written
-                weight.candidates = Candidates(weight.stored, self.threshold, self.scales.get(name))
+                weight.candidates = Candidates(weight.stored, threshold, self.scales.get(name))
                 self.candidates[name] = weight.candidates.positions
                 if name not in self.records:
                     self.records[name] = CandidateGradients(weight.candidates.count())
@@ -423,6 +435,8 @@ class StreamingGradProbe:
                 chosen = pruned(name)
                 if chosen is None:
                     masks.write_in_parts(name, zero_mask_parts(weight.numel()))
+                elif streamed is None or streamed.candidates is None:
+                    raise RuntimeError(f"{name} was decided without its candidates in memory")
                 else:
                     streamed.candidates.zero_chosen(weight, chosen)
                     masks.write_in_parts(name, streamed.candidates.mask_parts(chosen))
@@ -464,6 +478,13 @@ def stacked_groups(batches: list) -> list[list[int]]:
     for number, (x, _) in enumerate(batches):
         groups.setdefault(tuple(x.shape), []).append(number)
     return list(groups.values())
+
+
+def _grad(tensor: torch.Tensor) -> torch.Tensor:
+    """The gradient backward left at a hidden state it ran through."""
+    if tensor.grad is None:
+        raise RuntimeError("backward left no gradient at a hidden state: the loss does not depend on it")
+    return tensor.grad
 
 
 def _drop_grad(tensor: torch.Tensor) -> None:

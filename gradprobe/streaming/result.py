@@ -9,7 +9,7 @@ import torch
 from .safetensors_files import read_header, read_tensor
 
 
-class StoredMasks(Mapping):
+class StoredMasks(Mapping[str, torch.Tensor]):
     """A masks file as name -> bool tensor (True = pruned), each read from disk when asked for.
 
     `gradprobe.mask_digest(StoredMasks(path))` digests a 7B model's masks one tensor at a time.

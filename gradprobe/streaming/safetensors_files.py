@@ -84,9 +84,9 @@ def read_tensor(stored: StoredTensor, into: torch.Tensor | None = None, once: bo
     tensor = torch.empty(stored.shape, dtype=stored.dtype) if into is None else into
     if not holds_values(tensor):
         return tensor
-    buffer = tensor.view(-1).view(torch.uint8).numpy()  # a byte view: numpy has no bfloat16
+    buffer = tensor.view(-1).view(torch.uint8).numpy().data  # a byte view: numpy has no bfloat16
     if once:
-        read = read_at(stored.path, stored.offset, memoryview(buffer))
+        read = read_at(stored.path, stored.offset, buffer)
     else:
         with open(stored.path, "rb") as file:
             file.seek(stored.offset)
@@ -106,14 +106,17 @@ class SafetensorsWriter:
     def __init__(self, path: str, layout: dict[str, tuple[torch.dtype, tuple[int, ...]]],
                  metadata: dict[str, str] | None = None):
         self.path, self.layout = path, layout
-        header, offsets, end = {"__metadata__": metadata or {"format": "pt"}}, {}, 0
+        header: dict[str, object] = {"__metadata__": metadata or {"format": "pt"}}
+        offsets: dict[str, int] = {}
+        end = 0
         for name, (dtype, shape) in layout.items():
             size = math.prod(shape) * dtype.itemsize
             header[name] = {"dtype": DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [end, end + size]}
             offsets[name], end = end, end + size
         text = json.dumps(header, separators=(",", ":")).encode()
         text += b" " * (-len(text) % 8)  # data starts 8-byte aligned, as the reference writer does
-        self.data_start, self.offsets, self.written = 8 + len(text), offsets, set()
+        self.data_start, self.offsets = 8 + len(text), offsets
+        self.written: set[str] = set()
         self.file = PositionedFile(path)
         self.file.write_at(0, memoryview(struct.pack("<Q", len(text)) + text))
         self.file.truncate(self.data_start + end)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import weakref
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -95,10 +96,13 @@ class StagedModel:
         return [self._names[id(p)] for path in stage.modules
                 for p in self.meta.get_submodule(path).parameters()]
 
-    def load(self, stage: Stage, streamed: set[str] = frozenset()) -> LoadedStage:
+    def load(self, stage: Stage, streamed: Collection[str] = frozenset()) -> LoadedStage:
         """The stage's modules with the folder's weights: fp32 Parameters, except the `streamed`
         names, kept as stored and computed with a block at a time (`streamed_weights`)."""
-        modules, parameters, weights = {}, {}, {}
+        folder = self._folder()
+        modules: dict[str, torch.nn.Module] = {}
+        parameters: dict[str, torch.Tensor] = {}
+        weights: dict[str, StreamedWeight] = {}
         reusable, self._released = self._released, {}  # the last stage's weight tensors, by shape
         for path in stage.modules:
             module = self._build_layer(stage.layer) if stage.layer is not None else \
@@ -110,13 +114,13 @@ class StagedModel:
                 owner = module.get_submodule(owner_path)
                 if name in streamed:
                     del owner._parameters[attribute]
-                    weights[name] = StreamedWeight(self.folder.load(name, into=self._reused(name, reusable)))
+                    weights[name] = StreamedWeight(folder.load(name, into=self._reused(name, reusable)))
                     setattr(owner, attribute, weights[name].stored)
                     streaming.append((owner, weights[name]))
                 else:
                     placeholder = getattr(owner, attribute)
                     setattr(owner, attribute, torch.nn.Parameter(
-                        self.folder.load(name, torch.float32), requires_grad=placeholder.requires_grad))
+                        folder.load(name, torch.float32), requires_grad=placeholder.requires_grad))
             for owner, weight in streaming:  # after every tensor is in: a Linear's forward takes its bias
                 owner.forward = streamed_forward(owner, weight)
             del streaming
@@ -127,7 +131,7 @@ class StagedModel:
         return LoadedStage(stage, modules, parameters, weights, self._release)
 
     def _reused(self, name: str, reusable: dict) -> torch.Tensor | None:
-        stored = self.folder.stored_tensor(name)
+        stored = self._folder().stored_tensor(name)
         tensors = reusable.get((stored.dtype, tuple(stored.shape)))
         return tensors.pop() if tensors else None
 
@@ -148,7 +152,12 @@ class StagedModel:
 
     def prefetch(self, stage: Stage | None) -> None:
         if stage is not None:
-            self.folder.prefetch(self.uses(stage))
+            self._folder().prefetch(self.uses(stage))
+
+    def _folder(self) -> WeightsFolder:
+        if self.folder is None:
+            raise ValueError("this staged model was built without a weights folder: its stages cannot load")
+        return self.folder
 
     def _build_layer(self, index: int) -> torch.nn.Module:
         """A fresh decoder layer whose parameters are placeholders on meta (the folder's weights
@@ -178,7 +187,8 @@ class StagedModel:
         layers = [Stage(f"layer {i}", f"layer-{i:03d}.safetensors", (f"{family.layers}.{i}",), (), i)
                   for i in range(count)]
         head = Stage("head", "head.safetensors", family.head, ())
-        stages, owned = [], set()
+        stages: list[Stage] = []
+        owned: set[str] = set()
         for stage in [embeddings, *layers, head]:
             owns = tuple(name for name in self.uses(stage) if name not in owned)
             owned.update(owns)

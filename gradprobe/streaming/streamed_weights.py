@@ -88,6 +88,8 @@ class StreamedWeight:
     def _reduced(self, block: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
         if self.reduction is None:
             return block
+        if self.threshold is None:
+            raise RuntimeError("a weight is reduced at its candidates: set its threshold with its reduction")
         work, factor = _SCORES.take(block.shape), _FACTOR.take(block.shape)
         torch.abs(block, out=work)  # the score, as TensorScores: |w| (exact in fp32), times the scale
         if scale is not None:
@@ -103,10 +105,16 @@ class StreamedWeight:
         """For the candidates in rows `ids`: their flat index in W[ids], and their index in the candidates."""
         slot = torch.full((self.stored.shape[0],), -1, dtype=torch.int64)
         slot[ids] = torch.arange(ids.numel())
-        positions = self.candidates.positions.to(torch.int64)
+        positions = self._candidates().positions.to(torch.int64)
         row_slot = slot[positions // self.width]
         chosen = torch.nonzero(row_slot >= 0).view(-1)
         return row_slot[chosen] * self.width + positions[chosen] % self.width, chosen
+
+    def _candidates(self) -> Candidates:
+        """The candidates, found (`Candidates`) before any gradient is read at them."""
+        if self.candidates is None:
+            raise RuntimeError("a weight's gradient is read at its candidates: find them first")
+        return self.candidates
 
 
 class _Buffer:
@@ -173,11 +181,12 @@ class StreamedLinear(torch.autograd.Function):
 
 def _gradient_at_candidates(weight: StreamedWeight, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """g.T @ x over row blocks, each read at the candidates and dropped: no dense weight gradient."""
-    values = torch.empty(weight.candidates.count())
+    candidates = weight._candidates()
+    values = torch.empty(candidates.count())
     for start, end in weight.row_blocks():
-        low, high = weight.candidates.range_bounds(start * weight.width, end * weight.width)
+        low, high = candidates.range_bounds(start * weight.width, end * weight.width)
         block = torch.mm(g[:, start:end].t(), x, out=_GRADIENT.take((end - start, x.shape[1])))
-        values[low:high] = block.view(-1).index_select(0, weight.candidates.positions[low:high] - start * weight.width)
+        values[low:high] = block.view(-1).index_select(0, candidates.positions[low:high] - start * weight.width)
     return values
 
 

@@ -26,7 +26,8 @@ class WeightsFolder:
         files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
         if not files:
             raise ValueError(f"weights folder {path!r} has no .safetensors files")
-        self.path, self.stored = path, {}
+        self.path = path
+        self.stored: dict[str, StoredTensor] = {}
         for file in files:
             for name, stored in read_header(file).items():
                 if name in self.stored:

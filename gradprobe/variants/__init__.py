@@ -30,17 +30,27 @@ phases are its own too), `phase_label` (names what a phase's call worked on) and
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
+from typing import Protocol
 
 import torch
 
-from ..pruner import GradProbe
+from ..pruner import GradProbe, PruneResult
 from ..streaming.on_model import StreamingOnModel
 from .packed_mask import PackedMask, PackedMasks
 from .pruner import LowMemoryGradProbe
 from .sharded import ShardedGradProbe
 from .variant import Variant
+
+
+class Pruner(Protocol):
+    """What a registry entry makes: a pruner whose `prune` returns a `PruneResult`."""
+
+    def prune(self, loader: Iterable, loss_fn: Callable | None = None, sparsity: float = 0.1,
+              num_batches: int = 2, reduction_factor: float = 0.1, gradient_threshold: float = 2.0,
+              storage_dtype: torch.dtype = torch.float32) -> PruneResult: ...
+
 
 PRESETS: dict[str, Variant] = {
     "sparse-state": Variant(state="sparse"),
@@ -50,7 +60,7 @@ PRESETS: dict[str, Variant] = {
     "lean": Variant(state="sparse", gradients="in-backward", checkpointing=True, rows=True),
 }
 
-VARIANTS: dict[str, Callable[..., GradProbe]] = {
+VARIANTS: dict[str, Callable[..., Pruner]] = {
     "baseline": GradProbe,
     **{name: partial(LowMemoryGradProbe, variant=variant) for name, variant in PRESETS.items()},
     "streaming": StreamingOnModel,
@@ -63,9 +73,10 @@ def check_variant(name: str) -> None:
         raise ValueError(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
 
 
-def make_pruner(name: str, model: torch.nn.Module, strategy="magnitude", per_layer: bool = False):
+def make_pruner(name: str, model: torch.nn.Module, strategy="magnitude", per_layer: bool = False) -> Pruner:
     check_variant(name)
     return VARIANTS[name](model, strategy, per_layer=per_layer)
 
 
-__all__ = ["VARIANTS", "PRESETS", "Variant", "LowMemoryGradProbe", "ShardedGradProbe", "PackedMask", "PackedMasks", "check_variant", "make_pruner"]
+__all__ = ["VARIANTS", "PRESETS", "Variant", "LowMemoryGradProbe", "ShardedGradProbe", "PackedMask", "PackedMasks",
+           "check_variant", "make_pruner"]

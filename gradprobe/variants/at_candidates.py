@@ -6,13 +6,26 @@ both are walked chunk by chunk, so the transient is a few MiB whatever the tenso
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import TypeGuard
 
 import torch
 
 from .packed_mask import CHUNK, PackedMask
 
 CandidateMask = torch.Tensor | PackedMask  # dense bool, True = candidate; or the same as bits
+
+
+def dense(mask: CandidateMask) -> torch.Tensor:
+    """A mask known to be a bool tensor (a strategy's choice, before any packing)."""
+    if isinstance(mask, PackedMask):
+        raise TypeError("a bool mask was expected, not packed bits")
+    return mask
+
+
+def all_packed(masks: Mapping[str, CandidateMask]) -> TypeGuard[Mapping[str, PackedMask]]:
+    """Whether every mask is kept as bits (so the sparse state's M_f)."""
+    return all(isinstance(mask, PackedMask) for mask in masks.values())
 
 
 def count_candidates(mask: CandidateMask) -> int:

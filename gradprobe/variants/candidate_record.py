@@ -10,7 +10,7 @@ tensor whose gradient is never made whole (`row_gradients`).
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import torch
 
@@ -22,7 +22,7 @@ from .packed_mask import CHUNK, PackedMask
 class CandidateMaxima:
     """Per tensor, the running max of |grad| over batches, one value per candidate."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], candidates: dict[str, CandidateMask],
+    def __init__(self, tensors: Mapping[str, torch.Tensor], candidates: Mapping[str, CandidateMask],
                  dtype: torch.dtype):
         self.candidates = candidates
         self.shapes = {name: tensors[name].shape for name in candidates}
@@ -103,12 +103,16 @@ def final_chunks(candidates: CandidateMask, before: torch.Tensor, after: torch.T
 
 
 def final_mask_at_candidates(shape: torch.Size, candidates: CandidateMask, before: torch.Tensor,
-                             after: torch.Tensor, tau: float, packed: bool = False) -> torch.Tensor | PackedMask:
-    """M_f for one tensor (True = pruned): a dense bool mask, or packed bits with `packed`."""
-    chunks = final_chunks(candidates, before, after, tau)
-    if packed:
-        return PackedMask.from_chunks(shape, (pruned for _, pruned in chunks), before.device)
+                             after: torch.Tensor, tau: float) -> torch.Tensor:
+    """M_f for one tensor (True = pruned), a dense bool mask."""
     mask = torch.zeros(shape, dtype=torch.bool, device=before.device)
-    for where, pruned in chunks:
+    for where, pruned in final_chunks(candidates, before, after, tau):
         mask.view(-1)[where] = pruned
     return mask
+
+
+def packed_final_mask_at_candidates(shape: torch.Size, candidates: CandidateMask, before: torch.Tensor,
+                                    after: torch.Tensor, tau: float) -> PackedMask:
+    """M_f for one tensor (True = pruned) as packed bits, never a whole bool mask."""
+    chunks = final_chunks(candidates, before, after, tau)
+    return PackedMask.from_chunks(shape, (pruned for _, pruned in chunks), before.device)

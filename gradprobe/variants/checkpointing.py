@@ -21,7 +21,8 @@ SETTINGS = {"use_reentrant": False}
 
 @contextmanager
 def activation_checkpointing(model: torch.nn.Module):
-    if not getattr(model, "supports_gradient_checkpointing", False):
+    from transformers import PreTrainedModel
+    if not (isinstance(model, PreTrainedModel) and model.supports_gradient_checkpointing):
         raise ValueError(f"{type(model).__name__} cannot checkpoint activations: the checkpointed "
                          "variants need a Hugging Face model whose layers support it")
     modes = [(module, module.training) for module in model.modules()]

@@ -7,17 +7,18 @@ dense gradient buffer for the whole model never exists, only the gradients in fl
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from functools import partial
 
 import torch
 
-Consumer = Callable[[str, torch.Tensor], None]  # (parameter name, its complete gradient)
+# (parameter name, its complete gradient): `.grad` as the hook finds it, typed as `.grad` is
+Consumer = Callable[[str, torch.Tensor | None], None]
 
 
 @contextmanager
-def gradients_consumed_in_backward(parameters: dict[str, torch.Tensor], consume: Consumer):
+def gradients_consumed_in_backward(parameters: Mapping[str, torch.Tensor], consume: Consumer):
     """While active, every backward hands each parameter's gradient to `consume` and drops it."""
     handles = [p.register_post_accumulate_grad_hook(partial(_hand_over, name, consume))
                for name, p in parameters.items() if p.requires_grad]

@@ -48,8 +48,8 @@ def _packed_bits(chunk: torch.Tensor) -> torch.Tensor:
 def _unpacked_bits(bytes_: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     """Elements start to stop of the bits in `bytes_`, as bool."""
     if _on_numpy(bytes_):
-        unpacked = np.unpackbits(bytes_.numpy(), count=stop, bitorder="little")[start:]
-        return torch.from_numpy(unpacked).view(torch.bool)
+        bits = np.unpackbits(bytes_.numpy(), count=stop, bitorder="little")[start:]
+        return torch.from_numpy(bits).view(torch.bool)
     unpacked = bytes_.unsqueeze(1) >> _bit_values(bytes_.device)
     unpacked &= 1  # in place, and viewed as bool: one byte per element, not three
     return unpacked.view(-1)[start:stop].view(torch.bool)
@@ -112,14 +112,14 @@ class PackedMask:
         return self.bits.numel()
 
 
-class PackedMasks(Mapping):
+class PackedMasks(Mapping[str, torch.Tensor]):
     """Final masks kept as bits: name -> bool tensor, unpacked only when asked for, one at a time.
 
     A `PruneResult`'s masks for the sparse-state variants: 8 MiB for TinyStories-33M instead of 65 MiB
     of bools; `mask_digest`, `count_true` and `--masks-out` read them one tensor at a time.
     """
 
-    def __init__(self, packed: dict[str, PackedMask]):
+    def __init__(self, packed: Mapping[str, PackedMask]):
         self.packed = packed
 
     def __getitem__(self, name: str) -> torch.Tensor:

@@ -33,13 +33,23 @@ import torch
 from ..gradients import gradient_passes
 from ..prunable import element_count
 from ..pruner import GradProbe, PruneResult, holds_exactly
-from .at_candidates import candidate_values, count_candidates, put_candidate_values_, scale_candidates_
-from .candidate_record import CandidateMaxima, final_mask_at_candidates
+from .at_candidates import (
+    CandidateMask,
+    all_packed,
+    candidate_values,
+    count_candidates,
+    dense,
+    put_candidate_values_,
+    scale_candidates_,
+)
+from .candidate_record import CandidateMaxima, final_mask_at_candidates, packed_final_mask_at_candidates
 from .checkpointing import activation_checkpointing
 from .gradient_hooks import gradients_consumed_in_backward
 from .packed_mask import PackedMask, PackedMasks
 from .row_gradients import gradients_by_rows
 from .variant import Variant
+
+BASELINE_STRUCTURES = Variant()  # every switch off (frozen, so one instance serves as the default)
 
 
 class LowMemoryGradProbe(GradProbe):
@@ -48,9 +58,13 @@ class LowMemoryGradProbe(GradProbe):
     phases = ("select_candidates", "save_state", "record_original_gradients", "reduce_candidates",
               "record_reduced_gradients", "decide", "apply_masks")
     state_categories = GradProbe.state_categories
+    # M_t and M_f are bits (`PackedMask`) with state="sparse", bool tensors otherwise. The baseline's
+    # methods that read them as tensors run for state="full" only: each is overridden for "sparse".
+    candidates: dict[str, CandidateMask]  # type: ignore[assignment]  # the baseline's, or bits
+    masks: dict[str, CandidateMask]  # type: ignore[assignment]  # the baseline's, or bits
 
     def __init__(self, model: torch.nn.Module, strategy="magnitude", per_layer: bool = False, *,
-                 variant: Variant = Variant()):
+                 variant: Variant = BASELINE_STRUCTURES):
         super().__init__(model, strategy, per_layer)
         self.variant = variant
 
@@ -80,7 +94,7 @@ class LowMemoryGradProbe(GradProbe):
         super().select_candidates(batches, sparsity)
         if self.variant.state == "sparse":  # packed one by one, each bool mask freed once packed
             bools = self.candidates
-            self.candidates = {name: PackedMask.pack(bools.pop(name)) for name in list(bools)}
+            self.candidates = {name: PackedMask.pack(dense(bools.pop(name))) for name in list(bools)}
 
     def save_state(self, storage_dtype: torch.dtype = torch.float32) -> None:
         if self.variant.state == "full":
@@ -94,7 +108,8 @@ class LowMemoryGradProbe(GradProbe):
             return super().record_gradients(batches, loss_fn)
         record = CandidateMaxima(self.prunable, self.candidates, self.storage_dtype)
         if self.variant.gradients == "in-backward":
-            rows = gradients_by_rows(self.model, self.parameters, record) if self.variant.rows else nullcontext(set())
+            rows: AbstractContextManager[set[str]] = (gradients_by_rows(self.model, self.parameters, record)
+                                                      if self.variant.rows else nullcontext(set()))
             with rows as by_rows, gradients_consumed_in_backward(self.parameters, _checked(record.update, by_rows)):
                 for _ in gradient_passes(self.model, batches, loss_fn):
                     pass  # the hooks have read this batch's gradients already
@@ -118,27 +133,36 @@ class LowMemoryGradProbe(GradProbe):
                 self.candidate_originals[name] = candidate_values(weight, chosen)
             scale_candidates_(weight, chosen, reduction_factor)
 
-    def final_mask(self, name: str, gradient_threshold: float) -> torch.Tensor | PackedMask:
+    def final_mask(self, name: str, gradient_threshold: float) -> torch.Tensor:
+        """M_f of a full-state variant (the sparse state keeps it as bits: `decide`)."""
         if not self.variant.candidates_first:
             return super().final_mask(name, gradient_threshold)
         return final_mask_at_candidates(self.prunable[name].shape, self.candidates[name],
                                         self.gradients_original[name], self.gradients_reduced[name],
-                                        gradient_threshold, packed=self.variant.state == "sparse")
+                                        gradient_threshold)
 
     def decide(self, gradient_threshold: float) -> None:
         if self.variant.state == "full":
             return super().decide(gradient_threshold)
-        self.masks = {name: self.final_mask(name, gradient_threshold) if name in self.candidates
+        self.masks = {name: self._packed_final_mask(name, gradient_threshold) if name in self.candidates
                       else PackedMask.zeros(p.shape, p.device) for name, p in self.parameters.items()}
+
+    def _packed_final_mask(self, name: str, gradient_threshold: float) -> PackedMask:
+        return packed_final_mask_at_candidates(self.prunable[name].shape, self.candidates[name],
+                                               self.gradients_original[name], self.gradients_reduced[name],
+                                               gradient_threshold)
 
     @torch.no_grad()
     def apply_masks(self) -> None:
         if self.variant.state == "full":
             return super().apply_masks()
+        masks = self.masks
+        if not all_packed(masks):
+            raise RuntimeError("the sparse state keeps M_f as bits, but some were not packed")
         self.restore_weights()
         for name in self.candidates:  # a chunk at a time: M_f is never unpacked whole
             flat = self.prunable[name].view(-1)
-            for where, pruned in self.masks[name].chunks():
+            for where, pruned in masks[name].chunks():
                 flat[where].masked_fill_(pruned, 0)
 
     @torch.no_grad()
@@ -158,9 +182,12 @@ class LowMemoryGradProbe(GradProbe):
     def _result(self, seconds: float) -> PruneResult:
         if self.variant.state == "full":
             return super()._result(seconds)
-        pruned = sum(self.masks[name].count for name in self.candidates)
+        masks = self.masks
+        if not all_packed(masks):
+            raise RuntimeError("the sparse state keeps M_f as bits, but some were not packed")
+        pruned = sum(masks[name].count for name in self.candidates)
         total = element_count(self.prunable)
-        return PruneResult(PackedMasks(self.masks), pruned / total, self.candidate_count(), pruned, total,
+        return PruneResult(PackedMasks(masks), pruned / total, self.candidate_count(), pruned, total,
                            seconds)
 
 

@@ -21,12 +21,14 @@ gets no gradient from autograd at all; one that does (used elsewhere too) is an 
 """
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 
 import torch
 import torch.nn.functional as F
 
 from ..blocks import BLOCK_ELEMENTS
+from .candidate_record import CandidateMaxima
 
 HEAD_CHUNK_ELEMENTS = BLOCK_ELEMENTS // 4  # a head chunk's gradient: 4 MiB in fp32
 # At least this many rows a chunk: a one-row chunk is a matrix-vector product, whose kernel sums in
@@ -35,7 +37,8 @@ MIN_HEAD_CHUNK_ROWS = 16
 
 
 @contextmanager
-def gradients_by_rows(model: torch.nn.Module, parameters: dict[str, torch.Tensor], record):
+def gradients_by_rows(model: torch.nn.Module, parameters: Mapping[str, torch.Tensor],
+                      record: CandidateMaxima) -> Iterator[set[str]]:
     """While active, the head's and the token embedding's weight gradients go to `record` by rows.
 
     Yields the names handled (empty for a model whose head or embedding is of another kind; those
@@ -113,7 +116,10 @@ class RowSplit:
     def _new_pass(self) -> None:
         self.expected: set[str] = set()
         self.done: dict[str, torch.Tensor | None] = {}
-        self.touched = self.rows = self.ids = None
+        # Set by the embedding's forward: which rows it reads, sorted, and the ids it read them by.
+        self.touched: torch.Tensor | None = None
+        self.rows: torch.Tensor | None = None
+        self.ids: torch.Tensor | None = None
 
     def expect(self, part: str, ids: torch.Tensor | None = None, padding_idx: int | None = None,
                by_frequency: bool = False) -> None:
@@ -135,33 +141,38 @@ class RowSplit:
         grad = grad.reshape(-1, grad.shape[-1])
         vocab = grad.shape[1]
         step = min(vocab, max(MIN_HEAD_CHUNK_ROWS, HEAD_CHUNK_ELEMENTS // inputs.shape[1]))
-        stash = None if self.rows is None else inputs.new_empty(self.rows.shape[0], inputs.shape[1])
+        read, touched = self.rows, self.touched  # known when the batch also reads the weight as embedding
+        stash = None if read is None else inputs.new_empty(read.shape[0], inputs.shape[1])
         for start in range(0, vocab, step):
             first = min(start, vocab - step)  # every chunk `step` rows: the same kernel, the same bits
             part = grad[:, first:first + step].t().mm(inputs)[start - first:]
             stop = start + part.shape[0]
-            skip = None if self.touched is None else self.touched[start:stop]
-            if stash is not None:
-                low, high = (int(torch.searchsorted(self.rows, edge)) for edge in (start, stop))
-                stash[low:high] = part[self.rows[low:high] - start]
+            skip = None if touched is None else touched[start:stop]
+            if read is not None and stash is not None:
+                low, high = (int(torch.searchsorted(read, edge)) for edge in (start, stop))
+                stash[low:high] = part[read[low:high] - start]
             self.record.update_rows(self.name, start, part, skip)
             del part
         self._arrived("head", stash)
 
     def embedding_part(self, grad: torch.Tensor) -> None:
-        renumbered = torch.cumsum(self.touched, 0) - 1  # row -> its place among the rows read
+        touched, read, ids = self.touched, self.rows, self.ids
+        if touched is None or read is None or ids is None:
+            raise RuntimeError(f"{self.name}: an embedding backward without its forward")
+        renumbered = torch.cumsum(touched, 0) - 1  # row -> its place among the rows read
         padding = -1 if self.padding_idx is None else self.padding_idx
         if padding >= 0:
-            padding = int(renumbered[padding]) if bool(self.touched[padding]) else -1
+            padding = int(renumbered[padding]) if bool(touched[padding]) else -1
         rows = torch.ops.aten.embedding_dense_backward(
-            grad, renumbered[self.ids], self.rows.shape[0], padding, self.by_frequency)
+            grad, renumbered[ids], read.shape[0], padding, self.by_frequency)
         self._arrived("embedding", rows)
 
     def _arrived(self, part: str, rows: torch.Tensor | None) -> None:
         self.done[part] = rows
         if set(self.done) != self.expected or self.rows is None or not len(self.rows):
             return
-        parts = [self.done[p] for p in ("head", "embedding") if p in self.done]
+        # every part that came is a tensor here: the head stashes its rows whenever `self.rows` is known
+        parts = [done for done in (self.done.get("head"), self.done.get("embedding")) if done is not None]
         full = parts[0] if len(parts) == 1 else parts[0] + parts[1]  # one addition: order-free
         # one update per run of consecutive rows (not per row: a long batch reads thousands)
         breaks = (torch.nonzero(self.rows[1:] - self.rows[:-1] != 1).squeeze(1) + 1).tolist()

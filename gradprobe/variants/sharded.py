@@ -29,6 +29,7 @@ from ..prunable import element_count
 from ..pruner import PruneResult
 from ..strategies import Magnitude, TensorScores
 from ..threshold import candidate_threshold
+from .at_candidates import all_packed
 from .candidate_record import CandidateMaxima
 from .gradient_hooks import gradients_consumed_in_backward
 from .packed_mask import PackedMask
@@ -88,9 +89,12 @@ class ShardedGradProbe(LowMemoryGradProbe):
         return _over_ranks(super().candidate_count())
 
     def _result(self, seconds: float) -> PruneResult:
-        pruned = _over_ranks(sum(self.masks[name].count for name in self.candidates))
+        masks = self.masks
+        if not all_packed(masks):
+            raise RuntimeError("the sharded variant keeps M_f as bits, but some were not packed")
+        pruned = _over_ranks(sum(masks[name].count for name in self.candidates))
         total = element_count({name: self.sharded[name] for name in self.prunable})
-        return PruneResult(GatheredMasks(self.masks, self.sharded), pruned / total, self.candidate_count(),
+        return PruneResult(GatheredMasks(masks, self.sharded), pruned / total, self.candidate_count(),
                            pruned, total, seconds)
 
 
@@ -98,14 +102,14 @@ def _over_ranks(count: int) -> int:
     return int(sum_over_ranks(torch.tensor([count], dtype=torch.int64)))
 
 
-class GatheredMasks(Mapping):
+class GatheredMasks(Mapping[str, torch.Tensor]):
     """Final masks by name, each gathered from every rank's bits when read (bool, the whole tensor).
 
     Reading one is a collective: every rank reads the same names in the same order (`mask_digest`
     and `--masks-out` do). Only one whole mask exists at a time.
     """
 
-    def __init__(self, packed: dict[str, PackedMask], sharded: dict[str, torch.Tensor]):
+    def __init__(self, packed: Mapping[str, PackedMask], sharded: Mapping[str, torch.Tensor]):
         self.packed, self.sharded = packed, sharded
 
     def __getitem__(self, name: str) -> torch.Tensor:

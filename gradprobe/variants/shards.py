@@ -32,8 +32,13 @@ Alone (no process group of more than one rank) nothing is sharded: one rank hold
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, cast, overload
 
 import torch
+
+if TYPE_CHECKING:  # imported where used: torch.distributed loads only for a sharded run
+    from torch.distributed.tensor import DTensor
+    from typing_extensions import TypeIs
 
 REDUCTIONS = ("own rows", "float64 sum", "float32 sum")  # why: the module docstring
 
@@ -71,12 +76,11 @@ def shard_model(model: torch.nn.Module, reduction: str = "own rows") -> torch.nn
         return model
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     policy = MixedPrecisionPolicy(reduce_dtype=torch.float64 if reduction == "float64 sum" else None)
-    units = [*decoder_layers(model), model]
-    for unit in units:
-        fully_shard(unit, mp_policy=policy, reshard_after_forward=True)
+    units = [fully_shard(unit, mp_policy=policy, reshard_after_forward=True)  # each unit itself, now FSDP's
+             for unit in [*decoder_layers(model), model]]
     if reduction == "own rows":
-        for unit in units:
-            unit.set_custom_reduce_scatter(OwnRows())
+        for unit in units:  # OwnRows has FSDP's interface; its ABC is private (fsdp._fully_shard._fsdp_api)
+            unit.set_custom_reduce_scatter(OwnRows())  # type: ignore[arg-type]
     return model
 
 
@@ -93,17 +97,21 @@ class OwnRows:
         output_tensor.copy_(input_tensor.view(group.size(), -1)[group.rank()])
 
 
-def is_sharded(tensor: torch.Tensor) -> bool:
+def is_sharded(tensor: torch.Tensor) -> TypeIs[DTensor]:
     from torch.distributed.tensor import DTensor
     return isinstance(tensor, DTensor)
 
 
+@overload
+def local_shard(tensor: torch.Tensor) -> torch.Tensor: ...
+@overload
+def local_shard(tensor: None) -> None: ...
 def local_shard(tensor: torch.Tensor | None) -> torch.Tensor | None:
     """This rank's rows as a plain tensor sharing the parameter's storage (writes reach the shard
     FSDP all-gathers next); a tensor that is not sharded is its own shard."""
     if tensor is None or not is_sharded(tensor):
         return tensor
-    return tensor.detach().to_local()
+    return cast("DTensor", tensor.detach()).to_local()  # a DTensor detached is one (typed as Tensor)
 
 
 def sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
