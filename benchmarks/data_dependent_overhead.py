@@ -2,8 +2,8 @@
 
 The main job (`auditor.jobs.gradprobe.audit`: census, live-tensor meter, staged phases; no
 memray) on one variant, with and without the size recorder, rounds alternating the order so a
-slow spell falls on both alike, after one untimed warm-up run. Prints each side's median wall time of the whole audited run
-and the ratio, with the load averages before and after.
+slow spell falls on both alike, after one untimed warm-up run. Prints each side's median wall time
+of the whole audited run and the ratio, with the load averages before and after.
 
     flock /tmp/cpu.lock .venv/bin/python benchmarks/data_dependent_overhead.py --variant sparse-state --rounds 3
 """

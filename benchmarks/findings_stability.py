@@ -72,7 +72,8 @@ def figures(folder: Path) -> dict:
 
 def tensor_bytes_apart(folders: list[Path]) -> int | None:
     """The most two runs' census put apart one component at one stage end (None: no census)."""
-    censuses = [{(s.path, n): c.bytes for s in census_order(load(f / "run.json")) for n, c in (s.components or {}).items()}
+    censuses = [{(s.path, n): c.bytes for s in census_order(load(f / "run.json"))
+                 for n, c in (s.components or {}).items()}
                 for f in folders]
     if not censuses[0]:
         return None
@@ -161,7 +162,8 @@ def render(record: dict) -> str:
             body.append((f"- {r['run']}: " if len(tallies) > 1 else "- ")
                         + ", ".join(f"{f}" + (f" x{n}" if n > 1 else "") for f, n in counted.items()))
         body.append("")
-    lines += summary + ["", f"The noise band the rules use (auditor/analysis/findings/noise_band.py): ±{band:.0%} of the peak "
+    lines += summary + ["", "The noise band the rules use (auditor/analysis/findings/noise_band.py): "
+                        f"±{band:.0%} of the peak "
                         "for every figure from RSS readings, or what the run's own record says glibc may keep "
                         "between runs where that is larger; none for tensor bytes. Inside it a finding is "
                         "\"borderline\". Made by "

@@ -48,7 +48,8 @@ def measure(mib: int) -> dict[str, tuple[int, int]]:
     dist.barrier()
     return {
         "reduce_scatter_tensor": _high_during(lambda: [dist.reduce_scatter_tensor(shard, whole) for _ in range(3)]),
-        "all_gather_into_tensor": _high_during(lambda: [dist.all_gather_into_tensor(gathered, shard) for _ in range(3)]),
+        "all_gather_into_tensor": _high_during(lambda: [dist.all_gather_into_tensor(gathered, shard)
+                                                        for _ in range(3)]),
     }
 
 

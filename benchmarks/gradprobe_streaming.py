@@ -104,7 +104,7 @@ def tinystories(runs: int, threads: int) -> dict:
             rows.append(("streaming", number, fields(out.replace(folder, "$TMP")), wall))
             outputs.setdefault("streaming", (streaming, out, err))
         print(f"({load()} after the runs)\n")
-        for name, (command, out, err) in outputs.items():
+        for command, out, err in outputs.values():
             shown = "python " + " ".join(command[1:]).replace(folder, "$TMP")
             print(f"$ {shown}\n{out.replace(folder, '$TMP')}")
             if err:
@@ -120,7 +120,8 @@ def tinystories(runs: int, threads: int) -> dict:
 
 
 def comparison_table(rows: list) -> str:
-    lines = ["| variant | run | peak RSS (MiB) | RSS at start (MiB) | prune wall (s) | process wall (s) | pruned | mask digest |",
+    lines = ["| variant | run | peak RSS (MiB) | RSS at start (MiB) | prune wall (s) | process wall (s) | pruned "
+             "| mask digest |",
              "|---|---|---|---|---|---|---|---|"]
     for variant, number, f, wall in rows:
         start = f.get("RSS before build") or f.get("RSS at start")
@@ -150,7 +151,8 @@ def mistral_estimate(threads: int) -> None:
     flops = passes * batches * 8 * parameters * tokens  # forward 2NT, recompute 2NT, backward 4NT
     stored = parameters * 2  # bf16
     reads = stored * (2 + 2)  # G0: fwd + bwd (t counted on the way); G1: fwd + bwd (written from memory)
-    print(f"Mistral-7B: {parameters:,} parameters, {config.num_hidden_layers} layers of {layer // config.num_hidden_layers:,}"
+    print(f"Mistral-7B: {parameters:,} parameters, {config.num_hidden_layers} layers of "
+          f"{layer // config.num_hidden_layers:,}"
           f"\n  compute: {passes} passes x {batches} batches x 8 x N x {tokens} tokens = {flops / 1e12:.1f} TFLOP;"
           f" fp32 matmul here now {gflops:.0f} GFLOP/s ({threads} threads) -> {flops / gflops / 1e9 / 60:.1f} min"
           f"\n  reads: bf16 weights ({stored / 1e9:.1f} GB) read 4 times = {reads / 1e9:.0f} GB; at 440 MB/s "
@@ -274,7 +276,8 @@ def exactness(threads: int) -> None:
                        and torch.equal(x_grad2, torch.cat([a[3] for a in alone]))
                        and all(torch.equal(r, a[4]) for r, a in zip(received2, alone, strict=False)))
             print(f"| {list(shape)} | {reduction or 'no'} | {len(list(weight.row_blocks()))} | "
-                  f"{len(list(weight.column_blocks()))} | " + " | ".join("identical" if s else "DIFFERENT" for s in same)
+                  f"{len(list(weight.column_blocks()))} | "
+                  + " | ".join("identical" if s else "DIFFERENT" for s in same)
                   + f" | {'identical' if stacked else 'DIFFERENT'} |")
 
 
@@ -432,7 +435,8 @@ def results(parts: dict) -> dict[str, str]:
         "| | TinyStories-33M, fp32 | Mistral-7B architecture, bf16 on disk, fp32 compute |", "|---|---|---|",
         f"| parameters | {mine[0]['parameters']} | {big['parameters']:,} |",
         "| settings | seq 128, batch 1, 2 batches, s = 0.1, r = 0.1, tau = 2.0, magnitude | the same, `--threads 2` |",
-        f"| **peak RSS, streaming** | {_span(mine, 'peak RSS')} ({len(mine)} runs) | **{mib(peak)} = {peak / GiB:.2f} GiB** |",
+        f"| **peak RSS, streaming** | {_span(mine, 'peak RSS')} ({len(mine)} runs) "
+        f"| **{mib(peak)} = {peak / GiB:.2f} GiB** |",
         f"| peak RSS, baseline | {_span(theirs, 'peak RSS')} ({len(theirs)} runs) | not runnable (spec's projection "
         "for the baseline design: 161 GB fp32) |",
         f"| prune wall time | streaming {_span(mine, 'wall time')}, baseline {_span(theirs, 'wall time')} | "

@@ -183,7 +183,8 @@ def _load(values: list[float]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--run-dir", help="a new folder for every case's runs (relative paths keep the record portable)")
+    source.add_argument("--run-dir",
+                        help="a new folder for every case's runs (relative paths keep the record portable)")
     source.add_argument("--from", dest="record", metavar="RECORD.json", help="render the report again from its record")
     parser.add_argument("-o", "--output", required=True, help="the report (markdown); its record is written beside it")
     parser.add_argument("--case", action="append", help="only these cases (repeatable)")

@@ -131,7 +131,8 @@ def summary(records: dict[str, dict]) -> str:
         scaled = found[("scaled", "peak live tensors")]
         lines.append(" | ".join([
             f"| {variant}", _signed(found[("traced", "peak live tensors")]["error"]), _signed(every["error"]),
-            f"{_signed(resting['error'])} (`{resting['path']}`, {resting['estimated_share']:.0%} of its bytes estimated)"
+            f"{_signed(resting['error'])} (`{resting['path']}`, "
+            f"{resting['estimated_share']:.0%} of its bytes estimated)"
             if resting else "none",
             _signed((record["lower_bound_live_tensors"] - real) / real),
             f"{size(peak_stage['estimated'])} of {size(peak_stage['tensor_peak'])}",

@@ -206,7 +206,8 @@ peak plus the largest FSDP unit's flat buffer, and the device count is read from
 Two peaks per rank: the whole program's is at `build model` or `shard model`: the audited program
 (like `benchmarks/sharded_gradprobe.py`) builds the whole model on every rank and holds it while
 FSDP2 copies out the rank's shards; a device run builds it elsewhere (on meta or on the host) and
-keeps only its shard, so the device count is read from the sharded part (`prune` and its phases). GPU figures are live tensors:
+keeps only its shard, so the device count is read from the sharded part (`prune` and its phases). \
+GPU figures are live tensors:
 the CUDA context and the caching allocator's slack come on top and are not projected."""
 
 

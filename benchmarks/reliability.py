@@ -241,8 +241,8 @@ def measure(injected, scratch: Path, index: int) -> FaultRun:
         after = sorted((p.relative_to(folder), p.stat().st_size) for p in folder.rglob("*"))
         renders = done.returncode == 0 and out.is_file() and before == after and "Traceback" not in done.stderr
     lost = [stage for stage in injected.finished if stage not in present]
-    after = "-" if injected.ran in (None, len(injected.finished)) else f"{len(present) - len(injected.finished) + len(lost)} of " \
-                                             f"{injected.ran - len(injected.finished)}"
+    after = ("-" if injected.ran in (None, len(injected.finished))
+             else f"{len(present) - len(injected.finished) + len(lost)} of {injected.ran - len(injected.finished)}")
     return FaultRun(injected.alone, injected.status, len(injected.finished), len(injected.finished) - len(lost),
                     lost, after, auditor_traceback(injected), record_says, renders,
                     clean(injected.result.stderr[-1500:], scratch))
@@ -274,7 +274,8 @@ def inject_all() -> list[Fault]:
 
 def fault_table(results: list[Fault]) -> str:
     lines = [["fault", "exit alone", "exit under the auditor", "preserved", "finished stages: expected",
-              "present", "lost", "finished after the fault: in the record", "auditor tracebacks", "record (source, exit)", "`auditor report` renders"]]
+              "present", "lost", "finished after the fault: in the record", "auditor tracebacks",
+              "record (source, exit)", "`auditor report` renders"]]
     for fault in results:
         if fault.skipped or fault.error:
             what = f"skipped: {fault.skipped}" if fault.skipped else f"not measured: {fault.error}"
@@ -337,10 +338,11 @@ def failures_section(rows: list[Row], results: list[Fault]) -> list[str]:
     for row in rows:
         if row.attempt and not row.passed:
             a = row.attempt
-            why = [w for w, bad in [("exit %d" % a.returncode, a.returncode != 2), ("traceback", row.traceback),
+            why = [w for w, bad in [(f"exit {a.returncode:d}", a.returncode != 2), ("traceback", row.traceback),
                                     (f"{len(row.lines)} lines on stderr", len(row.lines) != 1),
                                     ("stdout not empty", a.stdout != ""),
-                                    (f"expected words {row.says!r} missing", row.one_line and row.says not in row.lines[0]),
+                                    (f"expected words {row.says!r} missing",
+                                     row.one_line and row.says not in row.lines[0]),
                                     (f"wrote {a.written}", bool(a.written)), (f"changed {a.changed}", bool(a.changed)),
                                     (f"{a.elapsed_s:.2f} s (limit {bad_input.LIMIT_S} s)",
                                      a.elapsed_s >= bad_input.LIMIT_S)] if bad]
@@ -351,7 +353,8 @@ def failures_section(rows: list[Row], results: list[Fault]) -> list[str]:
         if fault.error:
             out.append(f"- fault `{fault.name}`: not measured: {fault.error}")
         for run in fault.runs:
-            why = [w for w, bad in [(f"exit {run.status} under the auditor, {run.alone} alone", run.alone != run.status),
+            why = [w for w, bad in [(f"exit {run.status} under the auditor, {run.alone} alone",
+                                     run.alone != run.status),
                                     (f"lost {run.lost}", bool(run.lost)),
                                     ("auditor traceback", run.auditor_traceback),
                                     ("`auditor report` did not render the folder", not run.renders)] if bad]

@@ -164,8 +164,8 @@ def _write_tables(run_dirs: list[Path], output: str) -> None:
     """Each run folder's table (from its compare.json and its runs' records): into the report's
     block named after the folder, or alone in a new file."""
     tables = {f"table {d.name}": table(d) for d in run_dirs}
-    text = (benchmark_record.fill(output, tables) if Path(output).is_file() and "<!-- begin " in Path(output).read_text()
-            else "\n".join(tables.values()))
+    filling = Path(output).is_file() and "<!-- begin " in Path(output).read_text()
+    text = benchmark_record.fill(output, tables) if filling else "\n".join(tables.values())
     Path(output).write_text(text)
     print(text)
 
@@ -222,7 +222,8 @@ def render(rows: list, made: dict) -> str:
     for name, ranks, summary, peaks, seconds in rows:
         same = "yes" if summary["mask_digest"] == base_digest else "**NO**"
         for rank, p in enumerate(peaks):
-            lines.append(f"| {name} | {ranks} | {rank} | {size(p['rss'])} | {_code(p['rss_stage'])} | {size(p['live'])} | "
+            lines.append(f"| {name} | {ranks} | {rank} | {size(p['rss'])} | {_code(p['rss_stage'])} "
+                         f"| {size(p['live'])} | "
                          f"`{p['live_stage']}` | {size(p['prune_live'])} | {same} | {seconds:.1f} s |")
     load = made["load_average_at_end"]
     return "\n".join(["<!-- made by: " + made["command"] + " -->",

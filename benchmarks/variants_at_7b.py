@@ -146,7 +146,8 @@ def _projected(item: dict | None) -> str:
 
 
 def render(rows: list[dict], measured: dict | None, command: str, ranks: dict | None = None) -> str:
-    lines = ["| variant | audited peak RSS (TinyStories-33M) | projected 7B, traced | projected 7B, scaled | measured at 7B |",
+    lines = ["| variant | audited peak RSS (TinyStories-33M) | projected 7B, traced | projected 7B, scaled "
+             "| measured at 7B |",
              "|---|---:|---|---|---|"]
     for row in rows:
         if "failure" in row:
