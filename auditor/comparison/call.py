@@ -15,6 +15,7 @@ import importlib
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from auditor.comparison import protocol
 
@@ -25,7 +26,7 @@ def main(argv: list[str]) -> int:
         return 2
     module_name, function_name = argv[0].split(":", 1)
     sys.path.insert(0, os.getcwd())
-    function = importlib.import_module(module_name)
+    function: Any = importlib.import_module(module_name)  # then what the name finds in it: the callable
     for part in function_name.split("."):
         function = getattr(function, part)
     _declare(function())
@@ -42,10 +43,11 @@ def _declare(value) -> None:
     elif isinstance(value, dict) and protocol.ENV in os.environ:
         file = Path(os.environ[protocol.ENV]).with_name("result.safetensors")
         if all(type(tensor).__module__.startswith("numpy") for tensor in value.values()):
-            from safetensors.numpy import save_file
+            from safetensors.numpy import save_file as save_arrays
+            save_arrays(dict(value), str(file))
         else:
-            from safetensors.torch import save_file
-        save_file({name: tensor for name, tensor in value.items()}, str(file))
+            from safetensors.torch import save_file as save_tensors
+            save_tensors(dict(value), str(file))
         protocol.result(file=file)
     elif not isinstance(value, dict):
         raise TypeError(f"the callable returned {type(value).__name__}; a result is a dict of tensors, "

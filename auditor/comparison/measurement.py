@@ -13,6 +13,7 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from auditor.comparison import protocol
 from auditor.comparison.side import Side, Tolerance
@@ -37,7 +38,8 @@ def measure(side: Side, repeat: int, run_dir: Path) -> dict:
     command = side.command_for(run_dir)
     result_json, launch_json = run_dir / "auditor-result.json", run_dir / "auditor-launch.json"
     env = {**os.environ, **side.env, protocol.ENV: str(result_json)}
-    entry = {"side": side.name, "repeat": repeat, "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    entry = {"side": side.name, "repeat": repeat,
+             "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
              "load_average": list(os.getloadavg()), "command": command}
     with open(run_dir / "stdout.txt", "wb") as stdout, open(run_dir / "stderr.txt", "wb") as stderr:
         launcher = subprocess.Popen([sys.executable, "-I", "-S", str(LAUNCHER), str(launch_json), *command],
@@ -49,7 +51,8 @@ def measure(side: Side, repeat: int, run_dir: Path) -> dict:
             launcher.wait()
             raise
         launcher.returncode = os.waitstatus_to_exitcode(status)
-    launch = json.loads(launch_json.read_text()) if launch_json.exists() else {"error": "the launcher died"}
+    launch: dict[str, Any] = (json.loads(launch_json.read_text()) if launch_json.exists()
+                              else {"error": "the launcher died"})
     if "error" in launch:
         raise RunFailed(side, repeat, launch["error"], None, _tail(run_dir / "stderr.txt"))
     entry.update(exit_status=launch["exit_status"], peak_rss=launch["peak_rss"], wall_s=launch["wall_s"],

@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from auditor.comparison.environment import environment
 from auditor.comparison.measurement import RunFailed, measure
@@ -35,7 +36,7 @@ def run_comparison(baseline: Side, variants: list[Side], repeats: int = 3, *, re
     names = [side.name for side in sides]
     if len(set(names)) != len(names):
         raise ValueError(f"side names must differ, got {names}")
-    record = {
+    record: dict[str, Any] = {  # the comparison record, as JSON holds it
         "schema": SCHEMA, "name": name or f"{baseline.name} vs {', '.join(v.name for v in variants)}",
         "command": command, "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "repeats": repeats, "require_result": require_result, "environment": environment(),

@@ -63,7 +63,9 @@ class Tolerance:
         """The most elements that may differ; None when a fraction meets an unknown total."""
         if self.elements is not None:
             return self.elements
-        return None if total_elements is None else int(self.fraction * total_elements)
+        if self.fraction is None or total_elements is None:
+            return None
+        return int(self.fraction * total_elements)
 
     def __str__(self) -> str:
         if self.elements is not None:

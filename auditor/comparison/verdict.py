@@ -16,6 +16,7 @@ Agreement: "identical" (no element differs, or equal digests), "within tolerance
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 from auditor.comparison.side import EXACT, Tolerance
 from auditor.facts.units import MiB
@@ -34,11 +35,12 @@ RULE = (f"A variant saves memory only when its highest peak RSS is below the bas
         f"told from noise.")
 
 
-def spread(values: list[float]) -> dict | None:
-    values = [value for value in values if value is not None]
-    if not values:
+def spread(values: list[float | None]) -> dict | None:
+    """min, median, max and count of the values a run gave (None: it gave none)."""
+    given = [value for value in values if value is not None]
+    if not given:
         return None
-    return {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
+    return {"min": min(given), "median": statistics.median(given), "max": max(given), "n": len(given)}
 
 
 def side_statistics(runs: list[dict]) -> dict:
@@ -53,17 +55,18 @@ def side_statistics(runs: list[dict]) -> dict:
 
 def tolerance_of(side: dict, runs: list[dict]) -> tuple[Tolerance, str]:
     """The side's tolerance and where it came from: the user's, else the run's own, else exact."""
-    if side.get("tolerance") is not None:
-        return Tolerance.from_json(side["tolerance"]), "given"
-    declared = [run["tolerance"] for run in runs if run.get("tolerance") is not None]
-    if declared:
-        return Tolerance.from_json(declared[0]), "declared by the run"
+    given = Tolerance.from_json(side.get("tolerance"))
+    if given is not None:
+        return given, "given"
+    declared = Tolerance.from_json(next((run["tolerance"] for run in runs if run.get("tolerance") is not None), None))
+    if declared is not None:
+        return declared, "declared by the run"
     return EXACT, "default"
 
 
 def agreement(runs: list[dict], reference: dict | None, tolerance: Tolerance) -> dict:
     """How `runs` agree with the reference run's result (the worst run counts)."""
-    base = {"tolerance": str(tolerance), "allowance": None, "same_digest": None,
+    base: dict[str, Any] = {"tolerance": str(tolerance), "allowance": None, "same_digest": None,
             "differing_elements": None, "total_elements": None}
     ref_result = reference and reference.get("result")
     if not ref_result or any(not run.get("result") for run in runs):
@@ -126,7 +129,7 @@ def _judge(name: str, base: dict, stats: dict, agreed: dict, tolerance_source: s
     status = agreed["status"]
     result = {"identical": "identical", "within tolerance": agreed["reason"],
               "unknown": f"not compared ({agreed['reason']})", "differs": f"differs ({agreed['reason']})"}[status]
-    if claims and status == "differs":
+    if claims and noise is not None and status == "differs":  # a claim is a saving beyond the noise
         verdict, why = "fail", (f"claims a saving of {judged['peak_saving'] / MiB:,.1f} MiB of peak RSS "
                                 f"({_margin_words(noise)}) but its result differs: {agreed['reason']}")
     elif status == "unknown" and require_result:
