@@ -10,6 +10,7 @@ linear's input-activation norms are gathered with forward hooks and its weights 
 from __future__ import annotations
 
 import argparse
+import contextlib
 from typing import Any
 
 import torch
@@ -74,10 +75,8 @@ def first_layer_inputs(model: Any, batches: list[torch.Tensor], device: str):
     handle = model.model.layers[0].register_forward_pre_hook(catch, with_kwargs=True)
     try:
         for ids in batches:
-            try:
+            with contextlib.suppress(_Caught):
                 model(ids.to(device), use_cache=False)
-            except _Caught:
-                pass
     finally:
         handle.remove()
     return inputs, kwargs
