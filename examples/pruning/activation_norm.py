@@ -32,7 +32,7 @@ def prune_by_activation_norm(model, samples: list[torch.Tensor], sparsity: float
     for i, layer in enumerate(model.model.layers):
         norms = {name: InputNorms(m) for name, m in linears(layer).items()}
         handles = [m.register_forward_hook(
-            lambda module, args, out, name=name: norms[name].add_batch(args[0].data, out.data))  # noqa: F821
+            lambda module, args, out, name=name, norms=norms: norms[name].add_batch(args[0].data, out.data))
             for name, m in linears(layer).items()]
         run_layer(layer, inputs, outputs, kwargs)
         for handle in handles:
