@@ -50,7 +50,7 @@ def prune_with_hessians(model, samples: list[torch.Tensor], sparsity: float = 0.
     for i, layer in enumerate(model.model.layers):
         stats = {name: HessianStat(m) for name, m in linears(layer).items()}
         handles = [m.register_forward_hook(
-            lambda module, args, out, name=name: stats[name].add_batch(args[0].data))
+            lambda module, args, out, name=name, stats=stats: stats[name].add_batch(args[0].data))
             for name, m in linears(layer).items()]
         run_layer(layer, inputs, outputs, kwargs)
         for handle in handles:
