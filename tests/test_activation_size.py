@@ -85,7 +85,7 @@ def measure_saved(model, ids: torch.Tensor, autocast_dtype: torch.dtype | None =
     autocast = torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None)
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
-            model(input_ids=ids, labels=ids).loss
+            model(input_ids=ids, labels=ids)
     finally:
         for handle in handles:
             handle.remove()
