@@ -40,7 +40,8 @@ def _api(folder: Path, script: str, *args: str) -> dict:
 def both(tmp_path_factory):
     root = tmp_path_factory.mktemp("api_cli")
     done = subprocess.run([sys.executable, "-m", "auditor", "run", "--run-dir", str(root / "cli"), "--census",
-                           "--live-tensors", "--stage", "wanda_prune:prune", "--stage", "wanda_prune:Pruner.calibrate_layer",
+                           "--live-tensors", "--stage", "wanda_prune:prune",
+                           "--stage", "wanda_prune:Pruner.calibrate_layer",
                            "--stage", "wanda_prune:Pruner.prune_layer", "wanda_prune.py"],
                           cwd=HERE, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
