@@ -144,4 +144,5 @@ def test_an_activation_norm_pruner_shows_each_statistic_and_both_buffers(activat
     outputs = _line(EXAMPLES / "pruning" / "activation_norm.py", "outputs = torch.zeros_like(")
     last = calls[-1]["components"]
     assert last[f"allocated at examples/pruning/layer_inputs.py:{inputs} capture_layer_inputs"]["bytes"] == BUFFER
-    assert last[f"allocated at examples/pruning/activation_norm.py:{outputs} prune_by_activation_norm"]["bytes"] == BUFFER
+    outputs_name = f"allocated at examples/pruning/activation_norm.py:{outputs} prune_by_activation_norm"
+    assert last[outputs_name]["bytes"] == BUFFER
