@@ -106,11 +106,10 @@ def test_a_module_argument_is_named_from_its_root_and_nests(tmp_path):
     model = tiny_llama()
     stats, hooks = collect_stats(model)
 
-    with auditor.Audit(tmp_path / "run", stage_targets=[Stat.add_batch, prune_layer]) as audit:
-        with auditor.stage("plain"):
-            for layer in model.model.layers:
-                prune_layer(layer, 0.5)
-            forward(model)
+    with auditor.Audit(tmp_path / "run", stage_targets=[Stat.add_batch, prune_layer]) as audit, auditor.stage("plain"):
+        for layer in model.model.layers:
+            prune_layer(layer, 0.5)
+        forward(model)
     calls = {s["path"]: s["call"] for s in audit.record["stages"]}
     assert calls["plain"] is None
     # the first module seen is a layer passed alone: named from the model holding it, which
@@ -166,9 +165,9 @@ def test_a_user_hook_overrides_and_none_keeps_the_default(tmp_path):
 def test_a_broken_hook_is_switched_off_with_a_warning_and_the_run_completes(tmp_path, hook, says):
     model = tiny_llama()
     stats, hooks = collect_stats(model)
-    with pytest.warns(AuditorWarning, match=says):
-        with auditor.Audit(tmp_path / "run", stage_targets=[Stat.add_batch], stage_label=hook) as audit:
-            forward(model)
+    with (pytest.warns(AuditorWarning, match=says),
+          auditor.Audit(tmp_path / "run", stage_targets=[Stat.add_batch], stage_label=hook) as audit):
+        forward(model)
     record = audit.record
     assert record["exit"]["status"] == "ok"
     assert [s["call"]["label"] for s in record["stages"]] == expected_labels()  # the defaults
