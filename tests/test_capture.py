@@ -159,9 +159,9 @@ def test_record_fields_and_run_json_on_disk(tmp_path):
 
 
 def test_an_exception_fails_open_stages_and_still_writes_the_record(tmp_path):
-    with pytest.raises(KeyError), auditor.Audit(tmp_path / "run") as audit, auditor.stage("outer"):
-        with auditor.stage("inner"):
-            raise KeyError("boom")
+    with (pytest.raises(KeyError), auditor.Audit(tmp_path / "run") as audit, auditor.stage("outer"),
+          auditor.stage("inner")):
+        raise KeyError("boom")
     record = auditor.load(tmp_path / "run")
     assert [(s.path, s.status) for s in record.stages] == [("outer", "failed"), ("outer/inner", "failed")]
     assert record.stages[1].error == "KeyError: 'boom'"
@@ -215,12 +215,11 @@ def test_no_op_cost_without_an_audit():
 def test_sampler_fallback_where_clear_refs_is_unavailable(tmp_path, monkeypatch):
     from auditor.capture.probes import rss as rss_probe
     monkeypatch.setattr(rss_probe, "_CLEAR_REFS", str(tmp_path / "no-clear-refs"))  # as off Linux
-    with pytest.warns(auditor.AuditorWarning, match="sampling every 2 ms"):
-        with auditor.Audit(tmp_path / "run") as audit:
-            with auditor.stage("spike"):
-                x = keep_tensor(N)
-                time.sleep(0.2)  # a sampler needs the spike to last many intervals (busy machine)
-                del x
+    with (pytest.warns(auditor.AuditorWarning, match="sampling every 2 ms"),
+          auditor.Audit(tmp_path / "run") as audit, auditor.stage("spike")):
+        x = keep_tensor(N)
+        time.sleep(0.2)  # a sampler needs the spike to last many intervals (busy machine)
+        del x
     rss = stage_by_path(audit.record, "spike")["rss"]
     assert audit.record["probes"]["rss"]["method"] == "sampler"
     assert rss["peak"] >= rss["start"] + 0.95 * N
