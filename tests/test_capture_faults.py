@@ -110,17 +110,17 @@ def test_a_complete_event_log_says_so(tmp_path):
 
 
 def test_clear_refs_failing_mid_run_falls_back_to_sampling(tmp_path):
-    with pytest.warns(auditor.AuditorWarning, match="resetting VmHWM failed mid-run"):
-        with auditor.Audit(tmp_path / "run") as audit:
-            with auditor.stage("first"):
+    with (pytest.warns(auditor.AuditorWarning, match="resetting VmHWM failed mid-run"),
+          auditor.Audit(tmp_path / "run") as audit):
+        with auditor.stage("first"):
+            pass
+        rss = audit._meters[0]
+        with replaced_by_dev_full(rss._fd):
+            with auditor.stage("second"):  # opening it resets VmHWM: through another file
+                data = mmap.mmap(-1, 20_000_000)  # fresh pages, whatever malloc keeps
+                data.write(b"x" * 20_000_000)
+            with auditor.stage("third"):
                 pass
-            rss = audit._meters[0]
-            with replaced_by_dev_full(rss._fd):
-                with auditor.stage("second"):  # opening it resets VmHWM: through another file
-                    data = mmap.mmap(-1, 20_000_000)  # fresh pages, whatever malloc keeps
-                    data.write(b"x" * 20_000_000)
-                with auditor.stage("third"):
-                    pass
     record = audit.record
     assert paths(record) == [("first", "ok"), ("second", "ok"), ("third", "ok")]
     assert record["probes"]["rss"]["method"] == "sampler"
@@ -150,11 +150,10 @@ def test_a_meter_failing_mid_run_is_switched_off(tmp_path):
 
 def test_a_run_json_that_cannot_be_written_is_a_warning_and_leaves_no_tmp(tmp_path):
     folder = tmp_path / "run"
-    with pytest.warns(auditor.AuditorWarning, match="run.json could not be written"):
-        with auditor.Audit(folder) as audit:
-            with auditor.stage("work"):
-                pass
-            (folder / "run.json.tmp").symlink_to("/dev/full")  # its write meets a full disk
+    with pytest.warns(auditor.AuditorWarning, match="run.json could not be written"), auditor.Audit(folder) as audit:
+        with auditor.stage("work"):
+            pass
+        (folder / "run.json.tmp").symlink_to("/dev/full")  # its write meets a full disk
     assert not audit.record_written and audit.record["stages"][0]["status"] == "ok"
     assert sorted(p.name for p in folder.iterdir()) == ["events.jsonl"]  # no tmp, no run.json
     assert auditor.rebuild(folder)["stages"][0]["path"] == "work"  # the log had it all
