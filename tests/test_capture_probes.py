@@ -48,10 +48,9 @@ def test_tracemalloc_started_by_the_user_is_left_running(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 def test_cuda_is_reported_absent_on_cpu(tmp_path):
-    with pytest.warns(AuditorWarning, match="CUDA memory history absent"):
-        with auditor.Audit(tmp_path / "run", cuda_history=True) as audit:
-            with auditor.stage("cpu only"):
-                torch.ones(10)
+    with (pytest.warns(AuditorWarning, match="CUDA memory history absent"),
+          auditor.Audit(tmp_path / "run", cuda_history=True) as audit, auditor.stage("cpu only")):
+        torch.ones(10)
     probes = audit.record["probes"]
     assert probes["cuda"]["state"] == "absent" and probes["cuda"]["reason"]
     assert probes["cuda_history"]["state"] == "absent" and probes["cuda_history"]["reason"]
@@ -86,10 +85,9 @@ def test_memray_is_absent_when_another_tracker_is_active(tmp_path):
     except RuntimeError:
         pytest.skip("a memray tracker is already active (pytest --memray?)")
     try:
-        with pytest.warns(AuditorWarning, match="memray absent"):
-            with auditor.Audit(tmp_path / "run", memray=True) as audit:
-                with auditor.stage("a"):
-                    pass
+        with (pytest.warns(AuditorWarning, match="memray absent"),
+              auditor.Audit(tmp_path / "run", memray=True) as audit, auditor.stage("a")):
+            pass
     finally:
         tracker.__exit__(None, None, None)
     assert audit.record["probes"]["memray"]["state"] == "absent"
