@@ -96,9 +96,8 @@ def test_inherited_method_staged_on_a_subclass_is_removed_afterwards(tmp_path):
 
 
 def test_a_staged_method_that_raises_fails_its_stage_and_propagates(tmp_path):
-    with pytest.raises(ValueError, match="no good"):
-        with auditor.Audit(tmp_path / "run", stage_targets=[Worker.explode]):
-            Worker().explode()
+    with pytest.raises(ValueError, match="no good"), auditor.Audit(tmp_path / "run", stage_targets=[Worker.explode]):
+        Worker().explode()
     record = auditor.load(tmp_path / "run")  # complete on disk
     (entry,) = record.stages
     assert (entry.name, entry.status, entry.error) == ("Worker.explode", "failed", "ValueError: no good")
@@ -150,7 +149,7 @@ def _generator():
 
 
 def test_a_target_never_called_is_reported(tmp_path):
-    with pytest.warns(auditor.AuditorWarning, match="never called"):
-        with auditor.Audit(tmp_path / "run", stage_targets=[Worker.step]) as audit:
-            pass
+    with (pytest.warns(auditor.AuditorWarning, match="never called"),
+          auditor.Audit(tmp_path / "run", stage_targets=[Worker.step]) as audit):
+        pass
     assert any("never called" in w for w in audit.record["warnings"])
