@@ -54,7 +54,8 @@ def test_a_child_that_ended_is_reported_with_its_peak_and_never_counted_as_the_p
 
     assert main(["report", str(tmp_path / "run"), "-o", str(tmp_path / "report.md")]) == 0
     banner = (tmp_path / "report.md").read_text().split("## ")[0]
-    assert "**Child processes held memory outside this record**: the largest that ended during the run peaked at" in banner
+    assert ("**Child processes held memory outside this record**: the largest that ended during the run peaked at"
+            in banner)
 
 
 def test_a_child_still_running_at_the_end_is_read_as_it_is(tmp_path):
