@@ -181,7 +181,7 @@ def test_one_quantity_estimated_in_two_passes_is_reconciled_and_counted(tmp_path
     assert decided.shape == first.shape == (101,) and second.shape == (100,)
     assert sum(s["conflicts"] for s in run.record["traced"]["estimated_sizes"]) == 1
     with pytest.raises(RuntimeError), Audit(out=tmp_path / "plain", live_tensors=True, traced=True):
-        torch.zeros(101) <= torch.zeros(100)
+        _ = torch.zeros(101) <= torch.zeros(100)
 
 
 def test_projection_carries_estimated_bytes_per_stage_and_component():
