@@ -80,6 +80,7 @@ def test_a_scaled_down_training_step_leaves_the_committed_report_alone(tmp_path)
     committed = _committed_copy(tmp_path, ["train-step-tinystories-33m.md"])
     done = auditor(tmp_path, "train-step", *SMALL, "--steps", "1", "--no-memray")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert (tmp_path / "reports" / "train-step-tinystories-33m.md").read_bytes() == committed["train-step-tinystories-33m.md"]
+    assert ((tmp_path / "reports" / "train-step-tinystories-33m.md").read_bytes()
+            == committed["train-step-tinystories-33m.md"])
     written = "reports/train-step-tinystories-33m-layers1-hidden64-vocab256-heads4-seq-len16-steps1-no-memray.md"
     assert (tmp_path / written).is_file() and f"report: {written}" in done.stdout
