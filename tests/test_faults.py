@@ -293,7 +293,8 @@ def memory_cgroup(limit: int) -> Path:
     mounts = [line.split() for line in Path("/proc/mounts").read_text().splitlines()]
     name = f"auditor-test-{uuid.uuid4().hex[:8]}"
     for _, where, kind, options, *_ in mounts:
-        if kind == "cgroup2" and "" in own and "memory" in _read(Path(where) / own[""].lstrip("/") / "cgroup.subtree_control"):
+        if kind == "cgroup2" and "" in own and "memory" in _read(
+                Path(where) / own[""].lstrip("/") / "cgroup.subtree_control"):
             return _make_cgroup(Path(where) / own[""].lstrip("/") / name, {"memory.max": limit, "memory.swap.max": 0})
         if kind == "cgroup" and "memory" in options.split(",") and "memory" in own:
             return _make_cgroup(Path(where) / own["memory"].lstrip("/") / name,
