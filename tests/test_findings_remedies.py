@@ -163,8 +163,8 @@ def test_savings_here_and_at_each_projection_target():
     assert kept.saving["projected"][0]["bytes"] == GiB
     text = render(run_report(typed(record)))
     assert f"({units.size(WEIGHTS)} of parameters the most a census saw)" in text  # none in the peak stage's
-    assert (f"  - Remedy: {cycle.remedy} Saves up to {units.size(CYCLE)} here; {units.size(4 * GiB)} at llama-7b (scaled)."
-            in text)
+    assert (f"  - Remedy: {cycle.remedy} Saves up to {units.size(CYCLE)} here; "
+            f"{units.size(4 * GiB)} at llama-7b (scaled)." in text)
     assert "no projection in this record" in render(run_report(typed(cycle_record())))
 
 
