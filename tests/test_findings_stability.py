@@ -108,7 +108,8 @@ def test_the_bands_cover_the_measured_spread_and_identical_runs_gave_identical_f
         for figure in ("peak_rss", "beyond_census", "above_live_tensors"):
             values = [r[figure] for r in runs if r[figure] is not None]
             assert len(values) in (0, len(runs)), (workload["name"], figure)  # a figure every run has, or none
-            assert not values or (max(values) - min(values)) / median_peak <= noise_band.RSS_BAND, (workload["name"], figure)
+            assert not values or ((max(values) - min(values)) / median_peak
+                                  <= noise_band.RSS_BAND), (workload["name"], figure)
         for stage in runs[0]["transients"]:
             values = [r["transients"][stage] for r in runs if stage in r["transients"]]
             assert (max(values) - min(values)) / median_peak <= noise_band.RSS_BAND, (workload["name"], stage)
