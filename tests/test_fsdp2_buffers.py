@@ -83,7 +83,8 @@ def test_the_merged_report_names_fsdp2_buffers_per_stage_and_rank(run, tmp_path)
 def test_fsdpmemtracker_sees_the_same_buffers_at_the_same_peak(run):
     for rank in (0, 1):
         tracked = json.loads((run.parent / f"tracker.json.{rank}").read_text())
-        steps = [s for s in load(run / f"rank-{rank}").stages if s.path.split("#")[0] == "train_step" and "/" not in s.path]
+        steps = [s for s in load(run / f"rank-{rank}").stages
+                 if s.path.split("#")[0] == "train_step" and "/" not in s.path]
         assert len(tracked) == len(steps) == 3
         same = 0
         for stage, theirs in zip(steps, tracked, strict=False):
