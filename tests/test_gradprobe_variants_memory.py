@@ -137,7 +137,7 @@ def test_checkpointing_recomputes_every_layer_and_saves_fewer_activations(tokens
         model = build_model("tinystories-33m", **TINY_GPT_NEO).eval()
         counter = count_layer_runs(model)
         pruner = make_pruner(name, model)
-        saved[name] = saved_activation_bytes(model, lambda: pruner.prune(tokens, sparsity=0.1))
+        saved[name] = saved_activation_bytes(model, lambda pruner=pruner: pruner.prune(tokens, sparsity=0.1))
         runs[name] = counter[0]
     layers, batches, passes = 2, len(tokens), 2
     assert runs == {"baseline": layers * batches * passes, "checkpointed": 2 * layers * batches * passes}
