@@ -82,7 +82,7 @@ def test_merged_report_equals_each_ranks_record_and_names_the_peak_rank(torchrun
     assert main(["report", str(torchrun_folder), "-o", str(out)]) == 0
     text = out.read_text()
     assert f"Global peak RSS: **{units.size(records[1].peak.rss)} on rank 1**, {peak_place(records[1]).phrase}." in text
-    for rank, record in records.items():
+    for record in records.values():
         for stage in record.stages:
             assert units.size(stage.rss.peak) in text
             assert units.size(stage.live_tensors.peak) in text
