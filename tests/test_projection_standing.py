@@ -91,7 +91,8 @@ def test_a_traced_run_that_fails_part_way_gives_no_headline_figure(failing):
     (summary_row,) = [line for line in text.splitlines() if line.startswith("| projected (traced: llama-2-7b")]
     assert "failed at stage `score`" in summary_row and not SIZE.search(summary_row)
     table = _answer_table(text)
-    traced_column = table[0].index("at llama-2-7b (layers 2, hidden 128, vocab 256, heads 2, intermediate 256) (traced)")
+    traced_column = table[0].index("at llama-2-7b (layers 2, hidden 128, vocab 256, heads 2, intermediate 256) "
+                                   "(traced)")
     cells = [row[traced_column] for row in table[2:]]
     assert cells[-1].startswith("failed at stage `score`: RuntimeError: no device map")
     assert set(cells[:-1]) == {"-"}
