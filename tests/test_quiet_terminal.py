@@ -131,8 +131,8 @@ def test_a_terminal_redraws_the_lines_in_place_and_seldom():
     assert "\x1b[1A" not in text  # never a cursor up: only the bottom line is redrawn
     assert re.search(r"auditor: ok prune/add_batch  [234],\d{3} calls", text)  # a redraw, seconds in
     screen = text.rsplit("\x1b[2K", 1)[-1]  # what stays after the last redraw
-    assert screen.replace("\x1b[?25h", "").strip() == "auditor: ok prune/add_batch  5,000 calls, peak 1.0 MiB (#1), rss 1.0 MiB at the " \
-                             "last, 5.00 s in all"
+    assert screen.replace("\x1b[?25h", "").strip() == ("auditor: ok prune/add_batch  5,000 calls, peak 1.0 MiB (#1), "
+                                                       "rss 1.0 MiB at the last, 5.00 s in all")
     assert "auditor: ok prune  rss 1.0 MiB" in text and "auditor: ok prune/add_batch  rss 1.0 MiB" in text
 
 
