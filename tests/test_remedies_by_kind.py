@@ -118,7 +118,8 @@ def test_without_census_or_meter_the_kind_is_unknown_and_remedies_are_generic():
 def test_the_most_specific_remedy_wins():
     assert remedy("full-copy", "training", "optimizer state") == TEXTS[("full-copy", "training", "optimizer state")]
     assert remedy("full-copy", "training", "weights") == TEXTS[("full-copy", "training", None)]
-    assert remedy("dense-gradients", "pruning", "gradient records") == TEXTS[("dense-gradients", None, "gradient records")]
+    assert (remedy("dense-gradients", "pruning", "gradient records")
+            == TEXTS[("dense-gradients", None, "gradient records")])
     assert remedy("reference-cycle", "training", None) == GENERIC["reference-cycle"]
     assert remedy("no-such-rule", "training", None) is None
     assert all(text.endswith(".") for text in TEXTS.values())
@@ -126,7 +127,7 @@ def test_the_most_specific_remedy_wins():
 
 def test_the_committed_main_report_takes_gradprobe_for_a_pruner():
     root = Path(__file__).resolve().parents[1]
-    record = RunRecord.from_json(json.loads((root / "reports/gradprobe-tinystories-33m-runs/audit/run.json").read_text()),
-                                 "run.json")
+    recorded = root / "reports/gradprobe-tinystories-33m-runs/audit/run.json"
+    record = RunRecord.from_json(json.loads(recorded.read_text()), "run.json")
     found = program_kind(record)
     assert found.kind == "pruning" and "saved copies" in found.evidence
