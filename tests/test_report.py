@@ -134,7 +134,8 @@ def test_summary(reports, built):
     live = max(s.live_tensors.peak for s in record.stages)
     assert row(summary, "peak live tensors")[1].startswith(units.size(live))
     counts = {s: sum(1 for f in findings(record) if f.severity == s) for s in ("high", "medium", "low")}
-    assert row(summary, "findings")[1].startswith(f"{counts['high']} high, {counts['medium']} medium, {counts['low']} low")
+    assert row(summary, "findings")[1].startswith(
+        f"{counts['high']} high, {counts['medium']} medium, {counts['low']} low")
     failed = table_after(text_of(reports, "failed"), "## Summary")
     assert row(failed, "peak live tensors")[1].startswith("not measured")
     assert row(failed, "peak / weights")[1].startswith("no census")
@@ -299,7 +300,7 @@ def test_projection_columns_scaled_and_traced_side_by_side(built, tmp_path):
     projected = next(s for s in scaled["stages"] if s["path"] == stage)
     # the stand-in traced run is the audited size, not the target's: the scaled figures differ from
     # it beyond the validation matrix's targets, so the scaled column is withheld, said in its peak row
-    for name, item in projected["components"].items():
+    for name in projected["components"]:
         assert row(table, f"`{name}`")[3] == "-"
         assert row(table, f"`{name}`")[4] == units.size(stage_bytes(RunRecord.from_json(traced_run), stage, name))
     assert row(table, "**peak RSS**")[3].startswith("not shown: differs from the traced projection by +")
@@ -307,7 +308,8 @@ def test_projection_columns_scaled_and_traced_side_by_side(built, tmp_path):
         assert row(table, UNSEEN_TENSORS)[3] == "-"
     assert text.count("### Projection to gpt-neo-125m") == 1  # not one copy of the tables a method
     summary = table_after(text, "## Summary")
-    assert row(summary, "projected (scaled: gpt-neo-125m)")[1].startswith("not shown: differs from the traced projection")
+    assert row(summary, "projected (scaled: gpt-neo-125m)")[1].startswith(
+        "not shown: differs from the traced projection")
     assert row(summary, "projected (traced: gpt-neo-125m)")[1].startswith("RSS not projected")
     assert "projections | none" not in text
 
