@@ -74,7 +74,7 @@ def sparsegpt_record() -> dict:
                          components={**weights, "unowned": {"category": "activations and temporaries", "bytes": INPS}}))
     t, index, id_ = 1.5, 0, 3
     for linear_number, linear in enumerate(LINEARS):
-        for k in range(CALLS_PER_LINEAR):
+        for _ in range(CALLS_PER_LINEAR):
             index += 1
             rss_now = BASE + WEIGHTS + INPS + H_BYTES
             peak = rss_now + (50 * MiB if index == 5 else MiB * index)
@@ -200,7 +200,8 @@ def test_the_peak_between_two_calls_is_located_with_what_was_alive(by_hand):
     summary = table_after(text, "## Summary")
     assert row(summary, "peak RSS")[1] == (f"**{units.size(BASE + 400 * MiB)}** between `{stage_path(5)}` "
                                            f"and `{stage_path(6)}` (inside `prune_fn`)")
-    assert row(summary, "unstaged time")[1].startswith(f"{units.seconds(1.0)} in 2 intervals no stage covers (10.0% of the run)")
+    assert row(summary, "unstaged time")[1].startswith(
+        f"{units.seconds(1.0)} in 2 intervals no stage covers (10.0% of the run)")
     stages = table_after(text, "## Stages")
     bold = [r for r in stages if r[0].startswith("&emsp;**")]
     assert len(bold) == 1 and "(unstaged) between" in bold[0][0]  # the row holding the peak
