@@ -56,7 +56,8 @@ def test_module_buffers_that_do_not_grow_say_why(report):
     why = _notes(answer)[cells[3][-1]]
     assert "module buffers are each architecture's own" in why.lower() and "512 B" in why and "16.0 MiB" in why
     projection = _section(report, "### Projection to mistral-7b")
-    assert re.search(r"\| `model\.buffers` \| buffers \| 16\.0 MiB \| 512 B \(note (\d)\) \| 512 B \(note \1\) \|", projection)
+    assert re.search(r"\| `model\.buffers` \| buffers \| 16\.0 MiB \| 512 B \(note (\d)\) \| 512 B \(note \1\) \|",
+                     projection)
     assert "Note 1: Module buffers are each architecture's own" in projection
 
 
