@@ -31,22 +31,26 @@ COMPARISONS = {  # report -> its comparison record, rendered again by `auditor c
 
 
 RENDERED = {  # report -> (the benchmark script's arguments that render it again, the records it reads)
-    "rank-projection-cpu.md": (["benchmarks/rank_projection.py", "render", "--run-dir", "reports/rank-projection-cpu-runs"],
+    "rank-projection-cpu.md": (["benchmarks/rank_projection.py", "render",
+                                "--run-dir", "reports/rank-projection-cpu-runs"],
                                ["reports/rank-projection-cpu-runs"]),
     "projection-validation-matrix.md": (["benchmarks/projection_validation_matrix.py", "--from",
                                          "reports/projection-validation-matrix.json"],
                                         ["reports/projection-validation-matrix.json"]),
-    "reliability.md": (["benchmarks/reliability.py", "--from", "reports/reliability.json"], ["reports/reliability.json"]),
+    "reliability.md": (["benchmarks/reliability.py", "--from", "reports/reliability.json"],
+                       ["reports/reliability.json"]),
     "rss-band-validation.md": (["benchmarks/rss_band_validation.py", "--from", "reports/rss-band-validation.json"],
                                ["reports/rss-band-validation.json"]),
     # third-party-shaped programs against themselves run as written at the target size (docs/projection.md)
-    "projection-as-written.md": (["benchmarks/projection_as_written.py", "--from", "reports/projection-as-written.json"],
+    "projection-as-written.md": (["benchmarks/projection_as_written.py",
+                                  "--from", "reports/projection-as-written.json"],
                                  ["reports/projection-as-written.json"]),
     # identical runs of one workload: the spread of each figure a finding's rule compares, the findings per run
     "findings-stability.md": (["benchmarks/findings_stability.py", "--from", "reports/findings-stability.json"],
                               ["reports/findings-stability.json"]),
     "peak-composition-overhead.md": (["benchmarks/peak_composition_overhead.py", "--from",
-                                      "reports/peak-composition-overhead.json"], ["reports/peak-composition-overhead.json"]),
+                                      "reports/peak-composition-overhead.json"],
+                                     ["reports/peak-composition-overhead.json"]),
     # the streaming column's 7B figure comes from the streaming report's record
     "variants-at-mistral-7b.md": (["benchmarks/variants_at_7b.py", "--from", "reports/variants-at-mistral-7b.json"],
                                   ["reports/variants-at-mistral-7b.json", "reports/gradprobe-streaming.json"]),
