@@ -117,7 +117,8 @@ def test_a_scaled_projection_the_traced_one_does_not_bear_out_is_withheld_from_e
     fixes = head.split("## Fixes", 1)[1].split("## Summary", 1)[0]
     assert "| 261.4 MiB | not shown¹ | 26.98 GiB |" in fixes and f"¹ {sentence[0].upper()}{sentence[1:]}" in fixes
     # the findings in full keep the saving at the target, with the sentence
-    assert f"26.98 GiB at mistral-7b (scaled; {sentence}); 26.98 GiB at mistral-7b (traced)" in " ".join(details.split())
+    assert (f"26.98 GiB at mistral-7b (scaled; {sentence}); 26.98 GiB at mistral-7b (traced)"
+            in " ".join(details.split()))
     assert f"**Its headline figures are {sentence}**" in " ".join(details.split())  # the projection's section
     _print_summary(record, Path("report.md"), folder)
     said = capsys.readouterr().out
