@@ -25,7 +25,8 @@ def test_the_audited_code_is_shown_from_the_folder_its_files_share():
     root = code_root(record_with(SITES["memray"]))
     assert root == "/home/ann/work/repo"
     assert shown_path("/home/ann/work/repo/gradprobe/gradients.py:19", root) == "gradprobe/gradients.py:19"
-    assert shown_path("/home/ann/.venv/lib/python3.11/site-packages/torch/_tensor.py:623", root) == "torch/_tensor.py:623"
+    assert (shown_path("/home/ann/.venv/lib/python3.11/site-packages/torch/_tensor.py:623", root)
+            == "torch/_tensor.py:623")
     assert shown_path("/usr/lib/python3.11/runpy.py:86", root) == "runpy.py:86"
     assert shown_path("/opt/other/place/deep/file.py:3", root) == "place/deep/file.py:3"
     assert shown_path("<frozen importlib._bootstrap>:241", root) == "<frozen importlib._bootstrap>:241"
