@@ -110,7 +110,8 @@ def test_spawned_workers_audit_themselves_as_ranks_and_merge(tmp_path):
     for row in merged.stages:
         for reading in row.ranks.values():
             assert PARAMETERS <= reading.communication <= 1.01 * PARAMETERS, (row.path, reading.communication)
-    buckets = [f for f in findings(load(run / "rank-0")) if f.rule == "full-copy" and "DDP gradient buckets" in f.statement]
+    buckets = [f for f in findings(load(run / "rank-0"))
+               if f.rule == "full-copy" and "DDP gradient buckets" in f.statement]
     assert buckets and "gradient_as_bucket_view=True" in buckets[0].remedy
     report = subprocess.run([sys.executable, "-m", "auditor", "report", str(run)], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
@@ -149,7 +150,8 @@ def test_a_second_spawn_writes_beside_the_first(tmp_path):
     run = tmp_path / "run"
     assert [e["folder"] for e in record(run)["spawned"]] == [".", "spawn-2"]
     assert is_multi_rank(run) and is_multi_rank(run / "spawn-2")
-    assert [s["path"] for s in record(run / "spawn-2" / "rank-1")["stages"]] == ["train_step", "train_step#2", "train_step#3"]
+    assert ([s["path"] for s in record(run / "spawn-2" / "rank-1")["stages"]]
+            == ["train_step", "train_step#2", "train_step#3"])
 
 
 def test_forked_workers_are_not_audited_and_the_launcher_says_so(tmp_path):
