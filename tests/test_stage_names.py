@@ -1,6 +1,7 @@
-"""Every --stage name checked before the run (auditor.capture.staging.targets, auditor.capture.staging.script_names): a name the
-audited script cannot bind, even a method of a class it defines, is one line and exit 2 before
-any work; so is a method of a type written in C, which cannot be patched. A name the script may
+"""Every --stage name checked before the run (auditor.capture.staging.targets,
+auditor.capture.staging.script_names): a name the audited script cannot bind, even a method of a
+class it defines, is one line and exit 2 before any work; so is a method of a type written in C,
+which cannot be patched. A name the script may
 bind dynamically is never refused, and where the source cannot tell and the run finds nothing,
 the closing warning says so while the command keeps the script's own exit status.
 
