@@ -60,8 +60,9 @@ def test_calibration_buffers_and_the_catcher_cycle(staged_at_fasterprune):
     first = next(s for s in record["stages"] if s["call"] and s["call"]["target"] == "SparseGPT.fasterprune")
     inps = _line(PRUNER, "inps = torch.zeros(")
     outs = _line(PRUNER, "outs = torch.zeros_like(inps)")
-    assert first["components"][f"allocated at tp_pruners/sparsegpt.py:{inps} prepare_calibration_input"]["bytes"] == BUFFER
-    assert first["components"][f"allocated at tp_pruners/sparsegpt.py:{outs} prepare_calibration_input"]["bytes"] == BUFFER
+    allocated = first["components"]
+    assert allocated[f"allocated at tp_pruners/sparsegpt.py:{inps} prepare_calibration_input"]["bytes"] == BUFFER
+    assert allocated[f"allocated at tp_pruners/sparsegpt.py:{outs} prepare_calibration_input"]["bytes"] == BUFFER
     assert record["process"]["cwd"] == str(HERE)
 
 
