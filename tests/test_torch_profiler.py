@@ -155,11 +155,10 @@ def test_the_audit_writes_a_profiler_trace_with_every_stage(tmp_path, one_thread
 
 
 def test_an_audit_under_a_running_profiler_goes_on_without_its_own(tmp_path):
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        with pytest.warns(auditor.AuditorWarning, match="torch profiler absent"):
-            with auditor.Audit(tmp_path / "run", torch_profiler=True) as audit:
-                with auditor.stage("work"):
-                    torch.ones(4).sum()
+    with (profile(activities=[ProfilerActivity.CPU]) as prof,
+          pytest.warns(auditor.AuditorWarning, match="torch profiler absent"),
+          auditor.Audit(tmp_path / "run", torch_profiler=True) as audit, auditor.stage("work")):
+        torch.ones(4).sum()
     assert audit.record["probes"]["torch_profiler"]["state"] == "absent"
     assert "torch_profiler" not in audit.record["files"]
     assert not (tmp_path / "run" / "profiler").exists()
@@ -228,7 +227,7 @@ def tensorboard(tmp_path):
 
     def start(logdir) -> tuple[str, subprocess.Popen, object]:
         port = free_port()
-        log = open(tmp_path / f"tensorboard-{port}.log", "w+b")
+        log = open(tmp_path / f"tensorboard-{port}.log", "w+b")  # noqa: SIM115 (closed at teardown, below)
         server = subprocess.Popen(
             [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--port",
              str(port), "--host", "127.0.0.1", "--load_fast=false"],
