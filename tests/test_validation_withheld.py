@@ -34,7 +34,8 @@ def test_a_scaled_projection_that_prints_no_number_shows_no_peak():
     assert all(row[scaled_column + 1] == "-" for row in rows)
     text = render(report)
     peaks = text.split("## Peaks", 1)[1].split("## Stages", 1)[0]
-    assert peaks.count("GiB | not shown: not explained by its drivers: the report prints no number (see traced) | - |") == 2
+    assert peaks.count("GiB | not shown: not explained by its drivers: the report prints no number (see traced) "
+                       "| - |") == 2
 
 
 def test_unexplained_stages_show_no_scaled_figure_and_explained_ones_do():
