@@ -7,6 +7,7 @@ creation until `fasterprune` deletes it; `inps` and `outs`, nsamples x seqlen x 
 each. The Catcher class's closure keeps `inps` alive after the pruner returns (a class is
 always in a reference cycle): only the cycle collector frees it.
 """
+import contextlib
 import math
 
 import torch
@@ -114,10 +115,8 @@ def prepare_calibration_input(model, dataloader, nsamples, seqlen):
 
     layers[0] = Catcher(layers[0])
     for batch in dataloader:
-        try:
+        with contextlib.suppress(ValueError):
             model(batch[0])
-        except ValueError:
-            pass
     layers[0] = layers[0].module
     outs = torch.zeros_like(inps)
     return inps, outs, cache['kwargs']
@@ -134,9 +133,9 @@ def prune_sparsegpt(model, dataloader, nsamples, seqlen, sparsity=0.5):
         for name in subset:
             gpts[name] = SparseGPT(subset[name])
 
-        def add_batch(name):
+        def add_batch(name, gpts=gpts):
             def tmp(_, inp, out):
-                gpts[name].add_batch(inp[0].data, out.data)  # noqa: F821
+                gpts[name].add_batch(inp[0].data, out.data)
             return tmp
 
         handles = []
