@@ -214,6 +214,7 @@ the CUDA context and the caching allocator's slack come on top and are not proje
 def render(args) -> None:
     from auditor.analysis.ranks.projection import HeldOutRow, ProjectedWorld, held_out_findings, rank_projection
     from auditor.renderers import rank_projection_markdown as md
+    from auditor.report_models.rank_retention import rank_retention, retention_sweep
     run_dir = Path(args.run_dir)
     lines = ["# Per-rank projection of sharded GradProbe (FSDP2) at target world sizes", "",
              "<!-- made by: " + shlex.join(["benchmarks/rank_projection.py", *sys.argv[1:]]) + " -->", "",
@@ -244,10 +245,10 @@ def render(args) -> None:
                   f"`{v['command']}` ({v['seconds']:.0f} s, load average {v['load_average']})", ""]
     retention = run_dir / "rss-retention.json"
     if retention.is_file():
-        lines += [*md.retention_section(json.loads(retention.read_text())), ""]
+        lines += [*md.retention_section(rank_retention(json.loads(retention.read_text()))), ""]
     sweeps = sorted(run_dir.glob("rss-sweep*.json"), key=lambda p: (len(p.name), p.name))  # then -2, -3...
     if sweeps:
-        lines += [*md.sweep_section([json.loads(path.read_text()) for path in sweeps]), ""]
+        lines += [*md.sweep_section(retention_sweep([json.loads(path.read_text()) for path in sweeps])), ""]
     for path in sorted(run_dir.glob("projection-*.json"), key=lambda p: (FIXED_SUFFIX in p.name, p.name)):
         p = json.loads(path.read_text())
         fixed = p.get("malloc") == "fixed"

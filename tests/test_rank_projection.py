@@ -248,13 +248,14 @@ def test_the_held_out_findings_say_which_malloc_the_ranks_ran_with():
 
 def test_the_retention_section_says_when_the_same_run_varies_more_than_the_target():
     from auditor.renderers.rank_projection_markdown import _repeatability
+    from auditor.report_models.rank_retention import repeatability
     MiB = 2**20
     default = {"runs": 3, "beyond_range": [500 * MiB, 543 * MiB], "rss": 650 * MiB}
     fixed = {"runs": 3, "beyond_range": [376 * MiB, 377 * MiB], "rss": 520 * MiB}
-    text = _repeatability(default, fixed)[0]
+    text = _repeatability(repeatability(default, fixed))[0]
     assert "spread over 43.0 MiB with the default malloc (6.6% of its peak RSS)" in text
     assert "varies by more than the 5%" in text
-    assert "varies" not in _repeatability({**default, "beyond_range": [500 * MiB, 520 * MiB]}, fixed)[0]
+    assert "varies" not in _repeatability(repeatability({**default, "beyond_range": [500 * MiB, 520 * MiB]}, fixed))[0]
 
 
 def test_the_benchmark_refuses_a_run_folder_holding_another_run_before_any_work(tmp_path):

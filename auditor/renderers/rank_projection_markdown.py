@@ -15,6 +15,7 @@ from auditor.analysis.ranks.projection import (
 )
 from auditor.facts.allocator_retention import HEAP_KEEPS_AT_MOST
 from auditor.facts.units import size
+from auditor.report_models.rank_retention import RankRetention, Repeatability, RetentionSweep
 
 BASIS = ("Basis: *live tensors* are the traced run's (rank r of N on torch's fake process group, "
          "FakeTensorMode at the target's shapes): exact but for the bytes resting on data-dependent "
@@ -139,35 +140,22 @@ def validation_findings(found: HeldOutFindings) -> list[str]:
             bound]
 
 
-def retention_section(data: dict) -> list[str]:
+def retention_section(retention: RankRetention) -> list[str]:
     """benchmarks/rank_rss_retention.py's rows: the real rank's RSS beyond live tensors, and glibc's
     account of its malloc arenas, at both sizes, with the default malloc and a fixed threshold."""
     lines = ["| size | malloc | gradient pass at peak | peak RSS | live tensors | RSS beyond them (range over the "
              "runs) | main arena: held / free | other threads' arenas: held / free | mmapped |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
-    for r in data["rows"]:
-        main, others = r["arenas"][0], r["arenas"][1:]
-        low, high = r["beyond_range"]
-        lines.append(f"| {r['size']} | {r['malloc']} | `{r['stage']}` | {size(r['rss'])} | {size(r['live'])} | "
-                     f"{size(r['rss'] - r['live'])} ({size(low)} to {size(high)}) | "
-                     f"{size(main['current'])} / {size(main['free'])} | "
-                     f"{size(sum(a['current'] for a in others))} / {size(sum(a['free'] for a in others))} | "
-                     f"{size(r['mmapped'])} |")
-    by = {(r["size"], r["malloc"]): r for r in data["rows"]}
-    fixed = next(m for (_, m) in by if m != "default")
-
-    def beyond(size_name: str, malloc: str) -> int:
-        row = by[(size_name, malloc)]
-        return row["rss"] - row["live"]
-
-    def main_free(size_name: str) -> int:
-        return by[(size_name, "default")]["arenas"][0]["free"]
-
-    def others_held(size_name: str) -> int:
-        return sum(a["current"] for a in by[(size_name, "default")]["arenas"][1:])
-
+    for r in retention.rows:
+        low, high = r.beyond_range
+        lines.append(f"| {r.size} | {r.malloc} | `{r.stage}` | {size(r.rss)} | {size(r.live)} | "
+                     f"{size(r.beyond)} ({size(low)} to {size(high)}) | "
+                     f"{size(r.main_held)} / {size(r.main_free)} | "
+                     f"{size(r.others_held)} / {size(r.others_free)} | "
+                     f"{size(r.mmapped)} |")
+    fixed = retention.fixed
     return ["## Where the missing RSS is", "",
-            f"Rank 0 of the held-out check's 2-rank run, {data['rows'][0]['runs']} runs of each: at the small and "
+            f"Rank 0 of the held-out check's 2-rank run, {retention.runs} runs of each: at the small and "
             "the held-out size, with glibc's default "
             f"malloc and with its mmap threshold fixed (*{fixed}*: MALLOC_MMAP_THRESHOLD_=131072, which also "
             "stops it from following the blocks freed). Arenas are glibc's `malloc_info` after the prune: "
@@ -175,12 +163,12 @@ def retention_section(data: dict) -> list[str]:
             "is the main thread's (the program's tensors and objects), the others are other threads' (gloo's "
             "workers). Each row is the run of median peak RSS.", "", *lines, "",
             f"- From the small to the held-out size, RSS beyond live tensors grew by "
-            f"{size(beyond('held-out', 'default') - beyond('small', 'default'))} with the default malloc and by "
-            f"{size(beyond('held-out', fixed) - beyond('small', fixed))} with the threshold fixed.",
-            *_repeatability(by["held-out", "default"], by["held-out", fixed]),
-            f"- The main arena held {size(main_free('held-out'))} free at the held-out size "
-            f"({size(main_free('small'))} at the small one); the other threads' arenas, gloo's included, held "
-            f"{size(others_held('held-out'))} in all ({size(others_held('small'))}).",
+            f"{size(retention.growth_default)} with the default malloc and by "
+            f"{size(retention.growth_fixed)} with the threshold fixed.",
+            *_repeatability(retention.repeatability),
+            f"- The main arena held {size(retention.main_free['held-out'])} free at the held-out size "
+            f"({size(retention.main_free['small'])} at the small one); the other threads' arenas, gloo's included, "
+            f"held {size(retention.others_held['held-out'])} in all ({size(retention.others_held['small'])}).",
             "- So the gap is the main thread's heap: once the threshold has risen to the size of the blocks "
             "freed, gathered layers and gradients come from the heap, and the space they leave is kept. The "
             "projection's retention growth (auditor.facts.allocator_retention: 1.5 x threads x the threshold's rise, "
@@ -189,78 +177,59 @@ def retention_section(data: dict) -> list[str]:
             "how much the heap served (*heap may keep*, from the sweep below). With the threshold fixed in every "
             "rank there is little to model, and the projection holds (the held-out check with the threshold "
             "fixed, above, where the report has one).", "",
-            f"`{data['command']}`"]
+            f"`{retention.command}`"]
 
 
-def _repeatability(default: dict, fixed: dict) -> list[str]:
+def _repeatability(r: Repeatability) -> list[str]:
     """How far the same rank's RSS spread over repeated runs, with each malloc, against the RSS target."""
-    def spread(row: dict) -> tuple[int, float]:
-        low, high = row["beyond_range"]
-        return high - low, (high - low) / row["rss"]
-    (wide, share), (narrow, fixed_share) = spread(default), spread(fixed)
     verdict = (f" Under glibc's default the same run varies by more than the {RSS_LIMIT:.0%} the projection is "
-               "held to; with the threshold fixed it does not." if share > RSS_LIMIT >= fixed_share else "")
-    return [f"- The same rank run {default['runs']} times at the held-out size: its RSS beyond live tensors spread "
-            f"over {size(wide)} with the default malloc ({share:.1%} of its peak RSS) and over {size(narrow)} with "
-            f"the threshold fixed ({fixed_share:.1%}).{verdict}"]
+               "held to; with the threshold fixed it does not." if r.beyond_target else "")
+    return [f"- The same rank run {r.runs} times at the held-out size: its RSS beyond live tensors spread "
+            f"over {size(r.default_spread)} with the default malloc ({r.default_share:.1%} of its peak RSS) and over "
+            f"{size(r.fixed_spread)} with the threshold fixed ({r.fixed_share:.1%}).{verdict}"]
 
 
-def sweep_section(runs: list[dict]) -> list[str]:
+def sweep_section(sweep: RetentionSweep) -> list[str]:
     """benchmarks/rank_rss_retention.py --sweep's rows, of one or more runs of it: rank 0's RSS
     beyond live tensors after sharding and at the prune's peak, size by size, with each malloc."""
-    rows = [{**row, "run": n} for n, data in enumerate(runs, 1) for row in data["rows"]]
     lines = ["| run | hidden | ranks | malloc | mmap threshold after the prune | prune: peak live tensors | peak RSS | "
              "RSS beyond live tensors: after sharding | at the prune's peak | the prune added | "
              "added / live tensors | heap high water | added beyond the fixed run / heap high water |",
              "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-
-    def grown(row: dict) -> int:  # what the prune added beyond its live tensors
-        return row["rss"] - row["live"] - row["beyond_after_sharding"]
-
-    fixed_run = {(r["run"], r["hidden"], r["ranks"]): r for r in rows if r["malloc"] != "default"}
-
-    def kept(row: dict) -> float | None:  # what the default kept beyond the fixed run, per heap byte
-        other, water = fixed_run.get((row["run"], row["hidden"], row["ranks"])), row.get("heap_high_water")
-        if row["malloc"] != "default" or other is None or not water:
-            return None
-        return (grown(row) - grown(other)) / water
-
-    added: dict[str, list[tuple[int, float]]] = {}
-    for r in rows:
-        beyond, ratio, water = r["rss"] - r["live"], kept(r), r.get("heap_high_water")
-        added.setdefault(r["malloc"], []).append((grown(r), grown(r) / r["live"]))
-        lines.append(f"| {r['run']} | {r['hidden']} | {r['ranks']} | {r['malloc']} | {size(r['threshold'])} | "
-                     f"{size(r['live'])} | "
-                     f"{size(r['rss'])} | {size(r['beyond_after_sharding'])} | {size(beyond)} | {size(grown(r))} | "
-                     f"{grown(r) / r['live']:.2f} | {size(water) if water is not None else 'not kept'} | "
-                     f"{'-' if ratio is None else f'{ratio:.2f}'} |")
-    said = [f"- {malloc}: the prune added {size(min(g for g, _ in found))} to {size(max(g for g, _ in found))} "
-            f"beyond its live tensors, {min(x for _, x in found):.2f} to {max(x for _, x in found):.2f} times them."
-            for malloc, found in added.items()]
-    ratios = [x for x in map(kept, rows) if x is not None]
-    if ratios:
-        said.append(f"- The default malloc kept {min(ratios):.2f} to {max(ratios):.2f} times its heap high water more "
+    for r in sweep.rows:
+        water = r.heap_high_water
+        lines.append(f"| {r.run} | {r.hidden} | {r.ranks} | {r.malloc} | {size(r.threshold)} | "
+                     f"{size(r.live)} | "
+                     f"{size(r.rss)} | {size(r.beyond_after_sharding)} | {size(r.beyond)} | {size(r.added)} | "
+                     f"{r.added_share:.2f} | {size(water) if water is not None else 'not kept'} | "
+                     f"{'-' if r.kept is None else f'{r.kept:.2f}'} |")
+    said = [f"- {a.malloc}: the prune added {size(a.least)} to {size(a.most)} "
+            f"beyond its live tensors, {a.least_share:.2f} to {a.most_share:.2f} times them."
+            for a in sweep.added]
+    if sweep.kept is not None:
+        least, most_kept = sweep.kept
+        said.append(f"- The default malloc kept {least:.2f} to {most_kept:.2f} times its heap high water more "
                     "than the same run with the threshold fixed (its high water: the most bytes of tensors below "
                     "the threshold alive at once, from the live-tensor meter). The projection takes "
                     f"{HEAP_KEEPS_AT_MOST} times the high water's growth as what glibc's heap may keep beyond it"
-                    + ("" if max(ratios) <= HEAP_KEEPS_AT_MOST else
-                       f" (**below the {max(ratios):.2f} measured here**)") + ".")
-    most = max((r for r in rows if r["malloc"] == "default"), key=grown, default=None)
-    largest = max(r["hidden"] for r in rows)
-    if most is not None and most["hidden"] != largest:
-        said.append(f"- With the default malloc the prune added most at hidden {most['hidden']} on {most['ranks']} "
-                    f"ranks in run {most['run']} (threshold {size(most['threshold'])}; "
-                    f"the sweep's largest size is hidden {largest}), "
+                    + ("" if most_kept <= HEAP_KEEPS_AT_MOST else
+                       f" (**below the {most_kept:.2f} measured here**)") + ".")
+    most = sweep.most_below_largest
+    if most is not None:
+        said.append(f"- With the default malloc the prune added most at hidden {most.hidden} on {most.ranks} "
+                    f"ranks in run {most.run} (threshold {size(most.threshold)}; "
+                    f"the sweep's largest size is hidden {sweep.largest}), "
                     "so what is added follows how glibc's threshold meets the program's block sizes, not the size "
                     "alone.")
-    each = "once" if len(runs) == 1 else f"in {len(runs)} runs of the sweep, once in each"
+    commands = sweep.commands
+    each = "once" if len(commands) == 1 else f"in {len(commands)} runs of the sweep, once in each"
     return ["### RSS beyond live tensors, size by size", "",
             "Rank 0 of a real run at five sizes from the small (hidden 128) to the held-out one (hidden 512), "
             f"{each}: its RSS beyond live tensors when `shard model` ended and at the prune's peak. What the "
             "prune adds beyond its tensors is what a projection has to carry from the audited size to the "
             "target.", "", *lines, "", *said, "",
-            *([f"`{runs[0]['command']}`"] if len(runs) == 1 else
-              [f"- run {n}: `{data['command']}`" for n, data in enumerate(runs, 1)])]
+            *([f"`{commands[0]}`"] if len(commands) == 1 else
+              [f"- run {n}: `{command}`" for n, command in enumerate(commands, 1)])]
 
 
 def validation_table(rows: list[HeldOutRow]) -> list[str]:
