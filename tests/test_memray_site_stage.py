@@ -77,6 +77,25 @@ def test_plumbing_frames_recorded_in_another_checkout_pass_through_too():
     assert not allocation_sites.passes_through("__torch_dispatch__", "/elsewhere/my_auditor/probes/live_tensors.py")
 
 
+def test_plumbing_frames_pass_through_where_the_modules_live_now():
+    """The auditor's modules moved into capture/ (issue 29): frames recorded at the new places
+    pass through as those at the old places (committed records) still do."""
+    here = memray_trace.AUDITOR
+    assert allocation_sites.passes_through("__torch_dispatch__", here + "capture/probes/live_tensors.py")
+    assert allocation_sites.passes_through("__torch_dispatch__", here + "capture/tracing/data_dependent.py")
+    assert allocation_sites.passes_through("dispatch", here + "capture/tracing/dispatch_mode.py")
+    assert allocation_sites.passes_through("staged_call", here + "capture/staging/targets.py")
+    assert allocation_sites.passes_through("staged", here + "capture/stage.py")
+    assert not allocation_sites.passes_through("take", here + "capture/census/take.py")
+    from auditor.capture import stage
+    from auditor.capture.probes import live_tensors
+    from auditor.capture.staging import targets
+    from auditor.capture.tracing import data_dependent, dispatch_mode
+    for module in (live_tensors, data_dependent, dispatch_mode, targets, stage):  # the places are real
+        assert allocation_sites._in_package(module.__file__, {**allocation_sites._DISPATCH_MODES,
+                                                              **allocation_sites._WRAPPERS})
+
+
 def test_the_stage_at_a_time_is_the_innermost_open():
     stages = [{"id": 1, "path": "prune", "parent": None, "start_s": 0.0, "end_s": 10.0},
               {"id": 2, "path": "prune/layer#1", "parent": 1, "start_s": 1.0, "end_s": 4.0},

@@ -118,14 +118,25 @@ _PLUMBING = tuple(os.path.join("torch", *parts) for parts in (
     ("_ops.py",), ("_compile.py",), ("_dynamo", ""), ("nn", "modules", "module.py"), ("utils", "_contextlib.py"),
     ("utils", "_python_dispatch.py")))
 # The auditor's own files by their place in the package, not by this checkout's absolute path:
-# a report re-made from a record elsewhere (a fresh clone) must drop the same frames.
-_METER = os.path.join("auditor", "probes", "live_tensors.py")
+# a report re-made from a record elsewhere (a fresh clone) must drop the same frames. Records
+# made before the modules moved into a folder per floor name them at their old places, listed
+# second.
+def _at(*parts: str) -> str:
+    return os.path.join("auditor", *parts)
+
+
 # Dispatch modes an operator passes through on its way to the allocator (file -> the frame's
-# function): the live-tensor meter, the recorder of data-dependent sizes (auditor.capture.tracing.data_dependent)
-# in real runs, and the wrapper every such mode is called through (auditor.capture.tracing.dispatch_mode).
-_DISPATCH_MODES = {_METER: "__torch_dispatch__", os.path.join("auditor", "data_dependent.py"): "__torch_dispatch__",
-                   os.path.join("auditor", "dispatch_mode.py"): "dispatch"}
-_WRAPPERS = {os.path.join("auditor", "targets.py"): "staged_call", os.path.join("auditor", "stage.py"): "staged"}
+# function): the live-tensor meter, the recorder of data-dependent sizes
+# (auditor.capture.tracing.data_dependent) in real runs, and the wrapper every such mode is
+# called through (auditor.capture.tracing.dispatch_mode).
+_DISPATCH_MODES = {_at("capture", "probes", "live_tensors.py"): "__torch_dispatch__",
+                   _at("capture", "tracing", "data_dependent.py"): "__torch_dispatch__",
+                   _at("capture", "tracing", "dispatch_mode.py"): "dispatch",
+                   _at("probes", "live_tensors.py"): "__torch_dispatch__",
+                   _at("data_dependent.py"): "__torch_dispatch__",
+                   _at("dispatch_mode.py"): "dispatch"}
+_WRAPPERS = {_at("capture", "staging", "targets.py"): "staged_call", _at("capture", "stage.py"): "staged",
+             _at("targets.py"): "staged_call", _at("stage.py"): "staged"}
 
 
 def _in_package(filename: str, paths) -> str | None:
