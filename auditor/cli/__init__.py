@@ -23,12 +23,13 @@ import importlib
 import os
 import sys
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
-from architectures.options import HelpFormatter, epilog, examples, installed_version  # noqa: F401 (the commands' shared help)
+# the commands' shared help, taken from here
+from architectures.options import HelpFormatter, epilog, examples, installed_version  # noqa: F401
 
-SUBCOMMANDS = ["run", "gradprobe", "train_step", "report", "rebuild", "compare", "validate_projection", "project_ranks", "export"]
+SUBCOMMANDS = ["run", "gradprobe", "train_step", "report", "rebuild", "compare", "validate_projection", "project_ranks",
+               "export"]
 
 
 class UsageError(Exception):
@@ -75,6 +76,7 @@ def check_file_writable(output, where: str) -> None:
 class _Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)  # an abbreviation would take the script's options
+        kwargs.setdefault("formatter_class", HelpFormatter)  # every command's help written one way
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):
@@ -224,7 +226,7 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
     commands = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
     at = next((i for i, token in enumerate(argv) if not token.startswith("-")), None)
     sub = commands.get(argv[at]) if at is not None else None
-    if sub is None or not hasattr(sub, "program_options"):
+    if at is None or sub is None or not hasattr(sub, "program_options"):
         return parser.parse_args(argv)
     own, program = split_program(sub, argv[at + 1:])
     args = parser.parse_args([*argv[:at + 1], *own])
@@ -252,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     BAD_INPUT, INTERRUPTED]))
     parser.add_argument("--version", action="version", version=f"auditor {installed_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
-                                       parser_class=partial(_Parser, formatter_class=HelpFormatter))
+                                       parser_class=_Parser)
     for name in SUBCOMMANDS:
         importlib.import_module(f"auditor.cli.{name}").register(subparsers)
     return parser

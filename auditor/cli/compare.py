@@ -18,14 +18,19 @@ or the report cannot be written); 2 for mistakes in what was typed, found before
 """
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 import shutil
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from auditor.cli import BAD_INPUT, UsageError, add_output_argument, add_run_dir_argument, check_writable_report, epilog
 from auditor.record.run_folder import EVENTS_FILE, RUN_FILE
+
+if TYPE_CHECKING:
+    from auditor.comparison import Side
 
 GRADPROBE_USAGE_STATUS = 2  # the gradprobe CLI's status for a mistake in its arguments
 
@@ -74,6 +79,7 @@ def register(subparsers) -> None:
 def main(args) -> int:
     from auditor.comparison import Comparison, ComparisonRecordError, RunFailed, run_comparison
     from auditor.renderers import terminal
+    from auditor.report_models.comparison import finished_run
     if args.from_record:
         if (args.baseline or args.baseline_cmd or args.variant or args.variant_cmd or args.common or args.tolerance
                 or args.run_dir or args.require_result):
@@ -98,7 +104,7 @@ def main(args) -> int:
     try:
         comparison = run_comparison(baseline, variants, args.repeats, require_result=args.require_result,
                                     command=shlex.join(args.command_line), keep_runs=args.run_dir,
-                                    on_run=lambda run: terminal.comparison_run(console, run, total))
+                                    on_run=lambda run: terminal.comparison_run(console, finished_run(run), total))
     except RunFailed as failure:
         if failure.side.name in gradprobe_names and failure.exit_status == GRADPROBE_USAGE_STATUS:
             lines = failure.stderr_tail.strip().splitlines()
@@ -115,7 +121,7 @@ def main(args) -> int:
 
 # -- what was typed ----------------------------------------------------------------------------
 
-def _sides(args):
+def _sides(args: argparse.Namespace) -> tuple[Side, list[Side], set[str]]:
     from auditor.comparison import Side, Tolerance
     from auditor.jobs.gradprobe_sides import check_arguments, gradprobe_side, known_variants
     if args.baseline and args.baseline_cmd:
@@ -157,7 +163,8 @@ def _sides(args):
         return side
 
     if args.baseline_cmd:
-        baseline = command_side(*args.baseline_cmd, "--baseline-cmd")
+        name, text = args.baseline_cmd  # nargs=2
+        baseline = command_side(name, text, "--baseline-cmd")
     else:
         baseline = named_side(args.baseline or "baseline")
     variants = [named_side(name) for name in args.variant]

@@ -73,7 +73,8 @@ def check_output(out: Path, run: Path) -> None:
         raise UsageError(f"output {str(out)!r} is a folder; give a file name such as {str(out / name)!r}")
     instead = str(out.with_name(name))
     if out.exists() and run.exists() and out.samefile(run):
-        raise UsageError(f"output {str(out)!r} is the run record being exported; give another file, such as {instead!r}")
+        raise UsageError(f"output {str(out)!r} is the run record being exported; give another file, "
+                         f"such as {instead!r}")
     # `auditor report` and rebuild take these names for a run record: a trace there would
     # replace one, or pass for one.
     if out.name in (RUN_FILE, EVENTS_FILE):

@@ -124,9 +124,9 @@ def main(args) -> int:
             raise UsageError(str(error)) from None
         worker_options = {key: audit.options[key] for key in ("memray", "tracemalloc", "census", "live_tensors",
                                                               "cuda_history", "torch_profiler")}
-        with _one_line_warnings(console), model_from:  # patched before the stages wrap it
-            with carry_into_spawn(audit, worker_options, args.label) as spawns:
-                status = _run_script(audit, program, program_args, filename, lines.close)
+        # the model's builder patched before the stages wrap it
+        with _one_line_warnings(console), model_from, carry_into_spawn(audit, worker_options, args.label) as spawns:
+            status = _run_script(audit, program, program_args, filename, lines.close)
     finally:
         sys.path[:], sys.argv = saved_path, saved_argv
     record = _typed_record(console, audit)
@@ -170,10 +170,8 @@ def _typed_record(console, audit) -> RunRecord | None:
     try:
         return RunRecord.from_json(audit.record, str(audit.run_json))
     except RunRecordError as error:
-        try:
+        with contextlib.suppress(OSError, ValueError):  # the script closed stderr
             console.print(f"auditor: warning: {error}", markup=False, soft_wrap=True)
-        except (OSError, ValueError):  # the script closed stderr
-            pass
         return None
 
 
@@ -254,18 +252,19 @@ def _run_script(audit, program: Main, program_args: list[str], filename: str, li
     except OSError as error:  # the folder broke between the checks and now
         raise UsageError(f"cannot write the run record in {str(audit.folder)!r}: "
                          f"{error.strerror or error}") from None
-    error, cwd, sigterm = None, os.getcwd(), _Sigterm()
+    ended: BaseException | None = None
+    cwd, sigterm = os.getcwd(), _Sigterm()
     try:
         with sigterm.interrupting():
             program.run(program_args)
     except BaseException as raised:  # the script's own ending: the record says how it ended
-        error = raised
+        ended = raised
     finally:
         with sigterm.deferred():
             os.chdir(cwd)  # a script that changed folder: the paths the user gave mean what they did
-            audit.__exit__(type(error) if error else None, error, error.__traceback__ if error else None)
+            audit.__exit__(type(ended) if ended else None, ended, ended.__traceback__ if ended else None)
             _quietly(lines_done)
-    return _status(error, filename)
+    return _status(ended, filename)
 
 
 def _status(error: BaseException | None, filename: str) -> int:
@@ -386,10 +385,8 @@ def _without_auditor_frames(tb):
 # -- what the user sees ------------------------------------------------------------------
 
 def _quietly(show) -> None:
-    try:
+    with contextlib.suppress(OSError, ValueError):  # the script closed stderr: nowhere left to print
         show()
-    except (OSError, ValueError):  # the script closed stderr: nowhere left to print
-        pass
 
 
 @contextlib.contextmanager

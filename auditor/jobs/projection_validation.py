@@ -62,7 +62,10 @@ def validate(small: Settings, target: str, target_overrides: dict, folder: Path,
 
     folder = Path(folder)
     held_out = replace(small, architecture=target, overrides=dict(target_overrides))
-    memory = (lambda: available) if available is not None else available_memory  # read when checked
+    given = available
+
+    def memory() -> int:  # read when checked
+        return given if given is not None else available_memory()
     target_parameters = architectures.count_parameters(target, **target_overrides)
     check_fits(_label(held_out), 4 * target_parameters, memory(), margin,
                "its fp32 weights alone, before any run")

@@ -181,17 +181,18 @@ def _main(plan: Plan, folder: Path) -> None:
     target = plan.target
     if program.main() is not None:  # its own functions may be named (auditor.capture.staging.main_script)
         program.main().declare()
-    with _as_rank(plan), ModelFrom(plan.model_from, target, plan.observed):  # before the stages wrap it
-        with Audit(folder, plan.name, census=True, live_tensors=True, traced=plan.traced,
-                   stage_targets=plan.stages, stage_label=label, command=shlex_join(program),
-                   record_sizes=not plan.traced,
-                   observed_sizes=plan.data_dependent_sizes if plan.traced else None,
-                   estimate_sizes=plan.estimate_sizes) as audit:
-            if target is not None:
-                audit.annotate("workload", {"architecture": target.architecture,
-                                            "overrides": target.overrides, "dtype": target.dtype,
-                                            "model_from": plan.model_from})
-            program.run()
+    # the rank joined and the model's builder patched before the stages wrap it (each entered in turn)
+    with (_as_rank(plan), ModelFrom(plan.model_from, target, plan.observed),
+          Audit(folder, plan.name, census=True, live_tensors=True, traced=plan.traced,
+                stage_targets=plan.stages, stage_label=label, command=shlex_join(program),
+                record_sizes=not plan.traced,
+                observed_sizes=plan.data_dependent_sizes if plan.traced else None,
+                estimate_sizes=plan.estimate_sizes) as audit):
+        if target is not None:
+            audit.annotate("workload", {"architecture": target.architecture,
+                                        "overrides": target.overrides, "dtype": target.dtype,
+                                        "model_from": plan.model_from})
+        program.run()
 
 
 @contextlib.contextmanager
