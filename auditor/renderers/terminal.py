@@ -32,7 +32,7 @@ from auditor.facts.units import mib_or_gib as mib
 from auditor.facts.units import signed_mib_or_gib as signed_mib
 
 if TYPE_CHECKING:
-    from auditor.report_models.comparison import ComparisonReport, Spread
+    from auditor.report_models.comparison import ComparisonReport, Run, Spread
     from auditor.report_models.terminal import ProjectionSummary, RunSummary, StageEnd, StageTally, SummaryRow
     from auditor.report_models.validation import ValidationReport
 
@@ -273,16 +273,11 @@ def _line(out: Console, text: str) -> None:
 
 # -- auditor compare -----------------------------------------------------------------------
 
-def comparison_run(out: Console, run: dict, total: int) -> None:
-    """A run of the comparison as it ends (an entry of the comparison record's `runs`)."""
-    result = run.get("result")
-    agreement = ("no result" if not result else
-                 "reference result" if run["order"] == 1 else
-                 f"{result['differing_elements']:,} elements differ" if result["differing_elements"] is not None
-                 else ("same digest" if result["same_as_reference"] else "digest differs"))
-    _line(out, f"compare: [{run['order']}/{total}] {run['side']} run {run['repeat']}: peak "
-               f"{mib(run['peak_rss'])}, loaded {mib(run.get('loaded_rss'))}, {run['wall_s']:.2f} s, {agreement} "
-               f"(load {run['load_average'][0]:.2f})")
+def comparison_run(out: Console, run: Run, total: int) -> None:
+    """A run of the comparison as it ends (auditor.report_models.comparison.finished_run)."""
+    _line(out, f"compare: [{run.order}/{total}] {run.side} run {run.repeat}: peak "
+               f"{mib(run.peak_rss)}, loaded {mib(run.loaded_rss)}, {run.wall_s:.2f} s, {run.agreement} "
+               f"(load {run.load_1min:.2f})")
 
 
 def comparison(out: Console, report: ComparisonReport) -> None:

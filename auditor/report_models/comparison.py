@@ -126,6 +126,7 @@ class Run:
     cpu_s: float | None
     digest: str | None                    # None: no result
     differing_elements: int | None
+    agreement: str                        # its result against the reference run's, in words
 
 
 @dataclass
@@ -168,7 +169,7 @@ def comparison_report(record: dict, summary: dict) -> ComparisonReport:
         setting=_setting(record, environment), sides=[_side(side, summary) for side in record["sides"]],
         variants=[_variant(v) for v in summary["variants"]],
         baseline_repeats=None if repeatable is None else Repeats(repeatable["status"], repeatable["reason"]),
-        commands=_commands(record), runs=[_run(run) for run in record["runs"]],
+        commands=_commands(record), runs=[finished_run(run) for run in record["runs"]],
         reported=_reported(record), environment=environment)
 
 
@@ -217,14 +218,19 @@ def _commands(record: dict) -> Commands:
                     reference=record["reference"])
 
 
-def _run(run: dict) -> Run:
+def finished_run(run: dict) -> Run:
+    """One entry of the comparison record's `runs` (the terminal prints each as it ends)."""
     result = run.get("result")
+    agreement = ("no result" if not result else
+                 "reference result" if run["order"] == 1 else
+                 f"{result['differing_elements']:,} elements differ" if result["differing_elements"] is not None
+                 else ("same digest" if result.get("same_as_reference") else "digest differs"))
     return Run(order=run["order"], side=run["side"], repeat=run["repeat"], started_at=run["started_at"],
                load_1min=run["load_average"][0], peak_rss=run["peak_rss"], loaded_rss=run.get("loaded_rss"),
                overhead=None if run.get("loaded_rss") is None else run["peak_rss"] - run["loaded_rss"],
                wall_s=run["wall_s"], cpu_s=run.get("cpu_s"),
                digest=result["digest"] if result else None,
-               differing_elements=result["differing_elements"] if result else None)
+               differing_elements=result["differing_elements"] if result else None, agreement=agreement)
 
 
 def _reported(record: dict) -> Reported:
