@@ -13,7 +13,6 @@ from pathlib import Path
 
 from architectures.options import (
     add_device_argument,
-    add_seed_argument,
     add_size_arguments,
     add_threads_argument,
     check_sequence_length,
@@ -28,48 +27,13 @@ from auditor.cli import (
     check_writable_report,
     epilog,
 )
+from auditor.cli.job_options import add_gradprobe_options, check_gradprobe_options, gradprobe_settings, take_defaults
 from auditor.cli.progress import StatusLine, run_reader, stage_reader
 from auditor.cli.report_name import default_report_path, defaults_of
+from auditor.jobs.settings import GradProbeSettings
 from auditor.record.schema import RunRecord
 
 DEFAULT_TARGETS = ["mistral-7b"]
-
-
-def add_settings_arguments(p) -> None:
-    """The GradProbe settings every command that runs the job takes: gradprobe's own options."""
-    from gradprobe.cli import add_pruning_arguments, add_strategy_argument, add_variant_argument
-    from gradprobe.settings import STORAGE_DTYPES
-    add_variant_argument(p)
-    add_strategy_argument(p)
-    add_pruning_arguments(p)
-    p.add_argument("--weights-dtype", choices=STORAGE_DTYPES, default="fp32",
-                   help="dtype of the weights folder a folder variant (streaming) prunes from; a 7B "
-                        "checkpoint is usually bf16")
-    add_seed_argument(p)
-
-
-def check_settings_arguments(args) -> None:
-    """ValueError (one line) for a GradProbe setting or model option of those arguments; without
-    torch, so a mistake is answered at once."""
-    from gradprobe.cli import check_pruning_arguments
-    from gradprobe.settings import FOLDER_VARIANTS, check_variant_name
-    check_variant_name(args.variant)
-    check_pruning_arguments(args)
-    if args.weights_dtype != "fp32" and args.variant not in FOLDER_VARIANTS:
-        raise ValueError(f"--weights-dtype is the dtype of a weights folder, which only "
-                         f"{', '.join(FOLDER_VARIANTS)} prunes from; variant {args.variant!r} builds its model in fp32")
-
-
-def settings_from(args, overrides: dict, device: str = "cpu"):
-    """The job's Settings from those arguments, checked: ValueError (one line) if wrong."""
-    check_settings_arguments(args)
-    from auditor.jobs.gradprobe import Settings
-    from gradprobe.settings import TORCH_DTYPES
-    return Settings(architecture=args.arch, overrides=overrides, variant=args.variant,
-                    strategy=args.strategy, device=device, sequence_length=args.seq_len,
-                    batch_size=args.batch_size, batches=args.batches, sparsity=args.sparsity,
-                    reduction=args.reduction, threshold=args.threshold, seed=args.seed,
-                    weights_dtype=TORCH_DTYPES[args.weights_dtype])
 
 
 def register(subparsers) -> None:
@@ -80,9 +44,9 @@ def register(subparsers) -> None:
                                             [(0, "done"), (1, "a calibration or traced run failed (the report "
                                                                  "holds what finished)"), BAD_INPUT,
                                              (130, "Ctrl-C (the report holds what finished)")]))
-    p.add_argument("--arch", default="tinystories-33m", help="architecture name or checkpoint folder")
+    p.add_argument("--arch", help="architecture name or checkpoint folder")
     add_size_arguments(p)
-    add_settings_arguments(p)
+    add_gradprobe_options(p)
     add_device_argument(p)
     p.add_argument("--target", action="append", dest="targets", metavar="ARCH",
                    help=f"architecture to project to (repeatable) (default: {DEFAULT_TARGETS[0]})")
@@ -94,6 +58,7 @@ def register(subparsers) -> None:
     add_run_dir_argument(p, "folder for the run record (default: a new folder under runs/)")
     add_output_argument(p, "report path (default: reports/gradprobe-ARCH.md, plus every setting that "
                            "differs from its default: -layers1-lean...)", metavar="REPORT.md")
+    take_defaults(p, GradProbeSettings)
     p.set_defaults(handler=main)
     p.set_defaults(setting_defaults=defaults_of(p))
 
@@ -113,7 +78,7 @@ def main(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     folder = Path(args.run_dir) if args.run_dir else new_run_folder(f"gradprobe-{args.arch}")
-    projections = []
+    projections: list[dict] = []
     try:
         record = _audit(args, settings, targets, folder, projections)
     except KeyboardInterrupt:
@@ -194,7 +159,7 @@ def _checked(args):
 
     targets = args.targets or DEFAULT_TARGETS
     try:
-        check_settings_arguments(args)
+        check_gradprobe_options(args)
         for i, target in enumerate(targets):
             if target in targets[:i]:
                 raise ValueError(f"--target {target} is given twice; each target is projected once")
@@ -208,7 +173,7 @@ def _checked(args):
         raise UsageError(str(error)) from None
     output = Path(args.output) if args.output is not None else _default_output(args, targets)
     check_writable_report(output, create_folder=args.output is None)
-    settings = settings_from(args, size_overrides(args), args.device)
+    settings = gradprobe_settings(args, size_overrides(args))
     output.parent.mkdir(parents=True, exist_ok=True)
     return settings, targets, output
 

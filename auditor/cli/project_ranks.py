@@ -21,7 +21,9 @@ from pathlib import Path
 
 from architectures.options import add_seed_argument, add_size_arguments, at_least, check_model_options, size_overrides
 from auditor.cli import BAD_INPUT, UsageError, add_output_argument, add_run_dir_argument, check_writable_report, epilog
+from auditor.cli.job_options import gradprobe_settings, take_defaults
 from auditor.cli.progress import StatusLine
+from auditor.jobs.settings import RANK_VARIANT, GradProbeSettings
 
 DEFAULT_WORLD_SIZES = [2, 4, 8]
 DEFAULT_DEVICE_MEMORY_GIB = [24, 40, 80]
@@ -38,7 +40,7 @@ def register(subparsers) -> None:
                                              "--target tinystories-33m   # RSS that holds for ranks run so"],
                                             [(0, "done"), (1, "a real or traced run failed"), BAD_INPUT,
                                              (130, "Ctrl-C (the runs that finished are kept)")]))
-    p.add_argument("--arch", default="tinystories-33m", help="architecture audited for real at the small size")
+    p.add_argument("--arch", help="architecture audited for real at the small size")
     add_size_arguments(p)
     p.add_argument("--target", default="mistral-7b", metavar="ARCH", help="architecture to project to")
     add_size_arguments(p, prefix="target-", scale="target: ")
@@ -54,8 +56,8 @@ def register(subparsers) -> None:
                    help="device sizes in GiB the report finds the fewest ranks for")
     add_run_dir_argument(p, "folder for every run (default: a new folder under runs/)")
     add_output_argument(p, "markdown report (default: rank-projection.md in the run folder)", metavar="REPORT.md")
-    # the one variant that runs on ranks, and the settings it takes (auditor.cli.gradprobe.settings_from)
-    p.set_defaults(handler=main, variant="sharded", strategy="magnitude", weights_dtype="fp32")
+    take_defaults(p, GradProbeSettings)
+    p.set_defaults(handler=main, variant=RANK_VARIANT)  # the one variant that runs on ranks
 
 
 def main(args) -> int:
@@ -97,9 +99,8 @@ def _checked(args):
     """The small and the target settings, every argument checked before any work (one line, exit 2)."""
     from dataclasses import replace
 
-    from auditor.cli.gradprobe import settings_from
     try:
-        small = settings_from(args, size_overrides(args))
+        small = gradprobe_settings(args, size_overrides(args))
         check_model_options(args, "target", prefix="target-")
         at_least(args.ranks, 1, "--ranks")
         for world in args.world_size:

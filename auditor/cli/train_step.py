@@ -12,6 +12,7 @@ report holds what finished).
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 
 from architectures.activation_size import PRECISIONS
@@ -35,9 +36,11 @@ from auditor.cli import (
     check_writable_report,
     epilog,
 )
+from auditor.cli.job_options import TRAIN_STEP_DEFAULTS, settings_from, take_defaults
 from auditor.cli.progress import StatusLine
 from auditor.cli.report_name import default_report_path, defaults_of
 from auditor.jobs.optimizer_state import OPTIMIZERS
+from auditor.jobs.settings import TrainStepSettings
 
 
 def register(subparsers) -> None:
@@ -51,7 +54,7 @@ def register(subparsers) -> None:
                                              (2, BAD_INPUT[1] + "; also a --run-dir already holding a "
                                                  "configuration's folder"),
                                              (130, "Ctrl-C (the report holds what finished)")]))
-    p.add_argument("--arch", nargs="+", default=["tinystories-33m"], metavar="ARCH",
+    p.add_argument("--arch", nargs="+", metavar="ARCH",
                    help="architecture names or local checkpoint folders")
     add_size_arguments(p)
     add_sequence_arguments(p, many=True)
@@ -59,10 +62,10 @@ def register(subparsers) -> None:
                    help=f"precision modes to sweep: {', '.join(PRECISIONS)} (amp-*: autocast over fp32 "
                         "weights; bf16/fp16: the whole model, gradients and optimizer state in it)")
     p.add_argument("--amp", choices=("bf16", "fp16"), help="autocast: the same as --precision amp-DTYPE")
-    p.add_argument("--accumulation", type=int, default=1, metavar="N", help="micro-batches per optimizer step")
-    p.add_argument("--steps", type=int, default=6, metavar="N", help="optimizer steps")
-    p.add_argument("--optimizer", default="adamw", metavar="NAME", help=f"one of {', '.join(OPTIMIZERS)}")
-    p.add_argument("--lr", type=finite_float, default=1e-4, metavar="RATE", help="learning rate (> 0)")
+    p.add_argument("--accumulation", type=int, metavar="N", help="micro-batches per optimizer step")
+    p.add_argument("--steps", type=int, metavar="N", help="optimizer steps")
+    p.add_argument("--optimizer", metavar="NAME", help=f"one of {', '.join(OPTIMIZERS)}")
+    p.add_argument("--lr", type=finite_float, metavar="RATE", help="learning rate (> 0)")
     add_seed_argument(p)
     add_device_argument(p)
     add_memray_switch(p)  # on CPU only
@@ -70,6 +73,7 @@ def register(subparsers) -> None:
                             "it already holds a folder of a configuration swept: a run folder is never reused")
     add_output_argument(p, "report path (default: reports/train-step-ARCH.md, plus every setting that "
                            "differs from its default: -seq-len512-sgd...)", metavar="REPORT.md")
+    take_defaults(p, TrainStepSettings)
     p.set_defaults(handler=main)
     p.set_defaults(setting_defaults=defaults_of(p))
 
@@ -152,7 +156,7 @@ def _checked(args):
     without it is: bad input is one line, exit 2."""
     if args.amp and args.precision:
         raise UsageError("give --amp or --precision, not both (--amp bf16 is --precision amp-bf16)")
-    precisions = [f"amp-{args.amp}"] if args.amp else (args.precision or ["fp32"])
+    precisions = [f"amp-{args.amp}"] if args.amp else (args.precision or [TRAIN_STEP_DEFAULTS["precision"]])
     try:
         _check_each_once(args.arch, args.seq_len, precisions)
         check_model_options(args)
@@ -169,14 +173,11 @@ def _checked(args):
     output = Path(args.output) if args.output is not None else _default_output(args, precisions)
     check_writable_report(output, create_folder=args.output is None)
 
-    from auditor.jobs.train_step import Settings, check_settings
+    from auditor.jobs.train_step import check_settings
     overrides = size_overrides(args)
-    configurations = [
-        Settings(architecture=arch, overrides=overrides, device=args.device,
-                 batch_size=args.batch_size, sequence_length=seq, accumulation=args.accumulation,
-                 steps=args.steps, optimizer=args.optimizer, precision=precision,
-                 learning_rate=args.lr, seed=args.seed)
-        for arch in args.arch for seq in args.seq_len for precision in precisions]
+    configurations = [settings_from(args, TrainStepSettings, architecture=arch, overrides=overrides,
+                                    sequence_length=seq, precision=precision)
+                      for arch in args.arch for seq in args.seq_len for precision in precisions]
     try:
         for settings in configurations:
             check_settings(settings)  # what only torch can tell: autocast on this device, CUDA
@@ -189,8 +190,9 @@ def _check_each_once(architectures: list[str], lengths: list[int], precisions: l
     """A configuration swept twice would run twice into one run folder (named by the
     architecture's folder name, the length and the precision)."""
     names = [Path(a.rstrip("/")).name or a for a in architectures]
-    for option, values, shown in (("--arch", names, architectures), ("--seq-len", lengths, lengths),
-                                  ("--precision", precisions, precisions)):
+    axes: list[tuple[str, Sequence[object], Sequence[object]]] = [
+        ("--arch", names, architectures), ("--seq-len", lengths, lengths), ("--precision", precisions, precisions)]
+    for option, values, shown in axes:  # values: as the folder names them; shown: as typed
         for i, value in enumerate(values):
             if value in values[:i]:
                 first = shown[values.index(value)]
@@ -204,7 +206,7 @@ _NOT_IN_THE_NAME = ("handler", "arch", "run_dir", "output", "amp")
 
 def _default_output(args, precisions: list[str]) -> Path:
     settings = {k: getattr(args, k) for k in args.setting_defaults if k not in _NOT_IN_THE_NAME}
-    defaults = dict(args.setting_defaults, precision=["fp32"])
+    defaults = dict(args.setting_defaults, precision=[TRAIN_STEP_DEFAULTS["precision"]])
     return default_report_path("train-step", args.arch, dict(settings, precision=precisions), defaults)
 
 

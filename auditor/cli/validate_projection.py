@@ -32,7 +32,7 @@ from auditor.cli import (
     check_writable_report,
     epilog,
 )
-from auditor.cli.gradprobe import add_settings_arguments, check_settings_arguments, settings_from
+from auditor.cli.job_options import add_gradprobe_options, check_gradprobe_options, gradprobe_settings
 
 
 def register(subparsers) -> None:
@@ -51,11 +51,11 @@ def register(subparsers) -> None:
                                              (2, BAD_INPUT[1] + "; also a held-out run whose traced peak "
                                                  "would not fit in the available memory"),
                                              (130, "Ctrl-C (the runs that finished are kept)")]))
-    p.add_argument("--arch", default="tinystories-33m", help="architecture audited at the small scale")
+    p.add_argument("--arch", help="architecture audited at the small scale")
     add_size_arguments(p, scale="small scale: ")
     p.add_argument("--target", default="tinystories-33m", metavar="ARCH", help="held-out architecture")
     add_size_arguments(p, prefix="target-", scale="held-out scale: ")
-    add_settings_arguments(p)
+    add_gradprobe_options(p)
     add_threads_argument(p)
     p.add_argument("--available", metavar="SIZE",
                    help="memory the held-out run may use, e.g. 8GiB (default: what the system has available)")
@@ -177,7 +177,7 @@ def _checked(args):
     """Every argument validated before anything runs: bad input is one line, exit 2."""
     overrides, target_overrides = size_overrides(args), size_overrides(args, "target-")
     try:
-        check_settings_arguments(args)
+        check_gradprobe_options(args)
         check_model_options(args, "target", prefix="target-")
         _size(args.margin, "--margin")
         if args.available is not None and _size(args.available, "--available") == 0:
@@ -193,7 +193,7 @@ def _checked(args):
             check_run_folder(args.run_dir)
         except ValueError as error:
             raise UsageError(str(error)) from None
-    return settings_from(args, overrides), args.target, target_overrides, output
+    return gradprobe_settings(args, overrides), args.target, target_overrides, output
 
 
 def _size(text: str, option: str) -> int:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 import auditor
 from auditor.capture.audit import Audit
+from auditor.jobs.settings import GradProbeSettings as Settings
 from auditor.record.schema import RunRecord
 
 # What each measured variant removes, in the census's component names: a finding whose
@@ -41,31 +42,13 @@ VARIANT_REMEDIES = {
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
 
 
-@dataclass
-class Settings:
-    architecture: str = "tinystories-33m"
-    overrides: dict = field(default_factory=dict)
-    variant: str = "baseline"
-    strategy: str = "magnitude"
-    device: str = "cpu"
-    sequence_length: int = 128
-    batch_size: int = 1
-    batches: int = 2
-    sparsity: float = 0.1
-    reduction: float = 0.1
-    threshold: float = 2.0
-    seed: int = 0
-    weights_dtype: str = "float32"  # of the weights folder, for a variant pruned from one (streaming)
-
-    @property
-    def tokens(self) -> int:
-        return self.sequence_length * self.batch_size
-
-
 def pruner_class(variant: str) -> type:
     from gradprobe.variants import VARIANTS
     factory = VARIANTS[variant]
-    return getattr(factory, "func", factory)  # presets are partials of the class
+    found: object = getattr(factory, "func", factory)  # presets are partials of the class
+    if not isinstance(found, type):
+        raise TypeError(f"variant {variant!r} is made by {found!r}, not by a pruner class")
+    return found
 
 
 def folder_pruner(variant: str) -> type | None:
@@ -135,6 +118,8 @@ def run_workload(settings: Settings, digest: bool = False) -> dict:
     with auditor.stage("build model"):
         model = architectures.build_model(settings.architecture, seed=settings.seed,
                                           device=settings.device, **settings.overrides)
+    from transformers import PreTrainedModel  # imported by the build: the stage above counted its import
+    assert isinstance(model, PreTrainedModel)  # a causal LM: its config gives the vocabulary
     auditor.track("model", model)
     batches = synthetic_batches(model.config.vocab_size, settings.sequence_length,
                                 settings.batch_size, settings.batches, seed=settings.seed)
@@ -172,7 +157,10 @@ def run_on_folder(settings: Settings, digest: bool = False) -> dict:
     with tempfile.TemporaryDirectory(prefix="gradprobe-weights-") as scratch:
         config = architectures.make_config(settings.architecture, **settings.overrides)
         weights = _weights_folder(settings, config, f"{scratch}/weights")
-        pruner = folder_pruner(settings.variant)(weights, settings.strategy)
+        pruner_type = folder_pruner(settings.variant)
+        if pruner_type is None:
+            raise ValueError(f"variant {settings.variant!r} prunes no weights folder")
+        pruner = pruner_type(weights, settings.strategy)
         batches = synthetic_batches(config.vocab_size, settings.sequence_length, settings.batch_size,
                                     settings.batches, seed=settings.seed)
         auditor.track("pruner", pruner, categories=pruner_categories(settings.variant))

@@ -46,9 +46,8 @@ from auditor.analysis.ranks.projection import ProjectedWorld
 from auditor.capture.audit import Audit
 from auditor.jobs import gradprobe as job
 from auditor.jobs.gradprobe import Settings
+from auditor.jobs.settings import RANK_VARIANT as VARIANT
 from auditor.record.schema import RunRecord
-
-VARIANT = "sharded"
 
 
 def rank_workload(settings: Settings) -> dict:
@@ -59,6 +58,8 @@ def rank_workload(settings: Settings) -> dict:
     from gradprobe.variants import make_pruner
     with auditor.stage("build model"):
         model = architectures.build_model(settings.architecture, seed=settings.seed, **settings.overrides)
+    from transformers import PreTrainedModel  # imported by the build: the stage above counted its import
+    assert isinstance(model, PreTrainedModel)  # a causal LM: its config gives the vocabulary
     auditor.track("model", model)
     batches = synthetic_batches(model.config.vocab_size, settings.sequence_length, settings.batch_size,
                                 settings.batches, seed=settings.seed)

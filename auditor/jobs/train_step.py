@@ -18,8 +18,9 @@ import json
 import sys
 import warnings
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -28,30 +29,12 @@ from architectures import activation_size
 from auditor.capture.audit import Audit
 from auditor.capture.probes.saved_tensors import SavedTensorLedger, decoder_layers
 from auditor.jobs.optimizer_state import OPTIMIZERS
+from auditor.jobs.settings import TrainStepSettings as Settings
 from auditor.record.schema import RunRecord
 
 # precision -> (weights dtype, autocast dtype or None), from the one list of precisions
 PRECISIONS = {name: (getattr(torch, weights), getattr(torch, amp) if amp else None)
               for name, (weights, amp) in activation_size.PRECISIONS.items()}
-
-
-@dataclass
-class Settings:
-    architecture: str = "tinystories-33m"
-    overrides: dict = field(default_factory=dict)
-    device: str = "cpu"
-    batch_size: int = 1
-    sequence_length: int = 128
-    accumulation: int = 1
-    steps: int = 6
-    optimizer: str = "adamw"
-    precision: str = "fp32"
-    learning_rate: float = 1e-4
-    seed: int = 0
-
-    @property
-    def label(self) -> str:
-        return f"{self.architecture} seq {self.sequence_length} {self.precision}"
 
 
 def check_settings(settings: Settings):
@@ -148,12 +131,14 @@ def run_workload(settings: Settings, run=None, on_step=None) -> dict:
         model.train()
         optimizer = make_optimizer(settings.optimizer, model.parameters(), settings.learning_rate)
         scaler = torch.amp.GradScaler(kind) if amp is torch.float16 else None
+    from transformers import PreTrainedModel  # imported by the build: the stage above counted its import
+    assert isinstance(model, PreTrainedModel)  # a causal LM: its config gives the vocabulary
     vocab = model.config.vocab_size
     with auditor.stage("forward only"), torch.no_grad(), autocast():
         model(input_ids=micro_batch(settings, vocab, 0))  # inference: nothing saved
     ledger = SavedTensorLedger(model, decoder_layers(model))
-    measured = {"saved_tensors": [], "parameters": unique_bytes(model.parameters()),
-                "buffers": unique_bytes(model.buffers())}
+    measured: dict[str, Any] = {"saved_tensors": [], "parameters": unique_bytes(model.parameters()),
+                                "buffers": unique_bytes(model.buffers())}
     many = settings.accumulation > 1
     for step in range(1, settings.steps + 1):
         with auditor.stage(f"step {step}"):
@@ -216,6 +201,7 @@ def workload(settings: Settings, config) -> dict:
     from architectures.activation_size import residual_stream, saved_total
     kind = torch.device(settings.device).type
     shape = (config, settings.batch_size, settings.sequence_length, settings.precision)
+    calculator: dict[str, Any]
     try:
         calculator = {"residual_stream": residual_stream(*shape), "saved": saved_total(*shape, kind)}
     except ValueError as error:  # a family or setting the calculator has no formula for
