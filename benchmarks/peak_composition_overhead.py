@@ -52,7 +52,8 @@ def one_run(mode: str, args, folder: Path) -> dict:
             pruned = time.perf_counter()
             hessian.prune_with_hessians(model, samples, 0.5)
             pruned = time.perf_counter() - pruned
-            cost = audit._live.cost() if audit._live is not None else None
+            live = audit._probe_set.live
+            cost = live.cost() if live is not None else None
         total = time.perf_counter() - began
     finally:
         LiveTensorProbe.keeps_composition = True

@@ -114,7 +114,7 @@ def test_clear_refs_failing_mid_run_falls_back_to_sampling(tmp_path):
           auditor.Audit(tmp_path / "run") as audit):
         with auditor.stage("first"):
             pass
-        rss = audit._meters[0]
+        rss = audit._probe_set.meters[0]
         with replaced_by_dev_full(rss._fd):
             with auditor.stage("second"):  # opening it resets VmHWM: through another file
                 data = mmap.mmap(-1, 20_000_000)  # fresh pages, whatever malloc keeps
