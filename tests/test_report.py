@@ -288,11 +288,14 @@ def test_the_tensor_that_made_the_peak_is_shown(reports, built):
 
 def test_projection_columns_scaled_and_traced_side_by_side(built, tmp_path):
     from auditor.analysis.projection.scaled import project
+    from auditor.analysis.projection.traced import project_traced
     record = copy.deepcopy(built["pattern"][0])
     record.annotations["workload"] = {"architecture": "tinystories-33m", "overrides": TINY_GPT_NEO, "tokens": 32}
     scaled = project(record, "gpt-neo-125m")
     traced_run = built["pattern"][0].to_json()  # stands in for a traced run of the target (its JSON)
-    record.annotations["projections"] = [{"method": "traced", "target": "gpt-neo-125m", "record": traced_run}, scaled]
+    traced_run["workload"] = {"architecture": "gpt-neo-125m"}
+    traced = project_traced(record, RunRecord.from_json(traced_run))
+    record.annotations["projections"] = [traced, scaled]
     text = render(run_report(record))
     stage = peak_stage(record).path
     table = table_after(text, "## What was alive at the peak")  # one table, each method a column
@@ -310,7 +313,9 @@ def test_projection_columns_scaled_and_traced_side_by_side(built, tmp_path):
     summary = table_after(text, "## Summary")
     assert row(summary, "projected (scaled: gpt-neo-125m)")[1].startswith(
         "not shown: differs from the traced projection")
-    assert row(summary, "projected (traced: gpt-neo-125m)")[1].startswith("RSS not projected")
+    traced_peak = traced["peak"]
+    assert traced_peak is not None and traced_peak["rss"] is not None
+    assert units.size(traced_peak["rss"]) in row(summary, "projected (traced: gpt-neo-125m)")[1]
     assert "projections | none" not in text
 
 

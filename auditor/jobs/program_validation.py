@@ -51,7 +51,10 @@ def validate_program(program: Program, model_from: str, target: TargetModel, sta
     if traced.get("incomplete"):
         raise RuntimeError(f"the traced run at {target.describe()} did not finish: {traced['incomplete']}")
     now = memory()
-    check_fits(target.describe(), traced["peak"]["rss"], now, margin, "peak RSS of its traced projection")
+    peak = traced.get("peak")
+    rss = peak.get("rss") if peak else None
+    if rss is not None:  # else not projected: nothing to fit
+        check_fits(target.describe(), rss, now, margin, "peak RSS of its traced projection")
     if held_out_args is None:
         progress(f"running it for real at {target.describe()} (held out)")
         held_out = replace(plan, traced=False, name="target", threads=threads)

@@ -82,9 +82,10 @@ def validate(small: Settings, target: str, target_overrides: dict, folder: Path,
                                                       observed_sizes=sizes)
         traced = project_traced(record, tracing.result())
     available = memory()
-    if traced.get("peak"):  # an algorithm that is not projected: the weights' floor was checked
-        check_fits(_label(held_out), traced["peak"]["rss"], available, margin,
-                   "peak RSS of its traced projection")
+    peak = traced.get("peak")
+    rss = peak.get("rss") if peak else None
+    if rss is not None:  # else not projected: the weights' floor was checked
+        check_fits(_label(held_out), rss, available, margin, "peak RSS of its traced projection")
     scaled = project(record, target, target_overrides=target_overrides)
     progress(f"auditing {_label(held_out)} for real (held out)")
     real = real_audit(held_out, folder / "target", threads)

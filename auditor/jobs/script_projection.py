@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from auditor.capture.tracing.model_from import TargetModel
+from auditor.record.derived import Projection
 from auditor.record.schema import RunRecord
 
 TRACED_ENV = "AUDITOR_TRACED"
@@ -98,7 +99,7 @@ def plan_for(record: RunRecord, program: Program, model_from: str, target: Targe
                 rank=rank.rank if rank else None, world_size=rank.world_size if rank else None)
 
 
-def project_program(record: RunRecord, plan: Plan, folder: Path, timeout_s: int = 3600) -> dict:
+def project_program(record: RunRecord, plan: Plan, folder: Path, timeout_s: int = 3600) -> Projection:
     """The traced projection of the program to `plan.target`; RuntimeError (one line) when the
     traced run finished no stage."""
     from auditor.analysis.findings.child_processes import projection_caveat

@@ -42,9 +42,14 @@ class Unexplained(TypedDict, total=False):
 
 
 class RssBand(TypedDict, total=False):
+    """Where a traced projection's RSS may land (auditor.analysis.projection.rss_band)."""
     low: int
     high: int
-    basis: str
+    basis: str           # the run's peak band: its basis in a sentence
+    retained: int        # a stage's band: the audited run's retention above its least beyond tensors
+    grown: int           # that retention grown to the target
+    grown_by: float
+    grown_with: str      # "heap" or "tensors": what the growth follows
 
 
 class Miss(TypedDict, total=False):
@@ -73,12 +78,13 @@ class ProjectedStage(TypedDict, total=False):
     miss: int                # bytes its drivers leave unexplained
     unexplained: list[Unexplained]
     peak_in: str
+    rss_may_add: int | None  # ranks: what the heap may keep beyond the band (auditor.analysis.ranks.projection)
 
 
 class ProjectedPeak(TypedDict, total=False):
-    stage: str
-    rss: int
-    live_tensors: int
+    stage: str | None
+    rss: int | None
+    live_tensors: int | None
     estimated: int
     rss_band: RssBand
 
@@ -89,8 +95,8 @@ class DataDependentSite(TypedDict, total=False):
     calls: int
     input_numel: int
     output_numel: int
-    conflicts: int
-    replayed_calls: int
+    conflicts: int | None
+    replayed_calls: int | None
     ratio: float | None
     source: str | None
 
@@ -115,7 +121,7 @@ class Projection(TypedDict, total=False):
     target_overrides: dict[str, Any]
     audited: dict[str, Any]                # the audited shape's facts (auditor.analysis.projection.drivers)
     shape: dict[str, Any]                  # the target's
-    fit: dict[str, Any]                    # the calibration fit: method, tolerance, runs, drivers
+    fit: dict[str, Any] | None             # the calibration fit: method, tolerance, runs, drivers
     explained: bool
     miss: Miss
     unexplained_stages: list[str]

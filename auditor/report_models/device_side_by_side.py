@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from auditor.analysis.projection.standing import scaled_caveat
+from auditor.record import derived
 from auditor.record.schema import RunRecord
 
 # Settings that may differ between the runs compared: what the report sets side by side.
@@ -111,10 +112,11 @@ def _run(record: RunRecord, source: str, settings: dict) -> DeviceRun:
     prune = next((stage for stage in record.stages if stage.path == "prune"), None)
     result = record.annotations.get("result") or {}
     projected, caveats = {}, {}
-    for projection in record.annotations.get("projections") or []:
-        if isinstance(projection, dict) and projection.get("live_tensor_peak") is not None:
+    for projection in derived.projections(record.annotations.get("projections")):
+        peak = projection.get("live_tensor_peak")
+        if peak is not None:
             key = f"{projection.get('method')} {projection.get('target')}"
-            projected[key] = projection["live_tensor_peak"]
+            projected[key] = peak
             if scaled_caveat(projection):
                 caveats[key] = str(scaled_caveat(projection))
     return DeviceRun(

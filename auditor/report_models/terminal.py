@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from auditor.record.derived import Projection
 from auditor.record.run_folder import EVENTS_FILE, load
 from auditor.record.schema import Call, Children, RunRecord, RunRecordError, Site, Stage
 
@@ -202,7 +203,7 @@ def _duration(stage: Stage) -> float:
     return 0.0 if stage.end_s is None else stage.end_s - stage.start_s
 
 
-def projection_summary(projection: dict, folder: Path) -> ProjectionSummary:
+def projection_summary(projection: Projection, folder: Path) -> ProjectionSummary:
     """A traced run that stopped part-way gives no figure: where it failed (the stage read from
     its own record in `folder`, where that is readable)."""
     from auditor.analysis.projection.standing import stand_in, traced_failure
@@ -222,7 +223,7 @@ def _band(band) -> tuple[int, int] | None:
     return None
 
 
-def _traced_record(projection: dict, folder: Path) -> RunRecord | None:
+def _traced_record(projection: Projection, folder: Path) -> RunRecord | None:
     """The traced run's own record (its stages' statuses), None where it cannot be read."""
     traced = projection.get("run_folder")
     if not traced:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from auditor.analysis.projection.estimated_bytes import estimate_note
 from auditor.analysis.projection.validation import error, no_number
+from auditor.record import derived
 
 METHODS = ("scaled", "traced")
 
@@ -309,7 +310,7 @@ def _components(result: dict, methods: tuple[str, ...]) -> list[ComponentLine]:
 
 
 def _data_dependent(result: dict) -> DataDependent | None:
-    traced = result["projections"].get("traced") or {}
+    traced = derived.check(derived.Projection, result["projections"].get("traced") or {}, "the traced projection")
     found = (traced.get("data_dependent") or {}).get("sites") or []
     if not found:
         return None

@@ -16,6 +16,7 @@ when the lower bound peaks elsewhere, on a transient the estimates do not touch.
 from __future__ import annotations
 
 from auditor.analysis.projection.scaled import stage_keys
+from auditor.record.derived import DataDependentSite, Projection
 from auditor.record.schema import RunRecord, Stage
 
 ByKey = dict[tuple[str, int], Stage]  # stage_keys
@@ -42,7 +43,7 @@ def estimated_bytes(traced: RunRecord, lower: RunRecord) -> dict:
             "method": "traced run less the same run with every data-dependent size empty"}
 
 
-def sites(traced: RunRecord) -> list[dict]:
+def sites(traced: RunRecord) -> list[DataDependentSite]:
     """The traced run's data-dependent sites (ratio, source: observed / declared / unknown)."""
     return list((traced.annotations.get("traced") or {}).get("estimated_sizes") or [])
 
@@ -81,7 +82,7 @@ def _peak(stage: Stage) -> int:
     return (stage.live_tensors.peak if stage.live_tensors else None) or 0
 
 
-def estimate_note(projection: dict) -> str | None:
+def estimate_note(projection: Projection) -> str | None:
     """What a traced projection's peak rests on, in words: "of the peak's live tensors, 8.1 GiB
     rest on data-dependent sizes estimated from observed ratios at 3 sites; unknown (sized
     empty) at 1: `a.py:3 f` (aten::nonzero)". None for a projection without such sites."""

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from auditor.facts import units
+from auditor.record import derived
+from auditor.record.derived import Grown, Projection
 from auditor.record.schema import RunRecord
 
 TRANSIENT = "transient"   # the key of the stage's transient among its components' names
@@ -45,12 +47,11 @@ def shrinking(record: RunRecord, stage: str) -> dict[tuple[str, str], dict[str, 
     """{(target, method): {component name or TRANSIENT: why}} for the scaled projections' figures
     at `stage` that come out below what was measured here."""
     found: dict[tuple[str, str], dict[str, Why]] = {}
-    for item in record.annotations.get("projections") or []:
-        if (not isinstance(item, dict) or item.get("method", "scaled") != "scaled"
-                or not isinstance(item.get("stages"), list)):
+    for item in derived.projections(record.annotations.get("projections")):
+        if item.get("method", "scaled") != "scaled" or not item.get("stages"):
             continue
         drivers = (item.get("fit") or {}).get("drivers") or {}
-        entry = next((e for e in item["stages"] if isinstance(e, dict) and e.get("path") == stage), None)
+        entry = next((e for e in item["stages"] if e.get("path") == stage), None)
         if entry is None or not drivers:
             continue
         target = str(item.get("target", "?"))
@@ -60,15 +61,16 @@ def shrinking(record: RunRecord, stage: str) -> dict[tuple[str, str], dict[str, 
             why = _component(c, drivers, target, audited)
             if why is not None:
                 whys[name] = why
-        transient = entry.get("transient") or {}
-        if transient.get("projected") is not None and transient["projected"] < (transient.get("bytes") or 0):
+        transient: Grown = entry.get("transient") or {}
+        projected = transient.get("projected")
+        if projected is not None and projected < (transient.get("bytes") or 0):
             whys[TRANSIENT] = Why(_transient(transient, drivers, target), projected=False)
         if whys:
             found[(target, str(item.get("method", "scaled")))] = whys
     return found
 
 
-def component_why(c: dict, projection: dict, record: RunRecord) -> Why | None:
+def component_why(c: Grown, projection: Projection, record: RunRecord) -> Why | None:
     """Why one projected component (a scaled projection's stage entry) falls below its audited bytes."""
     if projection.get("method", "scaled") != "scaled":
         return None
@@ -77,7 +79,7 @@ def component_why(c: dict, projection: dict, record: RunRecord) -> Why | None:
     return _component(c, drivers, str(projection.get("target", "?")), audited)
 
 
-def _component(c: dict, drivers: dict, target: str, audited: str) -> Why | None:
+def _component(c: Grown, drivers: dict, target: str, audited: str) -> Why | None:
     projected, measured = c.get("projected"), c.get("bytes")
     if projected is None or measured is None or projected >= measured:
         return None
@@ -90,7 +92,7 @@ def _component(c: dict, drivers: dict, target: str, audited: str) -> Why | None:
     return Why(f"grows with {_shrinking_words(shares, drivers, target)}", projected=True)
 
 
-def _transient(transient: dict, drivers: dict, target: str) -> str:
+def _transient(transient: Grown, drivers: dict, target: str) -> str:
     words = _shrinking_words(transient.get("shares") or {}, drivers, target)
     return (f"the fit explains this stage's transient by {words}: "
             "it says what made it here, not what makes it at the target (a traced projection measures that)")

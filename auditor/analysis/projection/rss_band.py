@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from auditor.analysis.findings.noise_band import rss_band
 from auditor.facts import units
+from auditor.record.derived import ProjectedStage, RssBand
 from auditor.record.schema import RunRecord, Stage
 
 
@@ -61,7 +62,7 @@ class Retention:
         audited_tensors = self.tensors.get(key) or self.run_tensors
         return (max(tensor_peak / audited_tensors, 1.0) if audited_tensors else 1.0), "tensors"
 
-    def band(self, traced: Stage, tensor_peak: int, measured_beyond: int, growth_high: int) -> dict:
+    def band(self, traced: Stage, tensor_peak: int, measured_beyond: int, growth_high: int) -> RssBand:
         """A traced stage's band: tensors + the audited beyond, less the noise (low); plus the
         retention grown and the noise (high)."""
         retained = max(measured_beyond - self.floor, 0)
@@ -78,17 +79,16 @@ def beyond_tensors(stage: Stage) -> int:
     return max(stage.rss.peak - ((stage.live_tensors.peak if stage.live_tensors else None) or 0), 0)
 
 
-def peak_band(stages: list[dict], retention: Retention) -> dict | None:
+def peak_band(stages: list[ProjectedStage], retention: Retention) -> RssBand | None:
     """The run's peak RSS band: the most of the stages' lows and of their highs, with its basis."""
     banded = [s for s in stages if s.get("rss_band")]
     if not banded:
         return None
     top = max((s["rss_band"] for s in banded), key=lambda b: b["high"])
-    band = {"low": max(s["rss_band"]["low"] for s in banded), "high": top["high"]}
-    return {**band, "basis": basis(top, retention)}
+    return {"low": max(s["rss_band"]["low"] for s in banded), "high": top["high"], "basis": basis(top, retention)}
 
 
-def basis(top: dict, retention: Retention) -> str:
+def basis(top: RssBand, retention: Retention) -> str:
     """The band's basis in one plain sentence (figures of the stage with the highest high)."""
     grown = ("the heap's high water" if top["grown_with"] == "heap" else "the live tensors")
     return (f"low is the tensors plus the audited run's RSS beyond them with no retention growth, high "

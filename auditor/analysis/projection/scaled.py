@@ -51,6 +51,7 @@ import numpy as np
 from auditor.analysis.projection.drivers import FIT_DRIVERS, Shape, component_driver, scale, shape_of, workload_shape
 from auditor.facts import allocator_retention
 from auditor.facts.allocator_retention import MMAP_THRESHOLD_MAX
+from auditor.record.derived import Grown, ProjectedStage, Projection, Unexplained
 from auditor.record.schema import RunRecord, Stage
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
@@ -73,7 +74,7 @@ def audited_shape(record: RunRecord) -> Shape:
 
 def project(record: RunRecord, target: str, target_dtype: str | None = None,
             target_tokens: int | None = None, *, target_overrides: dict | None = None,
-            calibration: list[dict] | None = None) -> dict:
+            calibration: list[dict] | None = None) -> Projection:
     """The scaled projection of every stage of `record` to architecture `target`.
 
     `calibration`: the compact records (JSON, auditor.jobs.calibration) of traced runs of the
@@ -109,7 +110,7 @@ def project(record: RunRecord, target: str, target_dtype: str | None = None,
     }
 
 
-def refusal(record: RunRecord, method: str, target: str) -> dict | None:
+def refusal(record: RunRecord, method: str, target: str) -> Projection | None:
     """For a run whose algorithm says it cannot be projected (the record's `not_projected`, a
     sentence saying why), the projection that says so and holds no number; else None."""
     why = record.annotations.get("not_projected")
@@ -220,9 +221,9 @@ class _Fit:
         growth = sum(b * (scale(d, self.audited, self.target) - 1) for d, b in shares.items())
         return max(round(measured + growth), 0)
 
-    def a_priori(self, driver: str, measured: int, key: tuple, reading: Reading) -> dict:
+    def a_priori(self, driver: str, measured: int, key: tuple, reading: Reading) -> Grown:
         """`measured` scaled by `driver`, unless calibration runs show the driver is wrong."""
-        shares = {driver: measured}
+        shares: dict[str, float] = {driver: measured}
         if self.calibrated:
             values, shapes = self._series(key, reading, measured)
             predicted = [measured * scale(driver, self.audited, s) for s in shapes]
@@ -231,7 +232,7 @@ class _Fit:
             return {"how": "a priori", "shares": shares, **_checked(values, _miss(values, predicted))}
         return {"how": "a priori", "shares": shares}
 
-    def fitted(self, measured: int, key: tuple, reading: Reading, fallback: str = "parameters") -> dict:
+    def fitted(self, measured: int, key: tuple, reading: Reading, fallback: str = "parameters") -> Grown:
         if not self.calibrated:
             return {"how": "a priori", "shares": {fallback: measured}}
         values, shapes = self._series(key, reading, measured)
@@ -341,7 +342,7 @@ def _allowance(values: list[float], floor: int = FLOOR) -> float:
     return max(TOLERANCE * max((abs(v) for v in values), default=0.0), floor)
 
 
-def _checked(values: list[float], residual: float) -> dict:
+def _checked(values: list[float], residual: float) -> Grown:
     """Whether the drivers explain the runs: their largest miss within the allowance, and at
     least one calibration run besides the audited one to miss (else nothing was checked)."""
     allowance = _allowance(values)
@@ -360,10 +361,10 @@ def _allocator_growth(threshold: int | None, fit: _Fit, threads: int) -> int:
     return allocator_retention.growth(threads, threshold, target)
 
 
-def _project_stage(stage: Stage, key: tuple, fit: _Fit, dtype_factor: float, threads: int = 1) -> dict:
+def _project_stage(stage: Stage, key: tuple, fit: _Fit, dtype_factor: float, threads: int = 1) -> ProjectedStage:
     path = stage.path
     tensors = _Tensors.of(stage)
-    components = {}
+    components: dict[str, Grown] = {}
     for name, item in (stage.components or {}).items():
         driver = component_driver(name, item.category)
         how = fit.a_priori(driver, item.bytes, key, _component(name))
@@ -373,13 +374,13 @@ def _project_stage(stage: Stage, key: tuple, fit: _Fit, dtype_factor: float, thr
         components[name] = {"category": item.category, "bytes": item.bytes,
                             "projected": projected, **how}
     unseen = _unseen(tensors)
-    unseen_how: dict = (fit.fitted(unseen, key, _unseen, fallback="activations") if unseen or fit.calibrated
+    unseen_how: Grown = (fit.fitted(unseen, key, _unseen, fallback="activations") if unseen or fit.calibrated
                         else {"how": "a priori", "shares": {}})
     transient = _transient(tensors)
     transient_how = fit.fitted(transient, key, _transient, fallback="parameters")
     unseen_projected = fit.grow(unseen, unseen_how["shares"])
     transient_projected = fit.grow(transient, transient_how["shares"])
-    tensor_end = sum(c["projected"] for c in components.values()) + unseen_projected
+    tensor_end = sum(c["projected"] or 0 for c in components.values()) + unseen_projected
     tensor_peak = tensor_end + transient_projected
     assert stage.rss.peak is not None, "a finished stage's RSS peak"
     measured_beyond = max(stage.rss.peak - (tensors.peak if tensors.peak is not None else _end(tensors)), 0)
@@ -397,7 +398,7 @@ def _project_stage(stage: Stage, key: tuple, fit: _Fit, dtype_factor: float, thr
     }
 
 
-def _peaks_inside_children(measured: list[Stage], stages: list[dict]) -> None:
+def _peaks_inside_children(measured: list[Stage], stages: list[ProjectedStage]) -> None:
     """A stage whose measured peak is no higher than its children's takes their projected peak."""
     pairs = list(zip(measured, stages, strict=False))
     for real, stage in sorted(pairs, key=lambda p: -p[1]["path"].count("/")):  # deepest first
@@ -420,12 +421,12 @@ def _live_peak(stage: Stage) -> int | None:
     return stage.live_tensors.peak if stage.live_tensors else None
 
 
-def _explain(stages: list[dict]) -> dict:
+def _explain(stages: list[ProjectedStage]) -> Projection:
     """Each stage's `explained` (where calibration runs checked it): every part of it explained
     by its drivers, and the child its peak lies in (`peak_in`) too; `unexplained` names the rest
     with their misses, `miss` the largest. Returns the projection's own: `explained` where every
     stage is, else the stages that are not and the largest miss."""
-    done: dict[str, dict] = {}
+    done: dict[str, ProjectedStage] = {}
     for stage in sorted(stages, key=lambda s: -s["path"].count("/")):  # children first
         parts = [(name, c) for name, c in stage["components"].items()]
         parts.append(("unseen tensors", stage["unseen_tensors"]))
@@ -433,7 +434,7 @@ def _explain(stages: list[dict]) -> dict:
             parts.append(("transient", stage["transient"]))
         if all("explained" not in part for _, part in parts):
             continue  # no calibration runs: nothing was checked
-        missed = [{"what": what, "residual": part["residual"], "allowance": part["allowance"]}
+        missed: list[Unexplained] = [{"what": what, "residual": part["residual"], "allowance": part["allowance"]}
                   for what, part in parts if part.get("explained") is False]
         holder = done.get(stage.get("peak_in") or "")
         if holder is not None and not holder["explained"]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from auditor.analysis.projection.reasons import component_why
 from auditor.analysis.projection.standing import UNCALIBRATED, scaled_caveat
 from auditor.analysis.run.component_history import fold_component
+from auditor.record import derived
 from auditor.record.schema import RunRecord
 
 _CALL_NUMBER = re.compile(r"#\d+(?=/|$)")
@@ -108,13 +109,13 @@ def folded_path(path: str) -> str:
 
 
 def side_by_side(record: RunRecord) -> list[SideBySide]:
-    """One per projection of the record that has per-stage figures (its `projections`
-    annotation: JSON, each item read as a projection)."""
-    return [_side(record, item) for item in record.annotations.get("projections") or []
-            if isinstance(item, dict) and isinstance(item.get("stages"), list)]
+    """One per projection of the record (auditor.record.derived.Projection, checked) that has
+    per-stage figures."""
+    return [_side(record, item) for item in derived.projections(record.annotations.get("projections"))
+            if item.get("stages")]
 
 
-def _side(record: RunRecord, projection: dict) -> SideBySide:
+def _side(record: RunRecord, projection: derived.Projection) -> SideBySide:
     side = SideBySide(method=str(projection.get("method", "scaled")),
                       target=str(projection.get("target", "?")), notes=_notes(projection),
                       uncalibrated=scaled_caveat(projection) == UNCALIBRATED,
@@ -125,7 +126,7 @@ def _side(record: RunRecord, projection: dict) -> SideBySide:
     return side
 
 
-def _notes(projection: dict) -> list[str]:
+def _notes(projection: derived.Projection) -> list[str]:
     notes = []
     if projection.get("incomplete"):
         notes.append(f"{projection['incomplete']}: the stages after it are not projected")
@@ -141,7 +142,7 @@ def _notes(projection: dict) -> list[str]:
     return notes
 
 
-def _sized_empty(projection: dict) -> list[str]:
+def _sized_empty(projection: derived.Projection) -> list[str]:
     """Value-dependent sizes traced as empty make the figures a lower bound: the sites the traced
     run had no ratio for (`data_dependent.unknown`). Sites sized from the real run's ratios are
     estimates, said by the estimate note, not a lower bound. A projection that lists no sites
@@ -162,7 +163,7 @@ def _sized_empty(projection: dict) -> list[str]:
     return []
 
 
-def _stages(record: RunRecord, projection: dict) -> list[StageSide]:
+def _stages(record: RunRecord, projection: derived.Projection) -> list[StageSide]:
     rows: dict[str, StageSide] = {}
     for stage in record.stages:
         if stage.status == "open":
@@ -172,15 +173,15 @@ def _stages(record: RunRecord, projection: dict) -> list[StageSide]:
         row.audited_tensor_peak = _most(row.audited_tensor_peak,
                                         stage.live_tensors.peak if stage.live_tensors else None)
         row.audited_rss_peak = _most(row.audited_rss_peak, stage.rss.peak)
-    for stage in projection["stages"]:
-        row = _row(rows, stage["path"])
+    for projected in projection["stages"]:
+        row = _row(rows, projected["path"])
         row.target_calls += 1
-        if stage.get("explained") is False:  # never a number (auditor.analysis.projection.scaled)
-            row.target_miss = _most(row.target_miss, stage.get("miss"))
+        if projected.get("explained") is False:  # never a number (auditor.analysis.projection.scaled)
+            row.target_miss = _most(row.target_miss, projected.get("miss"))
             continue
-        row.target_tensor_peak = _most(row.target_tensor_peak, stage.get("tensor_peak"))
-        row.target_rss_peak = _most(row.target_rss_peak, stage.get("rss_peak"))
-        band = stage.get("rss_band") or {}
+        row.target_tensor_peak = _most(row.target_tensor_peak, projected.get("tensor_peak"))
+        row.target_rss_peak = _most(row.target_rss_peak, projected.get("rss_peak"))
+        band: derived.RssBand = projected.get("rss_band") or {}
         row.target_rss_low = _most(row.target_rss_low, band.get("low"))
         row.target_rss_high = _most(row.target_rss_high, band.get("high"))
     return list(rows.values())
@@ -197,15 +198,15 @@ def _most(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else max(a, b)
 
 
-def _components(record: RunRecord, projection: dict) -> list[ComponentSide]:
+def _components(record: RunRecord, projection: derived.Projection) -> list[ComponentSide]:
     found: dict[str, ComponentSide] = {}
     for stage in record.stages:
         _fold_stage_end(found, {name: (c.category, c.bytes) for name, c in (stage.components or {}).items()},
                         "audited")
-    for stage in projection["stages"]:
+    for projected in projection["stages"]:
         _fold_stage_end(found, {name: (str(c.get("category", "other")), c.get("projected") or 0)
-                                for name, c in (stage.get("components") or {}).items()}, "target")
-        for name, item in (stage.get("components") or {}).items():
+                                for name, c in (projected.get("components") or {}).items()}, "target")
+        for name, item in (projected.get("components") or {}).items():
             if item.get("explained") is False:  # never a number (auditor.analysis.projection.scaled)
                 side = found[fold_component(name)]
                 side.target_miss = _most(side.target_miss, item.get("residual"))

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from auditor.record.derived import Projection
 from auditor.record.schema import RunRecord
 
 REASON_CHARS = 200  # the reason is one line; an error's message can be a page
@@ -44,12 +45,12 @@ class Failure:
         return self.phrase.replace("`", "")
 
 
-def traced_failure(projection: dict, traced: RunRecord | None = None) -> Failure | None:
+def traced_failure(projection: Projection, traced: RunRecord | None = None) -> Failure | None:
     """The failure of a traced projection whose run ended in an error (`incomplete`, set by
     auditor.jobs.script_projection.project_program), else None. The stage: the projection's
-    `failed_stage` or its stages' `status` where it has them, else the traced run's record
-    (`traced`: its stage that failed or was open, or, all finished, the failure came after the
-    last), else the last stage the projection has, at or after which it failed."""
+    `failed_stage`, else the traced run's record (`traced`: its stage that failed or was open,
+    or, all finished, the failure came after the last), else the last stage the projection has,
+    at or after which it failed."""
     said = projection.get("incomplete")
     if not said:
         return None
@@ -57,10 +58,7 @@ def traced_failure(projection: dict, traced: RunRecord | None = None) -> Failure
     named = projection.get("failed_stage")
     if isinstance(named, str) and named:
         return Failure(named, "at", reason)
-    stages = [s for s in projection.get("stages") or [] if isinstance(s, dict) and "path" in s]
-    stopped = next((s["path"] for s in stages if s.get("status") in ("failed", "open")), None)
-    if stopped is not None:
-        return Failure(stopped, "at", reason)
+    stages = [s for s in projection.get("stages") or [] if "path" in s]
     if traced is not None:
         return _from_record(traced, reason)
     return Failure(stages[-1]["path"] if stages else None, "at or after", reason)
@@ -88,7 +86,7 @@ def _reason(said: str) -> str:
     return line if len(line) <= REASON_CHARS else line[:REASON_CHARS].rsplit(" ", 1)[0] + " ..."
 
 
-def stand_in(projection: dict) -> str | None:
+def stand_in(projection: Projection) -> str | None:
     """The sentence saying the target model is a stand-in architecture (`target_built`, set by
     auditor.jobs.script_projection), else None (built by the program, or an older record)."""
     built = projection.get("target_built")
@@ -105,7 +103,7 @@ UNCALIBRATED = ("uncalibrated: each quantity grown by an assumed driver (transie
                 "so trust the traced projection (a run without --no-trace calibrates this one)")
 
 
-def scaled_caveat(item: dict) -> str | None:
+def scaled_caveat(item: Projection) -> str | None:
     """A projection of an algorithm that cannot be projected says why (`not_projected`); a scaled
     projection made without calibration runs says so (`fit.runs` empty)."""
     if item.get("not_projected"):

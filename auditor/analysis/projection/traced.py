@@ -20,10 +20,11 @@ from __future__ import annotations
 
 from auditor.analysis.projection.rss_band import Retention, beyond_tensors, peak_band
 from auditor.facts import allocator_retention
+from auditor.record.derived import DataDependent, Grown, ProjectedPeak, ProjectedStage, Projection, RssBand
 from auditor.record.schema import RunRecord, Stage
 
 
-def project_traced(record: RunRecord, traced_record: RunRecord) -> dict:
+def project_traced(record: RunRecord, traced_record: RunRecord) -> Projection:
     from auditor.analysis.projection.scaled import refusal
     target = traced_record.annotations["workload"]["architecture"]
     refused = refusal(record, "traced", target)
@@ -32,7 +33,7 @@ def project_traced(record: RunRecord, traced_record: RunRecord) -> dict:
     real = _RealBeyond(record)
     retention = Retention(record)
     estimated = _estimated_by_stage(traced_record)
-    stages: list[dict] = []
+    stages: list[ProjectedStage] = []
     seen: dict[str, int] = {}
     for s in traced_record.stages:
         if s.status != "open":
@@ -47,13 +48,20 @@ def project_traced(record: RunRecord, traced_record: RunRecord) -> dict:
         "data_dependent_ops": (traced_record.annotations.get("traced") or {}).get("data_dependent_ops", {}),
         "data_dependent": data_dependent(traced_record),
         "stages": stages,
-        "peak": {"stage": peak["path"], "rss": peak["rss_peak"], "live_tensors": peak["tensor_peak"],
-                 "estimated": peak["estimated"], "rss_band": peak_band(stages, retention)} if peak else None,
+        "peak": _peak(peak, peak_band(stages, retention)) if peak else None,
         "live_tensor_peak": max((s["tensor_peak"] for s in stages), default=None),
     }
 
 
-def data_dependent(traced_record: RunRecord) -> dict:
+def _peak(stage: ProjectedStage, band: RssBand | None) -> ProjectedPeak:
+    peak: ProjectedPeak = {"stage": stage["path"], "rss": stage["rss_peak"], "live_tensors": stage["tensor_peak"],
+                           "estimated": stage["estimated"]}
+    if band is not None:
+        peak["rss_band"] = band
+    return peak
+
+
+def data_dependent(traced_record: RunRecord) -> DataDependent:
     """The traced run's data-dependent sites (ratio, source, calls) and how its estimated
     bytes were measured; `unknown`: the sites sized empty for want of any ratio."""
     from auditor.analysis.projection.estimated_bytes import sites
@@ -73,11 +81,11 @@ def _estimated_by_stage(traced_record: RunRecord) -> dict:
     return keyed
 
 
-def _stage(traced: Stage, real: _RealBeyond, retention: Retention, estimated: dict | None = None) -> dict:
+def _stage(traced: Stage, real: _RealBeyond, retention: Retention, estimated: dict | None = None) -> ProjectedStage:
     paired = real.stage(traced.path)
     real_components = (paired.components if paired is not None else None) or {}
     estimated_components = (estimated or {}).get("components") or {}
-    components = {
+    components: dict[str, Grown] = {
         name: {"category": item.category,
                "bytes": real_components[name].bytes if name in real_components else None,
                "projected": item.bytes, "estimated": estimated_components.get(name, 0)}
@@ -85,7 +93,7 @@ def _stage(traced: Stage, real: _RealBeyond, retention: Retention, estimated: di
     }
     meter = traced.live_tensors
     tensor_peak = (meter.peak if meter is not None and meter.peak is not None
-                   else sum(c["projected"] for c in components.values()))
+                   else sum(c["projected"] or 0 for c in components.values()))
     measured, source = real.beyond(traced.path)
     growth = real.allocator_growth(traced.path, meter.allocator_threshold if meter is not None else None)
     beyond_tensors = measured + growth

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from auditor.record.derived import ProjectedStage, Projection
 from auditor.record.schema import RunRecord
 
 
@@ -33,11 +34,21 @@ TARGETS = (Target("peak live tensors", "scaled", 0.03), Target("peak RSS", "scal
 
 # -- comparing ---------------------------------------------------------------------------
 
-def compare(small: RunRecord, real: RunRecord, projections: dict[str, dict]) -> dict:
+def _projected_stage_keys(projection: Projection) -> dict[tuple[str, int], ProjectedStage]:
+    """A projection's stages by (path, how many of that path came before), as `stage_keys`."""
+    keyed: dict[tuple[str, int], ProjectedStage] = {}
+    seen: dict[str, int] = {}
+    for stage in projection.get("stages") or []:
+        n = seen[stage["path"]] = seen.get(stage["path"], -1) + 1
+        keyed[(stage["path"], n)] = stage
+    return keyed
+
+
+def compare(small: RunRecord, real: RunRecord, projections: dict[str, Projection]) -> dict:
     """Every projected number beside the real run's own, with the relative error."""
-    from auditor.analysis.projection.scaled import json_stage_keys, stage_keys
+    from auditor.analysis.projection.scaled import stage_keys
     measured = stage_keys(real)
-    by_method = {m: json_stage_keys(p) for m, p in projections.items()}
+    by_method = {m: _projected_stage_keys(p) for m, p in projections.items()}
     stages = []
     for key, stage in measured.items():
         live = stage.live_tensors.peak if stage.live_tensors else None
@@ -59,17 +70,17 @@ def compare(small: RunRecord, real: RunRecord, projections: dict[str, dict]) -> 
     real_peak = {"live_tensors": max((s["real"]["tensor_peak"] or 0 for s in stages), default=None),
                  "rss": real.peak.rss, "stage": real.peak.stage}
     peak: dict = {"real": real_peak}
-    for method, p in projections.items():
-        peak[method] = ({"live_tensors": p["live_tensor_peak"], "rss": p["peak"]["rss"],
-                         "stage": p["peak"]["stage"]} if p.get("peak") else
-                        {"live_tensors": None, "rss": None, "stage": None})
+    for method, projection in projections.items():
+        at = projection.get("peak")
+        peak[method] = ({"live_tensors": projection["live_tensor_peak"], "rss": at["rss"], "stage": at["stage"]}
+                        if at else {"live_tensors": None, "rss": None, "stage": None})
     components = []
     if peak_stage is not None and peak_key is not None:
         for name, item in (peak_stage.components or {}).items():
             row = {"name": name, "category": item.category, "real": item.bytes}
             for method, projected in by_method.items():
-                p = (projected.get(peak_key) or {}).get("components", {}).get(name)
-                row[method] = p["projected"] if p else None
+                grown = (projected.get(peak_key) or {}).get("components", {}).get(name)
+                row[method] = grown["projected"] if grown else None
             components.append(row)
     return {"stages": stages, "peak": peak, "components": components,
             "components_stage": peak_stage.path if peak_stage else None, "components_why": components_why,

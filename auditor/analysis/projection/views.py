@@ -1,5 +1,5 @@
-"""Projections as the reports show them: each item of the record's `projections` (a scaled
-projection's dict, or a traced run) read into one shape, `ProjectionView`, grouped by target with
+"""Projections as the reports show them: each of the record's `projections` (scaled or traced,
+auditor.record.derived.Projection) read into the view the reports print, `ProjectionView`, grouped by target with
 scaled before traced, and a scaled projection's headline held to the traced one of its target.
 Pure functions of the run record.
 """
@@ -11,6 +11,7 @@ from auditor.analysis.projection.estimated_bytes import estimate_note
 from auditor.analysis.projection.standing import UNCALIBRATED, Failure, scaled_caveat, stand_in, traced_failure
 from auditor.analysis.projection.validation import TARGETS, error
 from auditor.facts import units
+from auditor.record import derived
 from auditor.record.schema import RunRecord
 
 
@@ -24,7 +25,7 @@ class ProjectedStage:
     rss_peak: int | None = None
     # parts a scaled projection's drivers do not explain, each with its miss (bytes): a component's
     # name, "unseen", "transient", "peak"; their figures above are None, never printed as numbers
-    unexplained: dict[str, int] = field(default_factory=dict)
+    unexplained: dict[str, int | None] = field(default_factory=dict)
     estimated: dict[str, int] = field(default_factory=dict)  # name -> bytes resting on estimated
     # data-dependent sizes (auditor.analysis.projection.estimated_bytes)
 
@@ -40,7 +41,7 @@ class ProjectionView:
     live_tensor_peak: int | None
     stages: dict[str, ProjectedStage]
     caveat: str | None = None  # what the figures rest on, where a reader must not miss it
-    unexplained: dict | None = None  # {stage, bytes}: the headline's drivers miss; its figures are None
+    unexplained: derived.Miss | None = None  # {stage, what, bytes}: the headline's drivers miss; its figures are None
     estimates: str | None = None  # how much rests on estimated data-dependent sizes, in words
     basis: str | None = None  # what its peak RSS is made of (auditor.analysis.projection.traced)
     failed: Failure | None = None  # its traced run ended in an error: no headline figure
@@ -60,31 +61,14 @@ _METHOD_ORDER = {"scaled": 0, "traced": 1}
 
 
 def projection_views(record: RunRecord) -> list[ProjectionView]:
-    """The record's `projections` (an annotation: JSON), grouped by target with scaled before traced.
-
-    An item is either a dict as `auditor.analysis.projection.scaled.project` returns (method,
-    target, stages[{path, components{name: {projected}}, unseen_tensors, transient,
-    beyond_tensors, tensor_peak, rss_peak}], peak), or a traced run: a run record of its own
-    (`schema` present), or `{method, target, target_dtype?, record}`; a traced run's bytes
-    are taken as its projection: its component bytes and live-tensor meter (the RSS of a
-    traced run is the tracing process's, not the target's, so it is not used). Items of
-    neither shape are skipped; a traced run that is not a valid run record is a RunRecordError.
-    """
+    """The record's `projections` (auditor.record.derived.Projection, each checked: a projection
+    of another shape is a RunRecordError naming its fault, never skipped), grouped by target with
+    scaled before traced, a scaled projection's headline held to the traced one of its target."""
     views = []
-    for item in record.annotations.get("projections") or []:
-        if isinstance(item, RunRecord):  # held typed by a caller: the run itself
-            view = _traced_run_view(item)
-        elif not isinstance(item, dict):
-            continue
-        elif "schema" in item or isinstance(item.get("record"), (dict, RunRecord)):
-            view = _traced_run_view(item)
-        elif isinstance(item.get("stages"), list):
-            view = _hide_unexplained(_projection_view(item), item)
-            view.failed, view.stand_in = traced_failure(item), stand_in(item)
-        else:
-            view = None
-        if view is not None:
-            views.append(view)
+    for item in derived.projections(record.annotations.get("projections"), "the record's projections"):
+        view = _hide_unexplained(_projection_view(item), item)
+        view.failed, view.stand_in = traced_failure(item), stand_in(item)
+        views.append(view)
     views.sort(key=lambda v: (v.target, v.target_dtype or "", _METHOD_ORDER.get(v.method, 2), v.method))
     for view in views:
         hold_to_traced(view, views)
@@ -129,7 +113,7 @@ def method_words(view: ProjectionView) -> str:
             + (f", {view.unchecked}" if view.unchecked else ""))
 
 
-def _projection_view(item: dict) -> ProjectionView:
+def _projection_view(item: derived.Projection) -> ProjectionView:
     stages = {}
     for entry in item["stages"]:
         if not isinstance(entry, dict) or "path" not in entry:
@@ -155,7 +139,7 @@ def _projection_view(item: dict) -> ProjectionView:
                           basis=rss_basis(item, peak.get("stage")))
 
 
-def rss_basis(item: dict, stage_path: str | None) -> str | None:
+def rss_basis(item: derived.Projection, stage_path: str | None) -> str | None:
     """Its peak stage's RSS in parts: tensors (measured at the target's shapes, or grown), the
     audited run's memory beyond tensors, and the allocator's modeled retention growth."""
     entry = next((e for e in item.get("stages") or [] if isinstance(e, dict)
@@ -171,7 +155,7 @@ def rss_basis(item: dict, stage_path: str | None) -> str | None:
                                 f"{units.size(low)} to {units.size(high)})" if growth else ""))
 
 
-def _hide_unexplained(view: ProjectionView, item: dict) -> ProjectionView:
+def _hide_unexplained(view: ProjectionView, item: derived.Projection) -> ProjectionView:
     """A scaled projection's figures that its drivers do not explain (`explained: false`,
     auditor.analysis.projection.scaled) become None, their misses kept in `unexplained`."""
     for entry in item["stages"]:
@@ -194,26 +178,3 @@ def _hide_unexplained(view: ProjectionView, item: dict) -> ProjectionView:
         view.unexplained = item.get("miss") or {}
         view.peak_rss = view.peak_stage = view.live_tensor_peak = None
     return view
-
-
-def _traced_run_view(item: dict | RunRecord) -> ProjectionView:
-    """A traced run as a projection: `item` is the run (its JSON, or typed), or holds it in
-    `record` beside its method, target and target_dtype."""
-    about = item.annotations if isinstance(item, RunRecord) else item  # method, target...: JSON
-    held = about.get("record") if isinstance(about.get("record"), (dict, RunRecord)) else item
-    run = held if isinstance(held, RunRecord) else RunRecord.from_json(held, "a traced run in the record's projections")
-    workload = run.annotations.get("workload") or {}
-    stages = {}
-    for entry in run.stages:
-        live, components = entry.live_tensors, entry.components
-        stages[entry.path] = ProjectedStage(
-            components={n: c.bytes for n, c in (components or {}).items()},
-            unseen=(live.end - sum(c.bytes for c in components.values()))
-            if live is not None and live.end is not None and components else None,
-            tensor_peak=live.peak if live is not None else None)
-    metered = [(s.tensor_peak, path) for path, s in stages.items() if s.tensor_peak is not None]
-    best = max(metered) if metered else (None, None)
-    return ProjectionView(method=about.get("method", "traced"),
-                          target=str(about.get("target") or workload.get("architecture") or run.name),
-                          target_dtype=about.get("target_dtype") or workload.get("dtype"),
-                          peak_rss=None, peak_stage=best[1], live_tensor_peak=best[0], stages=stages)

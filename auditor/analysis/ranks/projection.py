@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 
 from auditor.facts import allocator_retention
 from auditor.facts.units import GiB
+from auditor.record.derived import DataDependent, ProjectedStage
 from auditor.record.schema import RunRecord, Stage
 
 SHARDED_FROM = ("prune",)  # the stages (and their children) once the model is sharded
@@ -71,8 +72,8 @@ class ProjectedRank:
     whole: RankPeak            # the whole program, the model built whole included
     sharded: RankPeak          # the sharded part (SHARDED_FROM): what the device count reads
     # traced_projection's per-stage rows; None when read from JSON (they stay in the traced records)
-    stages: list[dict] | None
-    data_dependent: dict       # traced_projection.data_dependent's sites
+    stages: list[ProjectedStage] | None
+    data_dependent: DataDependent  # traced_projection.data_dependent's sites
     # whether glibc's mmap threshold was fixed while the paired rank ran (its record's malloc
     # settings): projected RSS holds then; under the dynamic default it is a lower estimate.
     # None: the record does not say (kept since), so it is not known to hold.
@@ -264,7 +265,7 @@ def _heap_high_water(record: RunRecord, path: str) -> int | None:
                 if s.live_tensors is not None and s.live_tensors.heap_high_water is not None), default=None)
 
 
-def _peak(stages: list[dict], retained: int) -> RankPeak:
+def _peak(stages: list[ProjectedStage], retained: int) -> RankPeak:
     live = max(stages, key=lambda s: s["tensor_peak"])
     rss = max(stages, key=lambda s: s["rss_peak"])
     return RankPeak(live_tensors=live["tensor_peak"], live_stage=live["path"], estimated=live["estimated"],
