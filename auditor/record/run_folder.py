@@ -28,61 +28,8 @@ derived file can be made again from it. `load` adds them to the record it return
 A log that cannot be written (disk full) stops at its last whole line; the audit keeps its
 events in memory, still writes run.json if it can, and says so in `event_log`.
 
-The record (design.md's fields keep their meaning; added ones marked +):
-
-    schema "auditor.run/1", name, command, started_at, +finished_at, +duration_s,
-    device ("cpu" or "cuda:0 (name)"), +machine{platform, cpus, memory_total},
-    environment{python, torch, transformers, threads}, +options{memray, tracemalloc, ...},
-    process{+pid, rss_at_start, +rss_at_end, +cwd (the working folder: report paths are shown from it),
-            +children{largest_ended_peak_rss, alive_at_end, alive_rss_at_end, alive_uss_at_end,
-            +alive_forked_at_end, +at_stage_ends[{stage, at_s, alive, forked, rss, uss}]} (child
-            processes, not audited: auditor.capture.probes.child_processes; absent where none held memory)},
-    +probes{rss, python_heap, cuda, cuda_history, census, memray, torch_profiler:
-            {state: on|off|absent|failed|pending, method?, reason?}},
-    stages[{+id, name, path, parent, status ok|failed (|open: rebuilt, never finished),
-            start_s, end_s, rss{start, end, peak}, py_heap{+start, end, peak} | null,
-            cuda{+allocated_start, allocated_end, reserved_end, peak_allocated} | null,
-            components{NAME: {category, bytes, +tensors}} | null, +tensors{live_bytes} | null,
-            +thread, +error ("Type: message") | null, +memray_sites (the peak stage only),
-            +live_tensors{start, end, peak, +at_peak} | null}],
-    +unstaged[{id, parent (path | null), parent_id, after (the sibling stage that just closed |
-            null), before (the stage that opens next | null), thread, start_s, end_s, rss, py_heap,
-            cuda, live_tensors: as a stage's}] in time order: the time on a thread between
-            stage boundaries that no stage covers at that depth (before the first stage,
-            between siblings, a parent's open to its first child, between children, the last
-            child to the parent's close, the last top-level stage to the audit's end; on other
-            threads than the audit's, from their first stage to their last),
-    +marks[{name, stage (enclosing path | null), t_s, thread, rss, py_heap, cuda}],
-    peak{rss, stage, +stage_id, +py_heap, +cuda_allocated,
-         +where{kind "stage", stage} | {kind "unstaged", parent, after, before}},
-    +memray{file, flamegraph, peak_memory, total_allocations, stage, stage_id,
-            sites[{location "file:line", function, code (the source line), bytes, allocations, python_stack,
-                   native_stack}]} | null,
-    +exit{status ok|failed|interrupted|unfinished, code, error} (interrupted: Ctrl-C, or a
-          signal such as SIGTERM under `auditor run`, named in error; code 128 + the signal),
-    +event_log{state complete|incomplete, lines (written), reason (incomplete only)},
-    +files{events, run, memray?, flamegraph?, cuda_history?, torch_profiler? (the
-           torch.profiler trace, "profiler/HOST_PID.TIME.pt.trace.json": TensorBoard reads
-           the profiler/ folder)}, +warnings[str],
-    +audit_overhead_s{boundaries_s, census_s, finish_s}
-    +rank{rank, world_size, local_rank, host, backend, run_id, source, read_at} | absent: a rank of a
-          distributed run, whose record is RUN/rank-N/ (auditor.capture.ranks)
-
-`at_peak` (live-tensor meter on): what was alive at the live-tensor high-water moment of a
-stage (the interval inside it that held its peak) or of an unstaged interval:
-    {bytes, rows[{owner (census component | null), category, created_in (stage path | null:
-     before the audit or outside every stage), op ("aten::zeros" | null: alive before the
-     audit), bytes, tensors, alive_at_end}] (largest first, at most 25), rows_left_out,
-     bytes_left_out}
-A storage alive at the end is matched to the census taken then. One that census cannot see
-(freed before the end, or held only outside Python) keeps the last component a census named
-it under while it was alive; else it has no owner: "activations and temporaries" if freed,
-"masks" or "other" if alive, "unknown (no census)" with the census off.
-
-Times are seconds since the audit began with census time left out; sizes are bytes. Marks
-are a list of their own rather than zero-length stages, so stage analysis never filters.
-Meters are process-wide: with stages on several threads, a stage's or an interval's peak is
-the process's highest reading while it lasted, whichever thread caused it.
+What run.json holds, field by field and what each means: auditor.record.schema (the one
+definition; design.md's fields keep their meaning there).
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@
     record.to_json() == json.loads(text)                               # nothing lost or added
 
 auditor.record.run_folder keeps how a record is written (the event log) and assembled; this module says
-what a record *is*, field by field (auditor.record.run_folder's docstring describes their meaning). Reading
+what a record *is*, field by field, with each field's meaning: the one definition of the schema. Reading
 checks every field against its type and collects every problem, each named by its path
 (`stages[3].rss.peak should be a whole number of bytes, found str "12"`), so a hand-edited or
 foreign file fails at load with all of its faults listed, never later in a renderer.
@@ -100,6 +100,14 @@ class AtPeakRow(RecordPart):
 
 @dataclass(kw_only=True, eq=False)
 class AtPeak(RecordPart):
+    """What was alive at the live-tensor high-water moment of a stage (the interval inside it
+    that held its peak) or of an unstaged interval, largest rows first (at most 25). A storage
+    alive at the end is matched to the census taken then; one the census cannot see (freed before
+    the end, or held only outside Python) keeps the last component a census named it under while
+    it was alive, else it has no owner: "activations and temporaries" if freed, "masks" or "other"
+    if alive, "unknown (no census)" with the census off. `created_in`: the stage path that made it
+    (None: before the audit or outside every stage); `op`: the operator (None: alive before the
+    audit)."""
     bytes: Bytes
     rows: list[AtPeakRow]
     rows_left_out: Count = 0
@@ -155,7 +163,10 @@ class Site(RecordPart):
 
 @dataclass(kw_only=True, eq=False)
 class Interval(RecordPart):
-    """What a stage and an unstaged interval share: their time and their meters."""
+    """What a stage and an unstaged interval share: their time and their meters. Times are
+    seconds since the audit began, the census's own time left out; sizes are bytes. Meters are
+    process-wide: with stages on several threads, a stage's peak is the process's highest reading
+    while it lasted, whichever thread caused it."""
     thread: str | None = None
     start_s: Seconds
     end_s: Seconds | None = None
@@ -174,12 +185,12 @@ class Stage(Interval):
     name: str
     path: str
     parent: str | None
-    status: Literal["ok", "failed", "open"]
+    status: Literal["ok", "failed", "open"]  # open: never finished (a record rebuilt after a crash)
     call: Call | None = None
     components: dict[str, Component] | None = None
     tensors: TensorTotals | None = None
-    error: str | None = None
-    memray_sites: list[Site] | None = None
+    error: str | None = None           # "Type: message" for a failed stage
+    memray_sites: list[Site] | None = None  # the peak stage only
 
     @property
     def finished(self) -> bool:
@@ -202,7 +213,11 @@ class Stage(Interval):
 
 @dataclass(kw_only=True, eq=False)
 class Unstaged(Interval):
-    """Time on a thread between stage boundaries that no stage covers at that depth."""
+    """Time on a thread between stage boundaries that no stage covers at that depth: before the
+    first stage, between siblings, a parent's open to its first child, between children, the last
+    child to the parent's close, the last top-level stage to the audit's end (on other threads
+    than the audit's, from their first stage to their last). `after`: the sibling stage that just
+    closed; `before`: the stage that opens next."""
     id: Count
     parent: str | None
     parent_id: Count | None = None
@@ -212,6 +227,7 @@ class Unstaged(Interval):
 
 @dataclass(kw_only=True, eq=False)
 class Mark(RecordPart):
+    """A point reading (`auditor.mark`), kept apart from stages so stage analysis never filters."""
     name: str
     stage: str | None = None
     t_s: Seconds
@@ -257,6 +273,8 @@ class Memray(RecordPart):
 
 @dataclass(kw_only=True, eq=False)
 class Exit(RecordPart):
+    """How the run ended. interrupted: Ctrl-C, or a signal such as SIGTERM under `auditor run`,
+    named in `error`, `code` 128 + the signal."""
     status: Literal["ok", "failed", "interrupted", "unfinished"]
     code: int | None = None
     error: str | None = None
@@ -264,9 +282,10 @@ class Exit(RecordPart):
 
 @dataclass(kw_only=True, eq=False)
 class EventLogState(RecordPart):
+    """Whether events.jsonl holds every event (a full disk stops it at its last whole line)."""
     state: Literal["complete", "incomplete"]
-    lines: Count | None = None
-    reason: str | None = None
+    lines: Count | None = None   # written
+    reason: str | None = None    # incomplete only
 
 
 @dataclass(kw_only=True, eq=False)
@@ -327,13 +346,13 @@ class Process(RecordPart):
     pid: Count | None = None
     rss_at_start: Bytes | None = None
     rss_at_end: Bytes | None = None
-    cwd: str | None = None
+    cwd: str | None = None  # the working folder: report paths are shown from it
     children: Children | None = None  # absent: no child held memory the record can see
 
 
 @dataclass(kw_only=True, eq=False)
 class ProbeState(RecordPart):
-    state: str
+    state: str  # on, off, absent, failed or pending
     method: str | None = None
     reason: str | None = None
     copies: str | None = None  # the live-tensor meter followed copies of the weights (how)
@@ -342,29 +361,31 @@ class ProbeState(RecordPart):
 @dataclass(kw_only=True, eq=False)
 class RunRecord(RecordPart):
     """run.json: `assemble(events)` (auditor.record.run_folder), plus what a job annotated."""
-    schema: str
+    schema: str                       # "auditor.run/1"
     name: str
     command: str
     started_at: str
     finished_at: str | None = None
     duration_s: Seconds | None = None
-    device: str
+    device: str                       # "cpu" or "cuda:0 (its name)"
     machine: Machine | None = None
     environment: Environment
-    options: dict[str, JSON] | None = None
+    options: dict[str, JSON] | None = None   # the audit's options (memray, tracemalloc, ...)
     process: Process
-    probes: dict[str, ProbeState] | None = None
-    stages: list[Stage]
-    unstaged: list[Unstaged] | None = None
+    probes: dict[str, ProbeState] | None = None  # rss, python_heap, cuda, cuda_history, census, memray, ...
+    stages: list[Stage]               # in the order they opened
+    unstaged: list[Unstaged] | None = None  # in time order
     marks: list[Mark] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     peak: Peak
     memray: Memray | None = None
     exit: Exit | None = None
+    # the folder's files: events, run, and memray, flamegraph, cuda_history, torch_profiler where made
+    # (the profiler's trace under profiler/, where TensorBoard reads it)
     files: dict[str, str] | None = None
     event_log: EventLogState | None = None
-    audit_overhead_s: dict[str, Seconds] | None = None
-    rank: Rank | None = None
+    audit_overhead_s: dict[str, Seconds] | None = None  # boundaries_s, census_s, finish_s
+    rank: Rank | None = None          # a rank of a distributed run: its record is RUN/rank-N/
 
     @property
     def annotations(self) -> dict[str, Any]:
