@@ -29,7 +29,7 @@ def capture_layer_inputs(model, samples: list[torch.Tensor]) -> tuple[torch.Tens
     try:
         with torch.no_grad():
             for sample in samples:
-                try:
+                try:  # noqa: SIM105 (reports/example-hessian-pruner.md cites this file by line)
                     model(sample, use_cache=False)  # a cache would grow with every layer call
                 except _Stop:
                     pass
