@@ -41,9 +41,10 @@ from auditor.capture import machine, ranks
 from auditor.capture.census_roots import CensusRoots
 from auditor.capture.probe_set import ProbeSet
 from auditor.capture.stage import AUDITOR_CODE, _set_active, active_audit
-from auditor.capture.stage_book import Clock, Interval, OpenStage, StageBook
+from auditor.capture.stage_book import MARK_KEYS, STAGE_KEYS, UNSTAGED_KEYS, Clock, Interval, OpenStage, StageBook
 from auditor.capture.staging.targets import Staging, Target, _labels
 from auditor.record import run_folder as run_record
+from auditor.record.schema import Call, Mark, Readings, Stage, Unstaged, written_as
 
 
 class AuditorWarning(UserWarning):
@@ -410,20 +411,23 @@ class Audit:
         started, end_s = closing.entry, round(end_s, 6)
         self._end_interval(closing.thread_id, end_s, ends, closing=closing)
         alive = probes.alive(closing.at_peak)
-        fields = probes.meter_fields(closing.starts, ends, closing.peaks)
+        rss, py_heap, cuda, live = probes.meter_fields(closing.starts, ends, closing.peaks)
         failed = _is_failure(exc)
-        entry = {"id": started["id"], "name": started["name"], "path": started["path"],
-                 "parent": started["parent"], "status": "failed" if failed else "ok",
-                 "call": started.get("call"),
-                 "start_s": started["start_s"], "end_s": end_s, **fields,
-                 "components": None, "tensors": None, "thread": started["thread"],
-                 "error": _describe(exc) if failed else None}
+        call = started["call"]
+        stage = written_as(Stage(
+            id=started["id"], name=started["name"], path=started["path"], parent=started["parent"],
+            status="failed" if failed else "ok",
+            call=None if call is None else Call(target=call["target"], index=call["index"], label=call["label"]),
+            start_s=started["start_s"], end_s=end_s, rss=Readings() if rss is None else rss, py_heap=py_heap, cuda=cuda,
+            live_tensors=live, thread=started["thread"], error=_describe(exc) if failed else None),
+            STAGE_KEYS)
         census = None
         if self._census_roots.take_census is not None:
-            entry["components"], entry["tensors"], census = self._census_roots.census(closing)
+            stage.components, stage.tensors, census = self._census_roots.census(closing)
         closing.frame = None
-        if entry["live_tensors"] is not None:
-            entry["live_tensors"]["at_peak"] = probes.at_peak(closing.at_peak, alive, census)
+        if stage.live_tensors is not None:
+            stage.live_tensors.at_peak = probes.at_peak(closing.at_peak, alive, census)
+        entry = stage.to_json()
         self._log.emit({"event": "stage_finished", "stage": entry}, durable=True)
         if started["parent"] is None:  # the children's memory, at top-level stage ends only (cheap)
             probes.read_children(started["path"], end_s)
@@ -440,11 +444,18 @@ class Audit:
         """End a thread's interval at a stage boundary (`closing`'s close, or the open of the
         stage `before`); emit it as `unstaged` unless it was the closing stage's own time."""
         ended = self._book.end_interval(thread_id, end_s, closing, before)
-        if ended is not None:
-            interval, item = ended
-            census = self._census_roots.take_census is not None  # owners: at the next census
-            item.update(self._probe_set.unstaged_fields(item["id"], interval, ends, census))
-            self._log.emit({"event": "unstaged", "unstaged": item})
+        if ended is None:
+            return
+        interval, unstaged_id = ended
+        census = self._census_roots.take_census is not None  # owners: at the next census
+        rss, py_heap, cuda, live = self._probe_set.unstaged_fields(unstaged_id, interval, ends, census)
+        parent = interval.parent
+        item = written_as(Unstaged(
+            id=unstaged_id, parent=parent.entry["path"] if parent else None,
+            parent_id=parent.entry["id"] if parent else None, after=interval.after, before=before,
+            thread=interval.thread, start_s=interval.start_s, end_s=end_s, rss=Readings() if rss is None else rss,
+            py_heap=py_heap, cuda=cuda, live_tensors=live), UNSTAGED_KEYS)
+        self._log.emit({"event": "unstaged", "unstaged": item.to_json()})
 
     def _end_run_intervals(self, end_s: float, ends: dict) -> None:
         """The audit thread's time after its last top-level stage. Other threads' last
@@ -475,10 +486,10 @@ class Audit:
             readings = {key: values for key, (values, _) in self._probe_set.read().items()}
             stack = self._book.thread_stack()
             stage_path = stack[-1].entry["path"] if stack else None
-            self._log.emit({"event": "mark", "mark": {
-                "name": name, "stage": stage_path, "t_s": round(self._clock.now(), 6),
-                "thread": threading.current_thread().name, "rss": readings["rss"],
-                "py_heap": readings.get("py_heap"), "cuda": readings.get("cuda")}})
+            mark = Mark(name=name, stage=stage_path, t_s=round(self._clock.now(), 6),
+                        thread=threading.current_thread().name, rss=readings["rss"],
+                        py_heap=readings.get("py_heap"), cuda=readings.get("cuda"))
+            self._log.emit({"event": "mark", "mark": written_as(mark, MARK_KEYS).to_json()})
 
     def annotate(self, key: str, value: object) -> None:
         """Add a field to the run record (e.g. the workload it ran), written to the log now."""

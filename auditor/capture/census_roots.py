@@ -25,6 +25,7 @@ from auditor.capture.probe_set import ProbeSet
 from auditor.capture.stage import AUDITOR_CODE, in_auditor_code
 from auditor.capture.stage_book import Clock, OpenStage, StageBook
 from auditor.capture.staging.targets import Staging
+from auditor.record.schema import Component, TensorTotals, written_as
 
 if TYPE_CHECKING:  # imports torch: loaded only once a census is asked for
     from auditor.capture.census.census_at_highs import CensusAtHighs
@@ -33,7 +34,10 @@ if TYPE_CHECKING:  # imports torch: loaded only once a census is asked for
 MAX_INSTANCE_ROOTS = 4096  # objects of staged classes made roots without a call of theirs
 
 Reference = Callable[[], object]  # a weak reference, or a strong one for an object without weak references
-Census = tuple[dict | None, dict | None, dict | None]  # components, tensors, owners (see CensusRoots.take)
+# components, tensors, owners (see CensusRoots.census)
+Census = tuple[dict[str, Component] | None, TensorTotals | None, dict | None]
+COMPONENT_KEYS = ("category", "bytes", "tensors")  # a component's keys as written; then, with copies:
+COPY_KEYS = ("copy_bytes", "weights_copied", "parameters_copied")
 
 
 class CensusRoots:
@@ -203,9 +207,10 @@ class CensusRoots:
                 census = {"owners": result["owners"], "components": result["components"]}
             else:
                 result = take_census(roots, count_fake=probes.options["traced"], **extra)
-            components, tensors = result["components"], {"live_bytes": result["live_tensor_bytes"]}
-            if "cycle_check" in result:  # what was checked, found, left unknown
-                tensors["cycle_check"] = result["cycle_check"]
+            components = {owner: _component(found) for owner, found in result["components"].items()}
+            tensors = written_as(TensorTotals(live_bytes=result["live_tensor_bytes"]), ("live_bytes",))
+            if "cycle_check" in result:  # what was checked, found, left unknown (after live_bytes)
+                tensors.cycle_check = result["cycle_check"]
         except Exception as error:
             self._warn(f"census failed, switched off: {type(error).__name__}: {error}")
             self.take_census = None
@@ -237,3 +242,12 @@ def _reference(obj: object) -> Reference:
         return weakref.ref(obj)
     except TypeError:
         return lambda: obj
+
+
+def _component(found: dict) -> Component:
+    """A census's component as the record's (auditor.capture.census.take writes it as a dict)."""
+    copies = "copy_bytes" in found
+    component = Component(category=found["category"], bytes=found["bytes"], tensors=found["tensors"],
+                          copy_bytes=found.get("copy_bytes"), weights_copied=found.get("weights_copied"),
+                          parameters_copied=found.get("parameters_copied"))
+    return written_as(component, COMPONENT_KEYS + COPY_KEYS if copies else COMPONENT_KEYS)

@@ -26,6 +26,7 @@ from auditor.capture.probes import cuda as cuda_probe
 from auditor.capture.probes.python_heap import PythonHeapProbe
 from auditor.capture.probes.rss import RssProbe
 from auditor.capture.stage_book import Interval, OpenStage, PeakSet, Readings, StageBook
+from auditor.record import schema
 
 if TYPE_CHECKING:  # each imports torch or memray: built only when its option is on
     from auditor.capture.probes.live_tensors import LiveTensorProbe
@@ -36,6 +37,9 @@ if TYPE_CHECKING:  # each imports torch or memray: built only when its option is
 
 _PROBE_NAMES = {"py_heap": "python_heap"}  # a meter's key -> its entry in the record's probes
 METER_KEYS = ("rss", "py_heap", "cuda", "live_tensors")  # a stage's fields, in the record's order
+# A stage's or an interval's reading of each meter, in METER_KEYS' order (None: that meter is off).
+MeterReadings = tuple[schema.Readings | None, schema.Readings | None, schema.CudaReadings | None,
+                      schema.LiveTensors | None]
 
 
 class Meter(Protocol):
@@ -47,7 +51,7 @@ class Meter(Protocol):
 
     def reset(self) -> None: ...
 
-    def entry(self, start: Any, end: Any, peak: int) -> dict: ...
+    def entry(self, start: Any, end: Any, peak: int) -> schema.Readings | schema.CudaReadings: ...
 
     def describe(self) -> dict: ...
 
@@ -251,20 +255,35 @@ class ProbeSet:
     def device(self) -> str:
         return self.cuda.device if self.cuda is not None else "cpu"
 
-    def meter_fields(self, starts: dict, ends: dict, peaks: dict) -> dict:
+    def meter_fields(self, starts: dict, ends: dict, peaks: dict) -> MeterReadings:
         """A stage's or an interval's reading of each meter: start, end and peak."""
-        meters = {meter.key: meter for meter in self.meters}
-        return {key: meters[key].entry(starts[key], ends[key], peaks[key])
-                if key in meters and key in starts and key in ends else None
-                for key in METER_KEYS}
+        rss: schema.Readings | None = None
+        heap: schema.Readings | None = None
+        cuda: schema.CudaReadings | None = None
+        live: schema.LiveTensors | None = None
+        for meter in self.meters:
+            key = meter.key
+            if key in starts and key in ends:
+                reading = meter.entry(starts[key], ends[key], peaks[key])
+                if type(reading) is schema.Readings:  # type(), not isinstance: LiveTensors are Readings too
+                    if key == "rss":
+                        rss = reading
+                    else:
+                        heap = reading
+                elif type(reading) is schema.CudaReadings:
+                    cuda = reading
+                elif type(reading) is schema.LiveTensors:
+                    live = reading
+        return rss, heap, cuda, live
 
-    def unstaged_fields(self, unstaged_id: int, interval: Interval, ends: dict, census: bool) -> dict:
+    def unstaged_fields(self, unstaged_id: int, interval: Interval, ends: dict, census: bool) -> MeterReadings:
         """An unstaged interval's readings, as a stage's; what was alive at its live-tensor
         peak waits for its owners when a `census` will come."""
         fields = self.meter_fields(interval.starts, ends, interval.peaks)
-        if fields["live_tensors"] is not None:
+        live = fields[3]
+        if live is not None:
             alive = self.alive(interval.at_peak)
-            at_peak = fields["live_tensors"]["at_peak"] = self.at_peak(interval.at_peak, alive, None)
+            at_peak = live.at_peak = self.at_peak(interval.at_peak, alive, None)
             if at_peak is not None and census:
                 self.awaiting_owners.append((unstaged_id, interval.at_peak, alive))
         return fields
@@ -316,7 +335,7 @@ class ProbeSet:
             self.meter_failed(self.live, error)
             return set()
 
-    def at_peak(self, peak_set: PeakSet | None, alive: set, census: dict | None) -> dict | None:
+    def at_peak(self, peak_set: PeakSet | None, alive: set, census: dict | None) -> schema.AtPeak | None:
         """What was alive at a live-tensor peak, grouped; None if the meter is off."""
         if peak_set is None or self.live is None:
             return None
@@ -340,7 +359,7 @@ class ProbeSet:
         for unstaged_id, peak_set, alive in awaiting:
             at_peak = self.at_peak(peak_set, alive, census)
             if at_peak is not None:
-                self._emit({"event": "unstaged_at_peak", "id": unstaged_id, "at_peak": at_peak})
+                self._emit({"event": "unstaged_at_peak", "id": unstaged_id, "at_peak": at_peak.to_json()})
 
     # -- stopping them, and their files ----------------------------------------------------
 
@@ -430,3 +449,4 @@ class ProbeSet:
         if name is None:
             raise RuntimeError(self.history.state.get("reason", "no snapshot was written"))
         return name
+

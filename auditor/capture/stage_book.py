@@ -22,6 +22,15 @@ PeakSet = Any
 # The meters' readings at a boundary, {key: (values, level)} (auditor.capture.probe_set.ProbeSet.read).
 Readings = dict[str, tuple[Any, int]]
 
+# What the audit writes of a stage, an unstaged interval and a mark: these keys, in the event log's
+# order (nulls included), made as the record's types (auditor.record.schema.written_as), so a field
+# the record does not define is a type error.
+STAGE_KEYS = ("id", "name", "path", "parent", "status", "call", "start_s", "end_s", "rss", "py_heap", "cuda",
+              "live_tensors", "components", "tensors", "thread", "error")
+UNSTAGED_KEYS = ("id", "parent", "parent_id", "after", "before", "thread", "start_s", "end_s", "rss", "py_heap",
+                 "cuda", "live_tensors")
+MARK_KEYS = ("name", "stage", "t_s", "thread", "rss", "py_heap", "cuda")
+
 
 class OpenStage:
     """A stage in progress. `peaks` and `at_peak` (what was alive at its live-tensor peak)
@@ -103,18 +112,14 @@ class StageBook:
         return stack
 
     def end_interval(self, thread_id: int, end_s: float, closing: OpenStage | None = None,
-                     before: str | None = None) -> tuple[Interval, dict] | None:
+                     before: str | None = None) -> tuple[Interval, int] | None:
         """End a thread's interval at a stage boundary (`closing`'s close, or the open of the
-        stage `before`). Returns it and the `unstaged` item it becomes (less its meters'
-        readings), or None when it was the closing stage's own time, or empty."""
+        stage `before`). Returns it and the id of the `unstaged` item it becomes, or None when
+        it was the closing stage's own time, or empty."""
         interval = self.intervals.pop(thread_id, None)
         if interval is None or (closing is not None and interval.opened is closing):
             return None  # the thread's first stage, or a stage without children: no gap
         if not end_s > interval.start_s or interval.owner is not threading.current_thread():
             return None  # empty; or left by an ended thread whose id a new one reuses
-        parent = interval.parent
         self.unstaged_id += 1
-        return interval, {"id": self.unstaged_id, "parent": parent.entry["path"] if parent else None,
-                          "parent_id": parent.entry["id"] if parent else None,
-                          "after": interval.after, "before": before, "thread": interval.thread,
-                          "start_s": interval.start_s, "end_s": end_s}
+        return interval, self.unstaged_id

@@ -25,8 +25,9 @@ import dataclasses
 import json
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, TypeVar, Union
 
 SCHEMA = "auditor.run/1"
 MAX_PROBLEMS = 8  # listed in the error; the rest are counted
@@ -36,6 +37,7 @@ Bytes = Annotated[int, "a whole number of bytes"]
 Count = Annotated[int, "a whole number"]
 Seconds = Annotated[float, "a number of seconds"]
 JSON = Any  # kept as read: a job's own structure
+Part = TypeVar("Part", bound="RecordPart")
 
 INVALID: Any = type("Invalid", (), {"__repr__": lambda self: "<invalid>"})()  # a value read as wrong
 _KEYS = "_json_keys"      # the keys read, in their order (None: made in code, all fields)
@@ -47,15 +49,23 @@ class RunRecordError(ValueError):
     of the wrong type."""
 
 
+_PARTS: set[type] = set()  # RecordPart's subclasses: to_json tells them by a type test, no call
+
+
 class RecordPart:
     """Base of every record object: keeps the keys read and the ones unknown to this version."""
+    _json_keys = None  # _KEYS, no annotation (no field, nothing read): set on a part read or written_as
 
     @property
     def extra_fields(self) -> dict[str, Any]:
         return getattr(self, _EXTRA, None) or {}
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _PARTS.add(cls)
+
     def to_json(self) -> dict:
-        return _to_json(self)
+        return _part_json(self)
 
     def __eq__(self, other: object) -> bool:
         """Equal when they write the same JSON: annotations and unknown fields count too."""
@@ -409,6 +419,13 @@ class RunRecord(RecordPart):
         return record
 
 
+def written_as(part: Part, keys: tuple[str, ...]) -> Part:
+    """`part`, made in code (each field type-checked), written as `keys` in this order, nulls included
+    (capture's event log order); a field set since to a value other than its default follows."""
+    object.__setattr__(part, _KEYS, keys)
+    return part
+
+
 def check_schema(schema: Any, where: str) -> None:
     if schema != SCHEMA:
         raise RunRecordError(f"{where}: unknown schema {schema!r} (this auditor reads {SCHEMA!r})")
@@ -519,14 +536,50 @@ def _listed(problems: list[str]) -> str:
 
 # -- writing: types -> JSON, as read ----------------------------------------------------------
 
+_PLAIN = frozenset({str, int, float, bool, type(None)})  # written as they are
+
+
 def _to_json(value: Any) -> Any:
-    if isinstance(value, RecordPart):
-        return {key: _to_json(item) for key, item in _items(value)}
+    if type(value) in _PARTS:
+        return _part_json(value)
     if isinstance(value, list):
-        return [_to_json(v) for v in value]
+        return [v if type(v) in _PLAIN else _to_json(v) for v in value]
     if isinstance(value, dict):
-        return {k: _to_json(v) for k, v in value.items()}
+        return {k: v if type(v) in _PLAIN else _to_json(v) for k, v in value.items()}
     return value
+
+
+def _part_json(part: RecordPart) -> dict:
+    """`_items` as JSON; without extra fields (what capture writes at stage ends), fast: by a kept layout."""
+    values = part.__dict__
+    if _EXTRA in values:
+        return {key: item if type(item) in _PLAIN else _to_json(item) for key, item in _items(part)}
+    read = part._json_keys  # a list when read from a file, kept by no layout
+    layout = (type(part), read)
+    keys, unread = _LAYOUTS[layout] if type(read) is not list and layout in _LAYOUTS else _layout(part, read)
+    for name, default in unread:  # set since
+        if values[name] != default:
+            keys = [*keys, name]
+    written = {}
+    for key in keys:  # no comprehension: a call in Python 3.11
+        written[key] = item if type(item := values[key]) in _PLAIN else _to_json(item)
+    return written
+
+
+def _layout(part: RecordPart, read: Sequence[str] | None) -> tuple[Sequence[str], list[tuple[str, Any]]]:
+    """The keys written first (`read`, else required fields first) and the rest, with their defaults."""
+    fields = {f.name: f for f in dataclasses.fields(part)}  # type: ignore[arg-type]
+    if unknown := [key for key in read or () if key not in fields]:  # given to written_as (read ones are extra)
+        raise TypeError(f"{type(part).__name__} has no field(s) {', '.join(unknown)}")
+    required = [name for name in fields if _required(fields[name])]
+    layout = ((required + [n for n in fields if n not in required], []) if read is None else
+              (read, [(name, _default(f)) for name, f in fields.items() if name not in read]))
+    if type(read) is not list:
+        _LAYOUTS[type(part), read] = layout
+    return layout
+
+
+_LAYOUTS: dict[tuple[type, Sequence[str] | None], tuple[Sequence[str], list[tuple[str, Any]]]] = {}
 
 
 def _items(part: RecordPart) -> list[tuple[str, Any]]:

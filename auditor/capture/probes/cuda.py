@@ -13,6 +13,7 @@ import contextlib
 import sys
 
 from auditor.record.run_folder import HISTORY_FILE
+from auditor.record.schema import CudaReadings
 
 HISTORY_MAX_ENTRIES = 100_000
 
@@ -57,9 +58,9 @@ class CudaProbe:
         self._cuda.reset_peak_memory_stats()
 
     @staticmethod
-    def entry(start: dict, end: dict, peak: int) -> dict:
-        return {"allocated_start": start["allocated"], "allocated_end": end["allocated"],
-                "reserved_end": end["reserved"], "peak_allocated": peak}
+    def entry(start: dict, end: dict, peak: int) -> CudaReadings:
+        return CudaReadings(allocated_start=start["allocated"], allocated_end=end["allocated"],
+                            reserved_end=end["reserved"], peak_allocated=peak)
 
     def describe(self) -> dict:
         return {"state": "on", "method": "torch.cuda memory stats", "device": self.device}

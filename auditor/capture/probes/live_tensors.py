@@ -55,8 +55,10 @@ from auditor.facts import allocator_retention
 from auditor.facts.allocation_sites import MIN_BYTES as SITE_MIN_BYTES
 from auditor.facts.allocation_sites import allocation_site, communication_buffer
 from auditor.facts.allocator_retention import MMAP_THRESHOLD_MAX
+from auditor.record.schema import AtPeak, AtPeakRow, LiveTensors, written_as
 
 NO_CENSUS = "unknown (no census)"
+AT_PEAK_ROW_KEYS = ("owner", "category", "created_in", "op", "bytes", "tensors", "alive_at_end")  # as written
 MAX_ROWS = 25
 # A row of the live table: [serial, bytes, created_in, op, census key, is bool, the last
 # component and category a census named it under while it was alive (or None, None), and the
@@ -468,7 +470,7 @@ class LiveTensorProbe:
         return {"peak_sets": self._meter.peak_sets, "rows_read": self._meter.rows_read,
                 "seconds": self._meter.seconds, "live_rows": len(self._meter._table)}
 
-    def at_peak(self, peak: PeakSet, alive_at_end: set[int], census: dict | None) -> dict:
+    def at_peak(self, peak: PeakSet, alive_at_end: set[int], census: dict | None) -> AtPeak:
         """`peak` grouped by (owner, category, created_in, op), largest first. `alive_at_end`:
         the serials alive when the stage (or interval) ended; `census`: {"owners": {key:
         component}, "components": {...}} from a census taken since, or None (census off)."""
@@ -505,18 +507,18 @@ class LiveTensorProbe:
                 group[0] += size
                 group[1] += 1
         ordered = sorted(groups.items(), key=lambda item: -item[1][0])
-        rows = [{"owner": owner, "category": category, "created_in": created_in, "op": op,
-                 "bytes": size, "tensors": count, "alive_at_end": kept}
+        rows = [written_as(AtPeakRow(owner=owner, category=category, created_in=created_in, op=op, bytes=size,
+                                     tensors=count, alive_at_end=kept), AT_PEAK_ROW_KEYS)
                 for (owner, category, created_in, op, kept), (size, count) in ordered[:MAX_ROWS]]
         left = ordered[MAX_ROWS:]
         self._meter.seconds += time.perf_counter() - began
-        return {"bytes": peak.bytes, "rows": rows, "rows_left_out": len(left),
-                "bytes_left_out": sum(size for _, (size, _) in left)}
+        return AtPeak(bytes=peak.bytes, rows=rows, rows_left_out=len(left),
+                      bytes_left_out=sum(size for _, (size, _) in left))
 
-    def entry(self, start: int, end: int, peak: int) -> dict:
-        return {"start": start, "end": end, "peak": peak,
-                "allocator_threshold": self._meter.mmap_threshold,
-                "heap_high_water": self._meter.heap_high_water}
+    def entry(self, start: int, end: int, peak: int) -> LiveTensors:
+        """Its readings; `at_peak` is given at the interval's end (auditor.capture.probe_set)."""
+        return LiveTensors(start=start, end=end, peak=peak, allocator_threshold=self._meter.mmap_threshold,
+                           heap_high_water=self._meter.heap_high_water)
 
     def describe(self) -> dict:
         method = "torch dispatch mode, storages counted once"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import tracemalloc
 
+from auditor.record.schema import Readings
+
 
 class PythonHeapProbe:
     key = "py_heap"
@@ -28,8 +30,8 @@ class PythonHeapProbe:
         tracemalloc.reset_peak()
 
     @staticmethod
-    def entry(start: int, end: int, peak: int) -> dict:
-        return {"start": start, "end": end, "peak": peak}
+    def entry(start: int, end: int, peak: int) -> Readings:
+        return Readings(start=start, end=end, peak=peak)
 
     def describe(self) -> dict:
         return {"state": "on", "method": "tracemalloc"}

@@ -14,6 +14,7 @@ import os
 import threading
 
 from auditor.capture.stage import AUDITOR_CODE
+from auditor.record.schema import Readings
 
 _STATUS = "/proc/self/status"
 _CLEAR_REFS = "/proc/self/clear_refs"
@@ -85,8 +86,8 @@ class RssProbe:
             os.write(self._fd, b"5")
 
     @staticmethod
-    def entry(start: int, end: int, peak: int) -> dict:
-        return {"start": start, "end": end, "peak": peak}
+    def entry(start: int, end: int, peak: int) -> Readings:
+        return Readings(start=start, end=end, peak=peak)
 
     def describe(self) -> dict:
         info = {"state": "on", "method": self.method}
