@@ -44,7 +44,7 @@ from auditor.capture.stage import AUDITOR_CODE, _set_active, active_audit
 from auditor.capture.stage_book import MARK_KEYS, STAGE_KEYS, UNSTAGED_KEYS, Clock, Interval, OpenStage, StageBook
 from auditor.capture.staging.targets import Staging, Target, _labels
 from auditor.record import run_folder as run_record
-from auditor.record.schema import Call, Mark, Readings, Stage, Unstaged, written_as
+from auditor.record.schema import Call, Exit, Mark, Readings, Stage, Unstaged, written_as
 
 
 class AuditorWarning(UserWarning):
@@ -328,7 +328,7 @@ class Audit:
             "finished_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
             "duration_s": round(end_s, 6), "device": self._probe_set.device, "environment": machine.environment(),
             "process": {**events[0]["process"], "rss_at_end": ends["rss"], **children},
-            "probes": self._probe_set.states, "peak": peak, "memray": memray, "exit": _exit_status(exc),
+            "probes": self._probe_set.states, "peak": peak, "memray": memray, "exit": _exit_status(exc).to_json(),
             "files": files, "event_log": self._log.state(written=1),
             "audit_overhead_s": {k: round(v, 6) for k, v in self._clock.overhead.items()}, **rank,
         }
@@ -586,15 +586,14 @@ def _describe(exc) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _exit_status(exc) -> dict:
+def _exit_status(exc) -> Exit:
     if exc is None:
-        return {"status": "ok", "code": 0, "error": None}
+        return Exit(status="ok", code=0, error=None)
     if isinstance(exc, SystemExit):
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        return {"status": "ok" if code == 0 else "failed", "code": code,
-                "error": None if code == 0 else _describe(exc)}
+        return Exit(status="ok" if code == 0 else "failed", code=code, error=None if code == 0 else _describe(exc))
     if isinstance(exc, KeyboardInterrupt):
-        return {"status": "interrupted", "code": 130, "error": "KeyboardInterrupt"}
+        return Exit(status="interrupted", code=130, error="KeyboardInterrupt")
     if isinstance(exc, Interrupted):
-        return {"status": "interrupted", "code": 128 + exc.signum, "error": str(exc)}
-    return {"status": "failed", "code": 1, "error": _describe(exc)}
+        return Exit(status="interrupted", code=128 + exc.signum, error=str(exc))
+    return Exit(status="failed", code=1, error=_describe(exc))
