@@ -33,6 +33,7 @@ def test_bad_input_is_one_line_and_exit_2_before_any_run(tmp_path, bad, says):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_each_rank_projected_and_the_devices_counted(tmp_path):
     run = tmp_path / "run"
     done = _auditor(*SMALL, *TARGET, "--world-size", "2", "--device-memory", "1", "0.001", "--run-dir", str(run))

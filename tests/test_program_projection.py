@@ -136,6 +136,7 @@ def test_run_projects_an_unmodified_script_to_the_target_model(program, capsys):
     assert projection["target_built"]["by"] == "program"
 
 
+@pytest.mark.heavy
 def test_the_traced_projection_matches_a_real_run_at_the_target(program, tmp_path):
     script, module = program
     result = validate_program(Program(script=str(script), cwd=str(tmp_path), path=[str(tmp_path)]),

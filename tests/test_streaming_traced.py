@@ -50,6 +50,7 @@ def test_spilled_fake_hidden_states_come_back_with_their_shapes(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_streaming_traced_at_a_larger_scale_has_the_real_runs_peak(tmp_path, one_thread):
     small = job.audit(settings(**SMALL), tmp_path / "small")
     real = job.audit(settings(**LARGER), tmp_path / "real")
