@@ -144,6 +144,11 @@ def json_stage_keys(run: dict) -> dict[tuple[str, int], dict]:
     return _keyed((stage["path"], stage) for stage in run.get("stages") or [] if stage.get("status") != "open")
 
 
+def projected_stage_keys(projection: Projection) -> dict[tuple[str, int], ProjectedStage]:
+    """`stage_keys` of a projection's stages (a projection's stages are never open)."""
+    return _keyed((stage["path"], stage) for stage in projection.get("stages") or [])
+
+
 def _keyed(stages: Iterable[tuple[str, Keyed]]) -> dict[tuple[str, int], Keyed]:
     keyed: dict[tuple[str, int], Keyed] = {}
     seen: dict[str, int] = {}

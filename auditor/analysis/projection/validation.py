@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from auditor.record.derived import ProjectedStage, Projection
+from auditor.record.derived import Projection
 from auditor.record.schema import RunRecord
 
 
@@ -34,21 +34,11 @@ TARGETS = (Target("peak live tensors", "scaled", 0.03), Target("peak RSS", "scal
 
 # -- comparing ---------------------------------------------------------------------------
 
-def _projected_stage_keys(projection: Projection) -> dict[tuple[str, int], ProjectedStage]:
-    """A projection's stages by (path, how many of that path came before), as `stage_keys`."""
-    keyed: dict[tuple[str, int], ProjectedStage] = {}
-    seen: dict[str, int] = {}
-    for stage in projection.get("stages") or []:
-        n = seen[stage["path"]] = seen.get(stage["path"], -1) + 1
-        keyed[(stage["path"], n)] = stage
-    return keyed
-
-
 def compare(small: RunRecord, real: RunRecord, projections: dict[str, Projection]) -> dict:
     """Every projected number beside the real run's own, with the relative error."""
-    from auditor.analysis.projection.scaled import stage_keys
+    from auditor.analysis.projection.scaled import projected_stage_keys, stage_keys
     measured = stage_keys(real)
-    by_method = {m: _projected_stage_keys(p) for m, p in projections.items()}
+    by_method = {m: projected_stage_keys(p) for m, p in projections.items()}
     stages = []
     for key, stage in measured.items():
         live = stage.live_tensors.peak if stage.live_tensors else None
