@@ -116,3 +116,17 @@ def test_a_snapshot_stamped_just_before_a_stage_began_is_placed_in_it():
     assert memray_trace.stage_at(stages, 0.030)["path"] == "spike"
     assert memray_trace.stage_at(stages, 0.040)["path"] == "spike"
     assert memray_trace.stage_at(stages, 0.0575) is None  # well after both: unstaged
+
+
+def test_a_snapshot_whose_heap_was_recorded_late_is_placed_up_to_the_next_stamp():
+    """memray's sampler stamps the time, then waits for the trace's lock before it records the
+    heap: on a busy machine the heap is from later, up to the next snapshot's stamp. A stamp in
+    the quiet stage before the spike, with the next stamp 12 ms later inside the spike, is the
+    spike's (the quiet stage overlaps the window more, but memory stood higher in the spike)."""
+    stages = [{"id": 1, "path": "quiet", "parent": None, "start_s": 0.0300, "end_s": 0.0400,
+               "rss": {"peak": 10}},
+              {"id": 2, "path": "spike", "parent": None, "start_s": 0.0402, "end_s": 0.0430,
+               "rss": {"peak": 10**8}}]
+    assert memray_trace.stage_at(stages, 0.031)["path"] == "quiet"  # without the next stamp
+    assert memray_trace.stage_at(stages, 0.031, 0.043)["path"] == "spike"
+    assert memray_trace.stage_at(stages, 0.031, 0.039)["path"] == "quiet"  # ended before the spike

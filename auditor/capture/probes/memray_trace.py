@@ -37,6 +37,7 @@ SNAPSHOT_SHARE = 0.9
 TIME_BASIS = "time of memray's high-water mark, from its ~10 ms memory snapshots"
 RSS_BASIS = "the run's RSS-peak stage (no snapshot time)"
 SNAPSHOT_RESOLUTION_S = 0.001  # memray's snapshot times are whole milliseconds
+SNAPSHOT_INTERVAL_S = 0.010  # memray's default time between snapshots
 CLOCK_SLACK_S = 0.0005  # unix time to perf_counter, taken once at the start
 
 
@@ -47,7 +48,9 @@ class MemrayTrace:
         self._tracker: Tracker | None = None
         self._read: tuple[FileReader, list[AllocationRecord]] | None = None  # summarize's, for the flamegraph
         self._started: tuple[float, float] | None = None  # (perf_counter, unix time) when the tracker started
-        self.high_water_perf: float | None = None  # perf_counter time of the high-water snapshot, once summarized
+        # perf_counter times of the high-water snapshot and of the one after it, once summarized
+        self.high_water_perf: float | None = None
+        self.next_snapshot_perf: float | None = None
         try:
             import memray
         except ImportError:
@@ -85,7 +88,7 @@ class MemrayTrace:
         records = list(reader.get_high_watermark_allocation_records(merge_threads=True))
         self._read = (reader, records)
         peak = reader.metadata.peak_memory
-        self.high_water_perf = self._high_water_time(reader, peak)
+        self.high_water_perf, self.next_snapshot_perf = self._high_water_time(reader, peak)
         sites, auditor_bytes = top_sites(records)
         return {
             "file": TRACE_FILE,
@@ -96,17 +99,24 @@ class MemrayTrace:
             "flamegraph": None,
         }
 
-    def _high_water_time(self, reader, peak: int) -> float | None:
-        """perf_counter time of the snapshot with the highest heap, or None when there is
-        none or it falls short of the peak (the high-water moment fell between snapshots)."""
+    def _high_water_time(self, reader, peak: int) -> tuple[float | None, float | None]:
+        """perf_counter times of the snapshot with the highest heap and of the snapshot after
+        it, or Nones when there is none or it falls short of the peak (the high-water moment
+        fell between snapshots). memray's sampling thread stamps the time, then waits for the
+        trace's lock and records the heap as it is then: under load that heap is from a moment
+        up to the next stamp, not at its own."""
         try:
-            best = max(reader.get_memory_snapshots(), key=lambda snapshot: snapshot.heap, default=None)
+            snapshots = sorted(reader.get_memory_snapshots(), key=lambda snapshot: snapshot.time)
         except (AttributeError, RuntimeError, OSError):  # an older memray or a damaged trace
-            return None
+            return None, None
+        best = max(snapshots, key=lambda snapshot: snapshot.heap, default=None)
         if best is None or self._started is None or best.heap < SNAPSHOT_SHARE * peak:
-            return None
+            return None, None
         started_perf, started_unix = self._started
-        return started_perf + best.time / 1000 - started_unix
+        later = [snapshot.time for snapshot in snapshots if snapshot.time > best.time]
+        next_ms = min(later) if later else best.time + SNAPSHOT_INTERVAL_S * 1000
+        return (started_perf + best.time / 1000 - started_unix,
+                started_perf + next_ms / 1000 - started_unix)
 
     def place(self, stages: list[dict], audit_seconds: Callable[[float], float] | None,
               fallback: dict) -> dict:
@@ -118,7 +128,8 @@ class MemrayTrace:
             return {"stage": fallback.get("stage"), "stage_id": fallback.get("stage_id"),
                     "stage_basis": RSS_BASIS, "at_s": None}
         at_s = audit_seconds(self.high_water_perf)
-        holder = stage_at(stages, at_s)
+        until_s = audit_seconds(self.next_snapshot_perf) if self.next_snapshot_perf is not None else None
+        holder = stage_at(stages, at_s, until_s)
         return {"stage": holder["path"] if holder else None, "stage_id": holder["id"] if holder else None,
                 "stage_basis": TIME_BASIS, "at_s": round(at_s, 3)}
 
@@ -128,19 +139,21 @@ class MemrayTrace:
         return write_flamegraph(*read, self.folder) if read else None
 
 
-def stage_at(stages: list[dict], at_s: float) -> dict | None:
-    """The innermost stage open at the snapshot time `at_s`. memray stamps snapshots in whole
-    milliseconds (truncated), so the moment lies in [at_s, at_s + 1 ms), widened by a little
-    for the clock conversion: of the stages overlapping that window, the innermost (none of
-    its children overlaps too) that overlaps it most, then the one with the higher RSS peak."""
-    low, high = at_s - CLOCK_SLACK_S, at_s + SNAPSHOT_RESOLUTION_S + CLOCK_SLACK_S
+def stage_at(stages: list[dict], at_s: float, until_s: float | None = None) -> dict | None:
+    """The innermost stage open when the heap of the snapshot stamped `at_s` was recorded:
+    in [at_s, until_s) (the next snapshot's stamp; by default the stamp's millisecond, as
+    memray truncates), widened by a little for the clock conversion. Of the innermost stages
+    (none of its children qualifies too) overlapping that window, the one with the higher RSS
+    peak (where memory stood highest), then the one overlapping it most."""
+    end = max(until_s if until_s is not None else at_s, at_s + SNAPSHOT_RESOLUTION_S)
+    low, high = at_s - CLOCK_SLACK_S, end + CLOCK_SLACK_S
     overlap = {s["id"]: min(high, s["end_s"]) - max(low, s["start_s"]) for s in stages
                if s.get("start_s") is not None and s.get("end_s") is not None
                and s["start_s"] <= high and s["end_s"] >= low}
     holding = [s for s in stages if s.get("id") in overlap]
     parents = {s.get("parent") for s in holding}
     innermost = [s for s in holding if s["id"] not in parents] or holding
-    return max(innermost, key=lambda s: (overlap[s["id"]], (s.get("rss") or {}).get("peak") or 0),
+    return max(innermost, key=lambda s: ((s.get("rss") or {}).get("peak") or 0, overlap[s["id"]]),
                default=None)
 
 
