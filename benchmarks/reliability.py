@@ -49,10 +49,18 @@ import benchmark_record  # noqa: E402  (beside this script)
 import pytest  # noqa: E402  (the test modules' skips are pytest's exceptions)
 import test_bad_input as bad_input  # noqa: E402
 import test_faults as faults  # noqa: E402
+from fault_cases import Held  # noqa: E402
 
 import auditor  # noqa: E402
 
 COMMAND = ".venv/bin/python benchmarks/reliability.py -o reports/reliability.md"
+
+
+def fault_suites() -> list:
+    """tests/test_faults.py and every tests/test_faults_*.py: each may define FAULTS (injected
+    into a script alone and under `auditor run`) and CASES (tests/fault_cases.py's `Held`)."""
+    names = ["test_faults"] + sorted(p.stem for p in (ROOT / "tests").glob("test_faults_*.py"))
+    return [importlib.import_module(name) for name in names]
 
 
 # -- 1. bad input ---------------------------------------------------------------------------
@@ -208,6 +216,7 @@ class FaultRun:
 @dataclass
 class Fault:
     name: str
+    suite: str = "test_faults"  # the test module that defines it
     runs: list[FaultRun] = field(default_factory=list)
     skipped: str | None = None
     error: str | None = None
@@ -248,49 +257,100 @@ def measure(injected, scratch: Path, index: int) -> FaultRun:
                     clean(injected.result.stderr[-1500:], scratch))
 
 
-def inject_all() -> list[Fault]:
+def inject_all(suites: list) -> list[Fault]:
     results = []
-    for name, inject in faults.FAULTS.items():
-        fault = Fault(name)
-        began = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="reliability-fault-") as scratch:
-            scratch = Path(scratch)
-            (scratch / "case").mkdir()
-            try:
-                injected = inject(scratch / "case")
-                fault.runs = [measure(one, scratch, i) for i, one in enumerate(injected)]
-            except pytest.skip.Exception as skip:
-                fault.skipped = clean(str(skip.msg), scratch)
-            except Exception as error:  # noqa: BLE001  (reported as not measured, and fails the check)
-                fault.error = clean(f"{type(error).__name__}: {error}", scratch)[:500]
-        fault.seconds = time.perf_counter() - began
-        state = (f"skipped: {fault.skipped}" if fault.skipped else f"ERROR: {fault.error}" if fault.error else
-                 f"{sum(r.alone == r.status for r in fault.runs)}/{len(fault.runs)} exit preserved, "
-                 f"{sum(len(r.lost) for r in fault.runs)} stages lost")
-        print(f"  {name:<56} {fault.seconds:5.1f} s  {state}", flush=True)
-        results.append(fault)
+    for suite in suites:
+        for name, inject in getattr(suite, "FAULTS", {}).items():
+            results.append(inject_one(suite.__name__, name, inject))
     return results
 
 
+def inject_one(suite: str, name: str, inject) -> Fault:
+    fault = Fault(name, suite)
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="reliability-fault-") as scratch:
+        scratch = Path(scratch)
+        (scratch / "case").mkdir()
+        try:
+            injected = inject(scratch / "case")
+            fault.runs = [measure(one, scratch, i) for i, one in enumerate(injected)]
+        except pytest.skip.Exception as skip:
+            fault.skipped = clean(str(skip.msg), scratch)
+        except Exception as error:  # noqa: BLE001  (reported as not measured, and fails the check)
+            fault.error = clean(f"{type(error).__name__}: {error}", scratch)[:500]
+    fault.seconds = time.perf_counter() - began
+    state = (f"skipped: {fault.skipped}" if fault.skipped else f"ERROR: {fault.error}" if fault.error else
+             f"{sum(r.alone == r.status for r in fault.runs)}/{len(fault.runs)} exit preserved, "
+             f"{sum(len(r.lost) for r in fault.runs)} stages lost")
+    print(f"  {name:<56} {fault.seconds:5.1f} s  {state}", flush=True)
+    return fault
+
+
+# -- 3. cases that are not a script's run ------------------------------------------------------
+
+@dataclass
+class Case:
+    name: str
+    suite: str
+    held: bool = False
+    seen: str = ""
+    skipped: str | None = None
+    error: str | None = None
+    seconds: float = 0.0
+
+
+def try_cases(suites: list) -> list[Case]:
+    results = []
+    for suite in suites:
+        for name, check in getattr(suite, "CASES", {}).items():
+            case = Case(name, suite.__name__)
+            began = time.perf_counter()
+            with tempfile.TemporaryDirectory(prefix="reliability-case-") as scratch:
+                try:
+                    held = check(Path(scratch))
+                    assert isinstance(held, Held), f"{name} returned {type(held).__name__}, not Held"
+                    case.held, case.seen = held.held, clean(held.seen, scratch)
+                except pytest.skip.Exception as skip:
+                    case.skipped = clean(str(skip.msg), scratch)
+                except Exception as error:  # noqa: BLE001  (reported as not measured, and fails the check)
+                    case.error = clean(f"{type(error).__name__}: {error}", scratch)[:500]
+            case.seconds = time.perf_counter() - began
+            state = (f"skipped: {case.skipped}" if case.skipped else f"ERROR: {case.error}" if case.error
+                     else "held" if case.held else f"NOT HELD: {case.seen}")
+            print(f"  {name:<56} {case.seconds:5.1f} s  {state}", flush=True)
+            results.append(case)
+    return results
+
+
+def case_table(cases: list[Case]) -> str:
+    lines = [["case", "suite", "held", "what happened", "s"]]
+    for case in cases:
+        held = ("skipped" if case.skipped else "not measured" if case.error else "yes" if case.held else "**no**")
+        lines.append([case.name, f"`tests/{case.suite}.py`", held,
+                      case.skipped or case.error or case.seen, f"{case.seconds:.1f}"])
+    return markdown_table(lines, left=4)
+
+
 def fault_table(results: list[Fault]) -> str:
-    lines = [["fault", "exit alone", "exit under the auditor", "preserved", "finished stages: expected",
+    lines = [["fault", "suite", "exit alone", "exit under the auditor", "preserved", "finished stages: expected",
               "present", "lost", "finished after the fault: in the record", "auditor tracebacks",
               "record (source, exit)", "`auditor report` renders"]]
     for fault in results:
         if fault.skipped or fault.error:
             what = f"skipped: {fault.skipped}" if fault.skipped else f"not measured: {fault.error}"
-            lines.append([fault.name, what] + [""] * 9)
+            lines.append([fault.name, f"`tests/{fault.suite}.py`", what] + [""] * 9)
             continue
         runs = fault.runs
         both = lambda values: ", ".join(sorted({str(v) for v in values}))  # noqa: E731
-        lines.append([fault.name, both(r.alone for r in runs), both(r.status for r in runs),
+        lines.append([fault.name, f"`tests/{fault.suite}.py`", both(r.alone for r in runs),
+                      both(r.status for r in runs),
                       f"{sum(r.alone == r.status for r in runs)}/{len(runs)}",
                       str(sum(r.expected for r in runs)), str(sum(r.present for r in runs)),
                       str(sum(len(r.lost) for r in runs)), both(r.after for r in runs),
                       str(sum(r.auditor_traceback for r in runs)),
                       "; ".join(sorted({r.record for r in runs})),
                       f"{sum(r.renders for r in runs)}/{len(runs)}"])
-    return markdown_table(lines, left=1)
+    return markdown_table(lines, left=2)
 
 
 # -- the report -------------------------------------------------------------------------------
@@ -333,8 +393,9 @@ def revision() -> str:
     return f"commit {head}" + (" with uncommitted changes in the working tree" if dirty else "")
 
 
-def failures_section(rows: list[Row], results: list[Fault]) -> list[str]:
-    out = []
+def failures_section(rows: list[Row], results: list[Fault], cases: list[Case]) -> list[str]:
+    out = [f"- case `{case.name}`: " + (f"not measured: {case.error}" if case.error else case.seen)
+           for case in cases if not case.skipped and not (case.held and not case.error)]
     for row in rows:
         if row.attempt and not row.passed:
             a = row.attempt
@@ -374,20 +435,20 @@ def main() -> int:
     if args.output and not Path(args.output).resolve().parent.is_dir():
         parser.error(f"-o {args.output}: its folder does not exist")
     record = benchmark_record.read(args.record) if args.record else measure_everything()
-    rows, results = rows_of(record), faults_of(record)
+    rows, results, cases = rows_of(record), faults_of(record), cases_of(record)
     bad_table, bad_total = bad_input_table(rows)
-    totals, also = summary(results, bad_total)
+    totals, also = summary(results, cases, bad_total)
     print("\nTotals:")
     for what, value, target, met in totals:
         print(f"  {what:<46} {value:<28} target {target:<5} {'met' if met else 'MISSED'}")
     for line in also:
         print(f"  {line}")
-    failures = failures_section(rows, results)
+    failures = failures_section(rows, results, cases)
     if failures:
         print("\nNot as expected:\n" + "\n".join(failures))
     print(f"wall time {record['wall_s']:.0f} s")
     if args.output:
-        Path(args.output).write_text(report(bad_table, results, totals, also, failures, record))
+        Path(args.output).write_text(report(bad_table, results, cases, totals, also, failures, record))
         if not args.record:
             benchmark_record.write(benchmark_record.beside(args.output), record)
         print(f"wrote {args.output}")
@@ -401,8 +462,11 @@ def measure_everything() -> dict:
     print(f"{machine()}; {revision()}; load average {load_before[0]:.2f}", flush=True)
     print("1. Bad input (tests/test_bad_input.py), one real process per row:", flush=True)
     rows = bad_input_rows()
-    print("2. Faults (tests/test_faults.py FAULTS), alone and under `auditor run`:", flush=True)
-    results = inject_all()
+    suites = fault_suites()
+    print("2. Faults (FAULTS of tests/test_faults*.py), alone and under `auditor run`:", flush=True)
+    results = inject_all(suites)
+    print("3. Cases (CASES of tests/test_faults*.py):", flush=True)
+    cases = try_cases(suites)
     for row in rows:
         if row.attempt:
             row.attempt.stdout = clean(row.attempt.stdout, row.folder_name)
@@ -411,7 +475,8 @@ def measure_everything() -> dict:
     return {"command": COMMAND, "machine": machine(), "revision": revision(),
             "load_average": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
             "wall_s": time.perf_counter() - began,
-            "bad_input": [asdict(row) for row in rows], "faults": [asdict(fault) for fault in results]}
+            "bad_input": [asdict(row) for row in rows], "faults": [asdict(fault) for fault in results],
+            "cases": [asdict(case) for case in cases]}
 
 
 def rows_of(record: dict) -> list[Row]:
@@ -426,7 +491,11 @@ def faults_of(record: dict) -> list[Fault]:
     return [Fault(**{**fault, "runs": [FaultRun(**run) for run in fault["runs"]]}) for fault in record["faults"]]
 
 
-def summary(results: list[Fault], bad_total: dict) -> tuple[list, list[str]]:
+def cases_of(record: dict) -> list[Case]:
+    return [Case(**case) for case in record.get("cases", [])]
+
+
+def summary(results: list[Fault], cases: list[Case], bad_total: dict) -> tuple[list, list[str]]:
     """The targets, measured, and the other counts printed under them."""
     measured = [f for f in results if not (f.skipped or f.error)]
     runs = [r for f in measured for r in f.runs]
@@ -441,6 +510,11 @@ def summary(results: list[Fault], bad_total: dict) -> tuple[list, list[str]]:
          f"{preserved}/{len(runs)} runs ({100 * preserved / len(runs) if runs else 0:.0f}%)", "100%",
          preserved == len(runs) and not errors),
     ]
+    tried = [c for c in cases if not c.skipped]
+    held = sum(c.held and not c.error for c in tried)
+    if cases:
+        totals.append(("cases held (symlinks, records, job commands, ...)", f"{held}/{len(tried)} cases",
+                       "100%", held == len(tried)))
     skipped = [f for f in results if f.skipped]
     also = [f"bad input: exit 2 in {bad_total['exit2']}/{bad_total['tried']}, one line in "
             f"{bad_total['one']}/{bad_total['tried']}, written or changed in {bad_total['touched']}, "
@@ -449,11 +523,13 @@ def summary(results: list[Fault], bad_total: dict) -> tuple[list, list[str]]:
             f"faults: {len(results)} defined, {len(measured)} injected ({len(runs)} audited runs), "
             f"{len(skipped)} skipped, {len(errors)} not measured; auditor tracebacks "
             f"{sum(r.auditor_traceback for r in runs)}; "
-            f"`auditor report` rendered {sum(r.renders for r in runs)}/{len(runs)} folders"]
+            f"`auditor report` rendered {sum(r.renders for r in runs)}/{len(runs)} folders",
+            f"cases: {len(cases)} defined, {len(tried)} tried, {len(cases) - len(tried)} skipped, "
+            f"{sum(bool(c.error) for c in cases)} not measured"]
     return totals, also
 
 
-def report(bad_table: str, results: list[Fault], totals, also, failures, record: dict) -> str:
+def report(bad_table: str, results: list[Fault], cases: list[Case], totals, also, failures, record: dict) -> str:
     load_before, load_after = record["load_average"]
     tables_used = ", ".join(f"`{name}`" for name, _, _ in tables(bad_input))
     total_lines = [f"| {what} | {value} | {target} | {'met' if met else '**missed**'} |"
@@ -498,7 +574,8 @@ def report(bad_table: str, results: list[Fault], totals, also, failures, record:
         "",
         "## 2. Faults",
         "",
-        "Every fault in `tests/test_faults.py`'s `FAULTS`, injected into the same script run alone "
+        "Every fault in the `FAULTS` of `tests/test_faults.py` and `tests/test_faults_*.py`, injected "
+        "into the same script run alone "
         "(plain `python`) and under `auditor run`. Exit statuses as a shell shows them (a signal "
         "ends a process with 128 + its number). *Finished stages: expected* are the stages that "
         "ended before the fault (for a disk kept full to the end, those that ended before it "
@@ -513,6 +590,15 @@ def report(bad_table: str, results: list[Fault], totals, also, failures, record:
         "-o OTHER.md` exits 0, writes the report, and leaves the run folder as it was.",
         "",
         fault_table(results),
+        "",
+        "## 3. Cases that are not a script's run",
+        "",
+        "Every entry of the `CASES` of `tests/test_faults*.py` (planted symlinks, damaged records, job "
+        "commands signalled, unrelated folders named as ranks, ...): each runs in an empty folder and "
+        "says whether the auditor held and what happened. A case the machine does not permit is "
+        "skipped with the reason.",
+        "",
+        case_table(cases) if cases else "No case is defined.",
         "",
         "Other fault suites not counted here (their cases are asserted in the tests): "
         "`tests/test_capture_faults.py` (event-log write failures, failing probes, the auditor's own "
