@@ -134,9 +134,12 @@ def stage_rows(record: RunRecord, unstaged: Sequence[Unstaged] = ()) -> list[Sta
 
 
 def _walk(rows: list[StageRow], out: list[StageRow]) -> None:
-    for row in sorted(rows, key=lambda r: r.start_s):
+    """Depth first, siblings by first start; a stack, not recursion: a tree of any depth."""
+    pending = sorted(rows, key=lambda r: r.start_s)[::-1]
+    while pending:
+        row = pending.pop()
         out.append(row)
-        _walk(row.children, out)
+        pending += sorted(row.children, key=lambda r: r.start_s)[::-1]
 
 
 def holds(row: StageRow, record: RunRecord) -> bool:
