@@ -102,6 +102,31 @@ def test_growth_only_in_the_warmup_step_is_stable():
     assert "Step 1 is left out as warm-up" in result["evidence"]
 
 
+def _best_step_up_by_brute_force(values: list[int]) -> tuple[float, int]:
+    """Every split tried, each level's mean taken afresh: the rule as stated, quadratic."""
+    def misfit(part):
+        mean = sum(part) / len(part)
+        return sum((v - mean) ** 2 for v in part)
+    return min((misfit(values[:k]) + misfit(values[k:]), k) for k in range(1, len(values)))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_running_sums_find_the_step_up_the_rule_states(seed):
+    """The linear-time step-up search (a 2,000-step series took 81 s before) finds the split
+    that trying every one finds, on noisy series with and without a jump or a trend."""
+    from auditor.analysis.training import stability
+    rng = random.Random(seed)
+    n, base = rng.randint(3, 60), rng.choice([10**6, 10**9, 7 * 10**10])
+    jump, slope = rng.choice([0, base // 10]), rng.choice([0, base // 200])
+    at = rng.randint(1, n - 1)
+    values = [base + slope * i + (jump if i >= at else 0) + rng.randint(-base // 100, base // 100)
+              for i in range(n)]
+    fast, k = stability._best_step_up(values)
+    slow, k_slow = _best_step_up_by_brute_force(values)
+    assert k == k_slow
+    assert fast == pytest.approx(slow, rel=1e-9, abs=1.0)
+
+
 def test_too_short_is_a_verdict_not_an_error():
     result = classify([BASE, BASE, 2 * BASE])
     assert result["verdict"] == "too short"

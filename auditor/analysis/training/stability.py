@@ -27,6 +27,7 @@ that starts only in the last few steps can read as one step up until more steps 
 """
 from __future__ import annotations
 
+import math
 import statistics
 
 from auditor.facts.units import KiB, MiB, share, signed_size, size
@@ -96,19 +97,35 @@ def _spike(steps: list[int], values: list[int], margin: float) -> dict | None:
 
 
 def _trend(steps: list[int], values: list[int]) -> dict:
-    """Slope, and whether a line fits better than the best single step up (a jump that stays)."""
+    """Slope, and whether a line fits better than the best single step up (a jump that stays).
+    Linear in the steps: both misfits come from running sums of the values centred on their
+    median (integers, so exact; centring keeps the squares small for the float divisions)."""
     line = statistics.linear_regression(steps, values)
-    line_misfit = sum((v - line.intercept - line.slope * s) ** 2 for s, v in zip(steps, values, strict=False))
-    step_misfit, k = min((_two_level_misfit(values, k), k) for k in range(1, len(values)))
+    line_misfit = math.fsum((v - line.intercept - line.slope * s) ** 2 for s, v in zip(steps, values, strict=False))
+    step_misfit, k = _best_step_up(values)
     left, right = values[:k], values[k:]
     return {"slope": line.slope, "steady": line_misfit < step_misfit, "steps": steps,
             "rises": sum(b > a for a, b in zip(values, values[1:], strict=False)), "growth": values[-1] - values[0],
             "step_up": {"step": steps[k], "bytes": statistics.fmean(right) - statistics.fmean(left)}}
 
 
-def _two_level_misfit(values: list[int], k: int) -> float:
-    """Sum of squared residuals when steps before k sit at one level and the rest at another."""
-    return sum(sum((v - statistics.fmean(part)) ** 2 for v in part) for part in (values[:k], values[k:]))
+def _best_step_up(values: list[int]) -> tuple[float, int]:
+    """The smallest sum of squared residuals when steps before k sit at one level and the rest
+    at another, and its k (the first such k on a tie)."""
+    centre = int(statistics.median(values))
+    centred = [v - centre for v in values]
+    n, total, total_sq = len(centred), sum(centred), sum(v * v for v in centred)
+    best: tuple[float, int] | None = None
+    left, left_sq = 0, 0
+    for k in range(1, n):
+        left += centred[k - 1]
+        left_sq += centred[k - 1] ** 2
+        right, right_sq = total - left, total_sq - left_sq
+        misfit = (left_sq - left * left / k) + (right_sq - right * right / (n - k))
+        if best is None or misfit < best[0]:
+            best = (misfit, k)
+    assert best is not None  # n >= MIN_STEPS
+    return best
 
 
 def _evidence(r: dict, trend: dict, label: str) -> str:
