@@ -39,6 +39,8 @@ from typing import Literal
 
 from auditor.capture import machine, ranks
 from auditor.capture.census_roots import CensusRoots
+from auditor.capture.exit_status import describe as _describe
+from auditor.capture.exit_status import shell_code
 from auditor.capture.probe_set import ProbeSet
 from auditor.capture.stage import AUDITOR_CODE, _set_active, active_audit
 from auditor.capture.stage_book import MARK_KEYS, STAGE_KEYS, UNSTAGED_KEYS, Clock, Interval, OpenStage, StageBook
@@ -581,16 +583,11 @@ def _is_failure(exc) -> bool:
     return True
 
 
-def _describe(exc) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 def _exit_status(exc) -> Exit:
     if exc is None:
         return Exit(status="ok", code=0, error=None)
     if isinstance(exc, SystemExit):
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        code = shell_code(exc.code)  # what the shell sees: sys.exit(263) exits 7
         return Exit(status="ok" if code == 0 else "failed", code=code, error=None if code == 0 else _describe(exc))
     if isinstance(exc, KeyboardInterrupt):
         return Exit(status="interrupted", code=130, error="KeyboardInterrupt")
