@@ -23,6 +23,13 @@ has imported it, no profiler can be recording.
 The auditor's own code runs inside `AUDITOR_CODE` (a per-thread depth): a staged callable
 that the auditor itself calls while measuring (`builtins:len`, `time:perf_counter`...) is then
 a plain call, never a stage, so staging it cannot recurse through the auditor.
+
+A name is any object: a str is kept as it is, bytes are decoded as UTF-8 (a byte that is not
+kept as `\\xNN`), anything else becomes `str(name)` (its repr if that fails). The record keeps
+the text as given; reports and the terminal show its control characters escaped (`\\n`, `\\x1b`).
+
+A decorated function that recurses is one stage: its inner calls run inside the outer call's
+stage, whose record says how deep it went (auditor.capture.recursion).
 """
 from __future__ import annotations
 
@@ -30,6 +37,8 @@ import functools
 import sys
 import threading
 from typing import Any, Literal
+
+from auditor.capture.recursion import end_room, inside, open_call, room, staged_call
 
 _active = None  # the Audit in progress, or None; set only by Audit.__enter__/__exit__
 
@@ -115,7 +124,7 @@ class stage:
     call: dict[str, object] | None = None  # what a staged callable's stage adds to its entry (CallStage)
 
     def __init__(self, name: str):
-        self.name = name
+        self.name = name if type(name) is str else as_text(name)
 
     def __enter__(self) -> stage:
         # profiler_recording(), inlined: a stage with nothing to do stays one call cheap.
@@ -130,14 +139,21 @@ class stage:
         if audit is None and not recording:
             return self
         with AUDITOR_CODE:
-            if recording:
-                _open_range(self)
-            if audit is not None:
-                try:
-                    audit.open_stage(self.name, self, self.call)
-                except BaseException:
-                    _close_range(self)
-                    raise
+            try:
+                room()  # the bookkeeping's frames on top of the program's (auditor.capture.recursion)
+            except RecursionError:  # not even the room to count: this stage goes unrecorded
+                return self
+            try:
+                if recording:
+                    _open_range(self)
+                if audit is not None:
+                    try:
+                        audit.open_stage(self.name, self, self.call)
+                    except BaseException:
+                        _close_range(self)
+                        raise
+            finally:
+                end_room()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> Literal[False]:
@@ -146,11 +162,16 @@ class stage:
             return False
         with AUDITOR_CODE:
             try:
+                room()
+            except RecursionError:
+                return False
+            try:
                 if audit is not None:
                     audit.close_stage(self, exc)
             finally:
                 if _open_ranges:
                     _close_range(self)
+                end_room()
         return False
 
     def __call__(self, function):
@@ -164,8 +185,10 @@ class stage:
                     profiler = _load_profiler()
                 if profiler is None or not profiler._is_profiler_enabled:
                     return function(*args, **kwargs)
-            with stage(name):
-                return function(*args, **kwargs)
+            depth = open_call(staged)
+            if depth is not None:  # recursing: inside the outer call's stage
+                return inside(depth, function, args, kwargs)
+            return staged_call(staged, stage(name), function, args, kwargs, recursed)
         return staged
 
     def __repr__(self) -> str:
@@ -209,12 +232,41 @@ def _close_range(opener: stage) -> None:
     span.__exit__(None, None, None)
 
 
+def recursed(opener: stage, deepest: int) -> None:
+    """A staged callable re-entered while its call `opener` was open, `deepest` calls deep."""
+    audit = _active
+    if audit is not None:
+        with AUDITOR_CODE:
+            audit.recursed(opener, deepest)
+
+
+def as_text(name: object) -> str:
+    """A stage or mark name as text (see the module's docstring)."""
+    if isinstance(name, str):
+        return str(name)
+    if isinstance(name, (bytes, bytearray, memoryview)):
+        return bytes(name).decode("utf-8", "backslashreplace")
+    for show in (str, repr):
+        try:
+            return show(name)
+        except Exception:  # a __str__ that fails: try the next way
+            continue
+    return f"<{type(name).__name__}>"
+
+
 def mark(name: str) -> None:
     """Record a point reading (RSS, and the opt-in probes) under the current stage."""
     audit = _active
     if audit is not None:
         with AUDITOR_CODE:
-            audit.mark(name)
+            try:
+                room()
+            except RecursionError:
+                return
+            try:
+                audit.mark(name if type(name) is str else as_text(name))
+            finally:
+                end_room()
 
 
 def track(name: str, obj, categories: dict[str, str] | None = None) -> None:

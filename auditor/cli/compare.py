@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from auditor.cli import BAD_INPUT, UsageError, add_output_argument, add_run_dir_argument, check_writable_report, epilog
+from auditor.facts import safe_files
 from auditor.record.run_folder import EVENTS_FILE, RUN_FILE
 
 if TYPE_CHECKING:
@@ -274,7 +275,7 @@ def _finish(comparison, out: Path, console, source: Path | None = None) -> int:
             comparison.save(json_path)
             written = "the record"
         comparison_chart.render(report, chart)
-        out.write_text(comparison_markdown.render(report, chart=chart.name))
+        safe_files.write_text(out, comparison_markdown.render(report, chart=chart.name))
     except OSError as error:
         kept = (f"{written} {json_path} is complete: `auditor compare --from {json_path}` renders it again"
                 if written else "no record was written")

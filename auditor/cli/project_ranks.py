@@ -23,6 +23,7 @@ from architectures.options import add_seed_argument, add_size_arguments, at_leas
 from auditor.cli import BAD_INPUT, UsageError, add_output_argument, add_run_dir_argument, check_writable_report, epilog
 from auditor.cli.job_options import gradprobe_settings, take_defaults
 from auditor.cli.progress import StatusLine
+from auditor.facts import safe_files
 from auditor.jobs.settings import RANK_VARIANT, GradProbeSettings
 
 DEFAULT_WORLD_SIZES = [2, 4, 8]
@@ -82,11 +83,12 @@ def main(args) -> int:
         print(f"auditor: {str(error).splitlines()[0]}; the runs that finished are in {str(folder)!r}",
               file=sys.stderr)
         return 1
-    (folder / "rank-projection.json").write_text(
-        json.dumps({"worlds": [w.to_json() for w in worlds]}, indent=1, default=str) + "\n")
+    safe_files.write_text(folder / "rank-projection.json",
+                          json.dumps({"worlds": [w.to_json() for w in worlds]}, indent=1, default=str) + "\n")
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(rank_projection_markdown.render(rank_projection(worlds, args.device_memory), small=small,
-                                                      target=target, command=args.command_line))
+    safe_files.write_text(output, rank_projection_markdown.render(rank_projection(worlds, args.device_memory),
+                                                                  small=small, target=target,
+                                                                  command=args.command_line))
     from auditor.facts.units import size
     worst = worlds[-1].worst.sharded
     print(f"auditor: {len(worlds)} world size(s) projected; at {worlds[-1].world_size} ranks the worst "

@@ -24,6 +24,7 @@ import warnings
 from pathlib import Path
 
 from architectures.options import add_size_arguments, size_overrides
+from auditor.capture.exit_status import shell_code
 from auditor.capture.staging.main_script import Main
 from auditor.cli import (
     BAD_INPUT,
@@ -97,6 +98,7 @@ def main(args) -> int:
     from auditor.renderers import terminal
     from auditor.report_models.terminal import stage_end
     program, program_args = _program(args)
+    the_command = _is_the_command()  # before the program takes __main__'s place
     if args.run_dir is not None and not args.run_dir.strip():  # Path("") is the current folder
         raise UsageError("--run-dir is empty; give a folder for the run record, or leave --run-dir out")
     name = args.name or program.name()
@@ -140,6 +142,8 @@ def main(args) -> int:
                         module=program.module, code=program.code, args=program_args, cwd=os.getcwd(),
                         path=[path_entry])
         _project(console, audit, record, status, target, again, args)
+    if the_command and isinstance(audit.ended, KeyboardInterrupt):
+        _end_by_sigint_at_exit()
     return status
 
 
@@ -272,18 +276,14 @@ def _status(error: BaseException | None, filename: str) -> int:
     if error is None:
         return 0
     if isinstance(error, SystemExit):
-        if error.code is None or isinstance(error.code, int):
-            return error.code or 0
-        print(error.code, file=sys.stderr)
-        return 1
-    if isinstance(error, KeyboardInterrupt):
-        print("KeyboardInterrupt", file=sys.stderr)
-        return 130
+        if error.code is not None and not isinstance(error.code, int):
+            print(error.code, file=sys.stderr)
+        return shell_code(error.code)  # sys.exit(263) exits 7, as the OS cuts it
     if isinstance(error, Interrupted):
         print(f"Terminated ({error})", file=sys.stderr)
         return 128 + error.signum
     _print_script_traceback(error, filename)  # the program's own failure: show it as python would
-    return 1
+    return 130 if isinstance(error, KeyboardInterrupt) else 1
 
 
 class _Sigterm:

@@ -33,6 +33,7 @@ from auditor.cli import (
     epilog,
 )
 from auditor.cli.job_options import add_gradprobe_options, check_gradprobe_options, gradprobe_settings
+from auditor.facts import safe_files
 
 
 def register(subparsers) -> None:
@@ -118,7 +119,7 @@ def main(args) -> int:
         return 1
     report = validation_report(result)
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(render(report, args.command_line))
+    safe_files.write_text(output, render(report, args.command_line))
     console = terminal.console(stdout=True, highlight=True, piped_width=200)
     if "held_out" in result:  # which real run the projection was held against
         console.print(result["held_out"]["sentence"], markup=False, highlight=False, soft_wrap=True)

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from auditor.facts import safe_files
 from auditor.comparison import protocol
 from auditor.comparison.side import Side, Tolerance
 
@@ -41,7 +42,8 @@ def measure(side: Side, repeat: int, run_dir: Path) -> dict:
     entry = {"side": side.name, "repeat": repeat,
              "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
              "load_average": list(os.getloadavg()), "command": command}
-    with open(run_dir / "stdout.txt", "wb") as stdout, open(run_dir / "stderr.txt", "wb") as stderr:
+    with open(safe_files.open_new(run_dir / "stdout.txt"), "wb") as stdout, \
+            open(safe_files.open_new(run_dir / "stderr.txt"), "wb") as stderr:
         launcher = subprocess.Popen([sys.executable, "-I", "-S", str(LAUNCHER), str(launch_json), *command],
                                     stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=env, cwd=side.cwd)
         try:

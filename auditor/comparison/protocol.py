@@ -16,6 +16,8 @@ import json
 import os
 from pathlib import Path
 
+from auditor.facts import safe_files
+
 ENV = "AUDITOR_RESULT"
 FIELDS = {"loaded_rss": int, "result_file": str, "result_digest": str, "tolerance": dict}
 
@@ -41,7 +43,7 @@ def result(file: str | os.PathLike | None = None, digest: str | None = None,
 def _merge(path: str, fields: dict) -> None:
     data = json.loads(Path(path).read_text()) if os.path.exists(path) else {}
     data.update(fields)
-    Path(path).write_text(json.dumps(data))
+    safe_files.write_text(path, json.dumps(data))
 
 
 def read(path: Path, cwd: Path) -> dict:

@@ -20,6 +20,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import architectures
+from auditor.facts import safe_files
 from auditor.capture.fresh_process import run_module
 from auditor.jobs.gradprobe import Settings
 from auditor.record.schema import RunRecord
@@ -83,7 +84,7 @@ def calibrate(settings: Settings, folder: Path, target: Settings | None = None,
     if not plan:
         return []
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / SIZES_FILE).write_text(json.dumps(observed_sizes))
+    safe_files.write_text(folder / SIZES_FILE, json.dumps(observed_sizes))
     child = run_module("auditor.jobs.calibration", json.dumps(plan), str(folder), timeout_s=timeout_s)
     if not child.ok:
         raise RuntimeError(child.failure(f"calibration runs for {settings.architecture}"))
@@ -115,7 +116,7 @@ def _main(plan: list, folder: Path) -> None:
     for label, settings in plan:
         out = folder / _slug(label)
         record = audit(Settings(**settings), out, fake=True, observed_sizes=observed)
-        (out / "compact.json").write_text(json.dumps(compact(record, label)))
+        safe_files.write_text(out / "compact.json", json.dumps(compact(record, label)))
         del record
         gc.collect()
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 import auditor
+from auditor.facts import safe_files
 from auditor.capture.audit import Audit
 from auditor.jobs.settings import GradProbeSettings as Settings
 from auditor.record.schema import RunRecord
@@ -291,7 +292,7 @@ def traced_audit(settings: Settings, out: Path, timeout_s: int = 1800,
     if has_estimates(record):
         lower = _traced_child(settings, Path(out) / "lower-bound", timeout_s, None, estimate=False)
         record.annotations["estimated_bytes"] = estimated_bytes(record, lower)
-        (Path(out) / ESTIMATED_BYTES).write_text(json.dumps(record.annotations["estimated_bytes"], indent=1))
+        safe_files.write_text(Path(out) / ESTIMATED_BYTES, json.dumps(record.annotations["estimated_bytes"], indent=1))
     return record
 
 
@@ -309,7 +310,7 @@ def _traced_child(settings: Settings, out: Path, timeout_s: int, observed_sizes:
     from auditor.capture.fresh_process import run_module
     sizes = Path(out).with_name(Path(out).name + "-sizes.json")  # beside: the run folder is the child's
     sizes.parent.mkdir(parents=True, exist_ok=True)
-    sizes.write_text(json.dumps({"observed": observed_sizes, "estimate": estimate}))
+    safe_files.write_text(sizes, json.dumps({"observed": observed_sizes, "estimate": estimate}))
     child = run_module("auditor.jobs.gradprobe", json.dumps(asdict(settings)), str(out), str(sizes),
                        run_folder=out, timeout_s=timeout_s)
     if not child.ok or child.record is None:

@@ -26,6 +26,7 @@ import shlex
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from auditor.facts import safe_files
 from auditor.analysis.projection.validation import check_targets, compare
 from auditor.capture.tracing.model_from import TargetModel
 from auditor.jobs.projection_validation import DEFAULT_MARGIN, SCALE_UP_RANGE, available_memory, check_fits
@@ -83,7 +84,7 @@ def validate_program(program: Program, model_from: str, target: TargetModel, sta
         scale_up_range=SCALE_UP_RANGE, projections={"traced": traced},
         held_out=_held_out(program, model_from, target, held_out_args, real))
     result["targets"] = check_targets(result)
-    (folder / "validation.json").write_text(json.dumps(result, indent=1) + "\n")
+    safe_files.write_text(folder / "validation.json", json.dumps(result, indent=1) + "\n")
     return result
 
 

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from auditor.facts import safe_files
 from auditor.analysis.projection.validation import check_targets, compare
 from auditor.facts.units import GiB
 from auditor.jobs.gradprobe import Settings
@@ -96,7 +97,7 @@ def validate(small: Settings, target: str, target_overrides: dict, folder: Path,
                   scale_up=target_parameters / parameters_of(small), scale_up_range=SCALE_UP_RANGE,
                   fit=scaled.get("fit"), projections={"scaled": scaled, "traced": traced})
     result["targets"] = check_targets(result)
-    (folder / "validation.json").write_text(json.dumps(result, indent=1) + "\n")
+    safe_files.write_text(folder / "validation.json", json.dumps(result, indent=1) + "\n")
     return result
 
 

@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 import auditor
+from auditor.facts import safe_files
 from auditor.analysis.ranks.projection import ProjectedWorld
 from auditor.capture.audit import Audit
 from auditor.jobs import gradprobe as job
@@ -220,7 +221,7 @@ def _traced_child(settings, world_size, rank, out: Path, observed, estimate, tim
         return earlier
     out.mkdir(parents=True, exist_ok=True)
     sizes = out / f"sizes-rank-{rank}.json"
-    sizes.write_text(json.dumps({"observed": observed, "estimate": estimate}))
+    safe_files.write_text(sizes, json.dumps({"observed": observed, "estimate": estimate}))
     env_free = {k: os.environ.pop(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK") if k in os.environ}
     try:
         child = run_module("auditor.jobs.rank_projection", "traced", json.dumps(asdict(settings)), str(out),

@@ -24,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from auditor.facts import safe_files
+
 RECORD_SUFFIXES = (".json", ".jsonl")
 _END = r"""(?=["'\s:,)\]]|$)"""  # a path ends at a quote, a space, a `:line` or a bracket
 
@@ -55,7 +57,9 @@ def record_files(paths: list[Path]) -> list[Path]:
     found = []
     for path in paths:
         if path.is_dir():
-            found.extend(sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in RECORD_SUFFIXES))
+            # a link planted in a folder is no record of it: its target stays unread and unwritten
+            found.extend(sorted(p for p in path.rglob("*") if p.is_file() and not p.is_symlink()
+                                and p.suffix in RECORD_SUFFIXES))
         else:
             found.append(path)
     return found
@@ -68,9 +72,7 @@ def make_portable(paths: list[Path], root: str) -> list[Path]:
         text = path.read_text(encoding="utf-8")
         portable = portable_text(text, root)
         if portable != text:
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(portable, encoding="utf-8")
-            os.replace(tmp, path)  # a reader never sees half a file
+            safe_files.write_text(path, portable)  # a reader never sees half a file
             changed.append(path)
     return changed
 

@@ -39,10 +39,11 @@ import json
 import os
 from pathlib import Path
 
+from auditor.facts import safe_files
 from auditor.record import derived
+from auditor.record.event_log import EVENTS_FILE, read_events  # noqa: F401 (re-exported)
 from auditor.record.schema import SCHEMA, RunRecord, RunRecordError, check_schema  # noqa: F401 (re-exported)
 
-EVENTS_FILE = "events.jsonl"
 RUN_FILE = "run.json"
 # The probes' own files in a run folder (their probes write them; named here so the record's
 # readers need no probe).
@@ -64,8 +65,8 @@ def check_run_folder(folder: str | os.PathLike) -> Path:
     if folder.exists():
         if not folder.is_dir():
             raise ValueError(f"output folder {str(folder)!r} exists and is not a folder")
-        for name in (EVENTS_FILE, RUN_FILE):
-            if (folder / name).exists():
+        for name in (EVENTS_FILE, RUN_FILE, TRACE_FILE, FLAMEGRAPH_FILE, HISTORY_FILE):
+            if os.path.lexists(folder / name):  # a link planted there counts: never written through
                 raise ValueError(f"output folder {str(folder)!r} already holds a run record "
                                  f"({name}); choose a new folder (--run-dir)")
         if rank_folders(folder):
@@ -114,7 +115,8 @@ class EventLog:
     def __init__(self, folder: Path):
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / EVENTS_FILE
-        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o666)
+        # created here (never a file or a link planted at its name), appended to unbuffered
+        self._fd: int | None = safe_files.open_new(self.path, os.O_APPEND)
         self._identity = file_identity(self._fd)
         self._size = 0
         self.lines = 0
@@ -184,26 +186,38 @@ def file_identity(fd: int) -> tuple[int, int]:
 
 
 def write_json_atomically(path: Path, data: dict) -> None:
-    """Write to a temporary file and rename it over `path`: readers never see half a file,
-    and a write that fails (disk full) leaves neither `path` changed nor the temporary file."""
-    text = json.dumps(data, indent=1) + "\n"  # first: a value JSON cannot hold writes nothing
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise
+    """Write to a temporary file and rename it over `path` (auditor.facts.safe_files): readers
+    never see half a file, a symlink planted at `path` is replaced, never written through, and a
+    write that fails (disk full) leaves neither `path` changed nor the temporary file."""
+    safe_files.write_json(path, data)
 
 
 def record_files() -> tuple[str, ...]:
     """The names of a run folder's own files: an output given one of them would replace, or
     pass for, part of a run record."""
-    return RUN_FILE, EVENTS_FILE, TRACE_FILE, FLAMEGRAPH_FILE, HISTORY_FILE
+    return (RUN_FILE, EVENTS_FILE, TRACE_FILE, FLAMEGRAPH_FILE, HISTORY_FILE,
+            *(name for name, _ in derived.FILES.values()))
+
+
+def record_file_clash(out: str | os.PathLike) -> str | None:
+    """Why writing `out` would replace part of a run record (one of `record_files()`, or a file
+    the record in its folder names: a profiler trace, a job's own file), or None."""
+    out = Path(out)
+    if out.name in record_files():
+        return f"{out.name} is a run record's own file"
+    folder = out.parent
+    named: dict = {}
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        if (folder / RUN_FILE).is_file():
+            named = json.loads((folder / RUN_FILE).read_text(encoding="utf-8")).get("files") or {}
+        elif (folder / EVENTS_FILE).is_file():
+            for event in read_events(folder):
+                if event.get("event") in ("run_finished", "artifacts"):
+                    named.update(event.get("files") or {})
+    for name in named.values() if isinstance(named, dict) else ():
+        if isinstance(name, str) and os.path.normpath(folder / name) == os.path.normpath(out):
+            return f"{out.name} is a file of the run record in {str(folder)!r}"
+    return None
 
 
 # -- assembling --------------------------------------------------------------------------
@@ -436,26 +450,6 @@ def validate(record, where: str = "run record") -> RunRecord:
     that is wrong) unless it has each field the audit writes, with the right type: renderers
     can then trust what they read."""
     return RunRecord.from_json(record, where)
-
-
-def read_events(folder: str | os.PathLike) -> list[dict]:
-    """The events of a run folder; a last line cut short by a kill is dropped."""
-    path = Path(folder) / EVENTS_FILE
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise RunRecordError(f"no event log at {str(path)!r}") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise RunRecordError(f"cannot read event log {str(path)!r}: {error}") from None
-    events = []
-    for number, line in enumerate(lines, 1):
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number == len(lines):
-                break  # the process died mid-write
-            raise RunRecordError(f"event log {str(path)!r}: line {number} is not JSON") from None
-    return events
 
 
 def rebuild(folder: str | os.PathLike, write: bool = True) -> dict:

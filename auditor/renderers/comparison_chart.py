@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from auditor.facts import safe_files
 from auditor.facts.units import MiB
 from auditor.renderers.plot_text import fit_title
 from auditor.report_models.comparison import ComparisonReport, Spread
@@ -18,7 +19,8 @@ LOADED_COLOUR, OVERHEAD_COLOUR, TIME_COLOUR = "#b8c4d6", "#3b6fb6", "#8c8c8c"
 def render(report: ComparisonReport, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    draw(report).savefig(path)
+    with safe_files.replaced(path, "wb") as file:  # a link planted at `path` is replaced, never followed
+        draw(report).savefig(file, format=path.suffix[1:] or "png")
     return path
 
 

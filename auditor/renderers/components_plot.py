@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from auditor.facts import safe_files
 from auditor.analysis.run.component_history import ComponentHistory
 from auditor.facts import units
 from auditor.renderers.plot_text import component_name, fit_title
@@ -29,7 +30,8 @@ def render(report: RunReport, path: str | Path) -> Path | None:
     if figure is None:
         return None
     path = Path(path)
-    figure.savefig(path, format="png")
+    with safe_files.replaced(path, "wb") as file:  # a link planted at `path` is replaced, never followed
+        figure.savefig(file, format="png")
     return path
 
 

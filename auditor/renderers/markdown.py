@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import quote
 
+from auditor.facts import safe_files
 from auditor.analysis.projection.views import ProjectionView
 from auditor.analysis.run.stage_groups import StageRow
 from auditor.analysis.run.unstaged import PeakPlace
@@ -70,7 +71,7 @@ def write(report: RunReport, out: str | os.PathLike, run_folder: str | os.PathLi
         timeline_plot.render(report, plot)
         if has_census:
             components_plot.render(report, parts)
-        out.write_text(text, encoding="utf-8")
+        safe_files.write_text(out, text)  # a link planted at `out` is replaced, never followed
     except BaseException:
         plot.unlink(missing_ok=True)
         parts.unlink(missing_ok=True)

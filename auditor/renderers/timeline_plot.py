@@ -18,6 +18,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+from auditor.facts import safe_files
 from auditor.analysis.run.timeline import Composition, Span
 from auditor.facts import units
 from auditor.renderers.plot_text import component_name, fit_title, shorten, text_width
@@ -46,7 +47,8 @@ class Stack:
 def render(report: RunReport, path: str | Path) -> Path:
     """Draw the report's timeline into `path` (a .png); returns the path."""
     path = Path(path)
-    draw(report).savefig(path, format="png")
+    with safe_files.replaced(path, "wb") as file:  # a link planted at `path` is replaced, never followed
+        draw(report).savefig(file, format="png")
     return path
 
 

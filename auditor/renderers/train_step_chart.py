@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from auditor.facts import safe_files
 from auditor.facts import units
 from auditor.renderers.plot_text import fit_title
 from auditor.report_models.train_step import Configuration, TrainStepReport
@@ -16,8 +17,10 @@ COLOURS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer state": "
 
 
 def render(report: TrainStepReport, path: str | Path) -> Path:
-    draw(report).savefig(path)
-    return Path(path)
+    path = Path(path)
+    with safe_files.replaced(path, "wb") as file:  # a link planted at `path` is replaced, never followed
+        draw(report).savefig(file, format=path.suffix[1:] or "png")
+    return path
 
 
 def draw(report: TrainStepReport):

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from urllib.parse import quote
 
+from auditor.facts import safe_files
 from auditor.facts import units
 from auditor.renderers import markdown_text as md
 from auditor.renderers.markdown import environment_section
@@ -38,8 +39,8 @@ def write(report: TrainStepReport, out: str | os.PathLike, *, folders: list[Path
     chart = None
     if any(c.study is not None for c in report.configurations):  # no step finished: no bars
         chart = train_step_chart.render(report, out.with_name(out.stem + "-components.png")).name
-    out.write_text(render(report, folders=folders, command=command, report_folder=out.parent, chart=chart),
-                   encoding="utf-8")
+    safe_files.write_text(out, render(report, folders=folders, command=command, report_folder=out.parent,
+                                      chart=chart))
     return out
 
 

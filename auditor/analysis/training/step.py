@@ -173,8 +173,12 @@ def calculator_check(record: RunRecord) -> dict | None:
 def series(record: RunRecord) -> dict:
     """Each step's peak: live tensors, RSS, and on GPU CUDA allocated."""
     out: dict[str, list] = {"live_tensors": [], "rss": [], "cuda_allocated": []}
+    finished: dict[str, Stage] = {}  # path -> its first finished stage, as `stage` finds it: one pass
+    for entry in record.stages:
+        if entry.status == "ok":
+            finished.setdefault(entry.path, entry)
     for number in step_numbers(record):
-        for key, value in peaks(stage(record, f"step {number}")).items():
+        for key, value in peaks(finished.get(f"step {number}")).items():
             if key in out and value is not None:
                 out[key].append(value)
     return out

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from auditor.facts.allocation_sites import AUDITOR, is_auditor_code, is_program_code, passes_through
+from auditor.facts import safe_files
 from auditor.record.run_folder import FLAMEGRAPH_FILE, TRACE_FILE
 
 if TYPE_CHECKING:
@@ -236,7 +237,7 @@ def write_flamegraph(reader, records, folder: Path) -> str | None:
             records, memory_records=tuple(reader.get_memory_snapshots()),
             native_traces=reader.metadata.has_native_traces)
         try:
-            with open(out, "w", encoding="utf-8") as f:
+            with safe_files.replaced(out, "w") as f:  # a link planted at `out` is replaced, never followed
                 reporter.render(outfile=f, metadata=reader.metadata, show_memory_leaks=False,
                                 merge_threads=True, inverted=False, no_web=True)
         except OSError:  # disk full: no half-written flamegraph left to be linked

@@ -38,7 +38,9 @@ import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from auditor.capture.stage import AUDITOR_CODE, CallStage, active_audit, in_auditor_code, profiler_recording, stage
+from auditor.capture import recursion
+from auditor.capture.stage import (AUDITOR_CODE, CallStage, active_audit, in_auditor_code, profiler_recording,
+                                   recursed, stage)
 from auditor.capture.staging import main_script, name_bindings, script_names
 from auditor.capture.staging.call_labels import CallLabels
 from auditor.capture.staging.user_imports import import_named
@@ -334,12 +336,14 @@ def _stage_calls(function, name: str, receiver: bool):
     def staged_call(*args, **kwargs):
         if in_auditor_code():  # called by the auditor itself while measuring: never a stage
             return function(*args, **kwargs)
+        depth = recursion.open_call(function)
+        if depth is not None:  # recursing: inside the outer call's stage, unnumbered
+            return recursion.inside(depth, function, args, kwargs)
         with AUDITOR_CODE:
             opened = _open_call(name, receiver, args, kwargs)
         if opened is None:
             return function(*args, **kwargs)
-        with opened:
-            return function(*args, **kwargs)
+        return recursion.staged_call(function, opened, function, args, kwargs, recursed)
     vars(staged_call)["__auditor_target__"] = name  # the mark a second patch looks for (LatePatch)
     return staged_call
 
