@@ -37,7 +37,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
-from auditor.capture import machine, ranks
+from auditor.capture import machine, nested_audit, ranks
 from auditor.capture.census_roots import CensusRoots
 from auditor.capture.exit_status import describe as _describe
 from auditor.capture.exit_status import shell_code
@@ -201,8 +201,9 @@ class Audit:
     def _start(self) -> Audit:
         if self._entered:
             raise RuntimeError("an Audit runs once; create a new one")
-        if active_audit() is not None:
-            raise RuntimeError("another audit is already active in this process")
+        running = active_audit()
+        if running is not None:  # a program that audits itself, run under `auditor run`: never an error
+            return nested_audit.join(self, running, _claim, _exit_status)
         self._entered = True
         self._pid = os.getpid()
         self._clock.start()
