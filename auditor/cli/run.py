@@ -14,6 +14,7 @@ with 143 (128 + SIGTERM), the status a shell shows for a process SIGTERM ended.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shlex
@@ -53,7 +54,8 @@ def register(subparsers) -> None:
                        "--stage mylib.prune:prune_layer prune.py"],
                       [("N", "the program's own exit status (a record that cannot be written is a warning)"),
                        BAD_INPUT,
-                       (130, "Ctrl-C, with a record saying 'interrupted'"),
+                       (130, "Ctrl-C or the program's KeyboardInterrupt, with its traceback and a record saying "
+                             "'interrupted' (ended by SIGINT, as python is)"),
                        (143, "SIGTERM (128 + the signal, as a shell shows a process it ended), "
                              "with a record saying 'interrupted'")]))
     add_run_dir_argument(parser, "run folder (default: a new folder under runs/)", old=("--out",))
@@ -128,7 +130,7 @@ def main(args) -> int:
                                                               "cuda_history", "torch_profiler")}
         # the model's builder patched before the stages wrap it
         with _one_line_warnings(console), model_from, carry_into_spawn(audit, worker_options, args.label) as spawns:
-            status = _run_script(audit, program, program_args, filename, lines.close)
+            status, ctrl_c = _run_script(audit, program, program_args, filename, lines.close)
     finally:
         sys.path[:], sys.argv = saved_path, saved_argv
     record = _typed_record(console, audit)
@@ -142,7 +144,7 @@ def main(args) -> int:
                         module=program.module, code=program.code, args=program_args, cwd=os.getcwd(),
                         path=[path_entry])
         _project(console, audit, record, status, target, again, args)
-    if the_command and isinstance(audit.ended, KeyboardInterrupt):
+    if ctrl_c and the_command:  # python ends by the signal itself, after its exit handlers
         _end_by_sigint_at_exit()
     return status
 
@@ -242,9 +244,10 @@ def _project(console, audit, record: RunRecord | None, status: int, target, prog
     terminal.projection_summary(console, projection_summary(projection, audit.folder))
 
 
-def _run_script(audit, program: Main, program_args: list[str], filename: str, lines_done=lambda: None) -> int:
-    """The program's exit status, as the interpreter would give it; `filename`: its code's file
-    name, where its traceback starts. `lines_done`: once the audit
+def _run_script(audit, program: Main, program_args: list[str], filename: str,
+                lines_done=lambda: None) -> tuple[int, bool]:
+    """The program's exit status, as the interpreter would give it, and whether it ended by
+    KeyboardInterrupt; `filename`: its code's file name, where its traceback starts. `lines_done`: once the audit
     has ended, before the script's traceback is printed (the stage lines end first)."""
     try:
         audit.__enter__()
@@ -268,7 +271,7 @@ def _run_script(audit, program: Main, program_args: list[str], filename: str, li
             os.chdir(cwd)  # a script that changed folder: the paths the user gave mean what they did
             audit.__exit__(type(ended) if ended else None, ended, ended.__traceback__ if ended else None)
             _quietly(lines_done)
-    return _status(ended, filename)
+    return _status(ended, filename), isinstance(ended, KeyboardInterrupt)
 
 
 def _status(error: BaseException | None, filename: str) -> int:
@@ -284,6 +287,30 @@ def _status(error: BaseException | None, filename: str) -> int:
         return 128 + error.signum
     _print_script_traceback(error, filename)  # the program's own failure: show it as python would
     return 130 if isinstance(error, KeyboardInterrupt) else 1
+
+
+def _is_the_command() -> bool:
+    """Whether this process is the `auditor` command (`python -m auditor`, the console script),
+    not a caller of auditor.cli.main in its own process (a test), which must never be ended."""
+    from auditor import cli
+    main_module = sys.modules.get("__main__")
+    spec = getattr(main_module, "__spec__", None)
+    return getattr(spec, "name", None) == "auditor.__main__" or getattr(main_module, "main", None) is cli.main
+
+
+def _end_by_sigint_at_exit() -> None:
+    """End as python ends a program a KeyboardInterrupt left: after its exit handlers (the
+    program's, logging's) have run and the output is flushed, killed by SIGINT, so the parent
+    sees a process Ctrl-C ended (a shell: 130; a shell loop stops), not an exit status."""
+    def end() -> None:
+        atexit.unregister(end)
+        atexit._run_exitfuncs()  # the others, in their order (this one was registered last: it runs first)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    atexit.register(end)
 
 
 class _Sigterm:
