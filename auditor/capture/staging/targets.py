@@ -39,8 +39,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from auditor.capture import recursion
-from auditor.capture.stage import (AUDITOR_CODE, CallStage, active_audit, in_auditor_code, profiler_recording,
-                                   recursed, stage)
+from auditor.capture.stage import (
+    AUDITOR_CODE,
+    CallStage,
+    active_audit,
+    in_auditor_code,
+    profiler_recording,
+    recursed,
+    stage,
+)
 from auditor.capture.staging import main_script, name_bindings, script_names
 from auditor.capture.staging.call_labels import CallLabels
 from auditor.capture.staging.user_imports import import_named

@@ -1,0 +1,115 @@
+"""Recursion under audit: the program may recurse as deep as it could without the auditor.
+
+Python stops a thread at `sys.getrecursionlimit()` frames (1,000 by default). The auditor adds
+frames of its own: each open staged call has its wrapper's frames under the program's, and
+every stage boundary runs the audit's bookkeeping on top of the program's frames. So that a
+program that fits under the limit alone also fits under audit, and the bookkeeping never
+raises RecursionError into it:
+
+- each open staged call lends its wrapper frames to the limit (`lend`, `take_back`), so the
+  program's own frames have the room they have alone;
+- the bookkeeping at a boundary runs with `ROOM` frames more (`room`, `end_room`);
+- a staged callable re-entered on a thread while a call of it is open there (a recursive
+  function) is no new stage: it runs inside the outer call's stage, whose record says how deep
+  it recursed (`call.recursed`). A thousand-deep recursion is one stage, not a thousand nested.
+
+The limit is the process's: while a thread's staged calls are open, other threads have that
+room too (a program recursing without end then stops a few frames deeper than alone). A limit
+the program sets while the auditor lends frames is kept, the loan on top of it.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+
+ROOM = 250  # frames for the bookkeeping at a stage boundary (it needs ~60 at most)
+WRAPPER_FRAMES = 2  # a staged call's wrapper and the function that runs the call inside its stage
+
+_lock = threading.Lock()
+_lent = 0  # frames added to the program's limit now, in all threads
+_set = 0  # the limit last set here (0: none): another value means the program set its own
+_getlimit, _setlimit = sys.getrecursionlimit, sys.setrecursionlimit
+
+
+def _change(frames: int) -> int:
+    """Lend `frames` more (negative: take them back); returns the limit before."""
+    global _lent, _set
+    with _lock:
+        current = _getlimit()
+        base = current - _lent if current == _set else current  # the program's own limit
+        _lent += frames
+        try:
+            _setlimit(base + _lent)
+        except (RecursionError, ValueError):  # too low for the frames open now: keep the higher one
+            pass
+        _set = _getlimit()
+        return current
+
+
+def lend(frames: int = WRAPPER_FRAMES) -> None:
+    _change(frames)
+
+
+def take_back(frames: int = WRAPPER_FRAMES) -> None:
+    _change(-frames)
+
+
+def room() -> None:
+    """`ROOM` frames more for the auditor's bookkeeping, until `end_room`."""
+    _change(ROOM)
+
+
+def end_room() -> None:
+    _change(-ROOM)
+
+
+class Depth:
+    """How deep one open staged call has recursed on its thread (1: not re-entered)."""
+    __slots__ = ("now", "deepest")
+
+    def __init__(self) -> None:
+        self.now = self.deepest = 1
+
+
+class _OpenCalls(threading.local):
+    def __init__(self) -> None:
+        self.calls: dict[object, Depth] = {}  # a staged callable -> its open call on this thread
+
+
+_open = _OpenCalls()
+
+
+def open_call(key: object) -> Depth | None:
+    """This thread's open call of the staged callable `key`, or None."""
+    return _open.calls.get(key)
+
+
+def inside(depth: Depth, function, args: tuple, kwargs: dict):
+    """A re-entered staged callable: a plain call, counted in its outer call's `depth`."""
+    depth.now += 1
+    if depth.now > depth.deepest:
+        depth.deepest = depth.now
+    lend()
+    try:
+        return function(*args, **kwargs)
+    finally:
+        depth.now -= 1
+        take_back()
+
+
+def staged_call(key: object, opened, function, args: tuple, kwargs: dict, recursed):
+    """`function` called inside stage `opened` (entered here), as the open call of `key` on this
+    thread; `recursed(opened, deepest)` says how deep it recursed before the stage closes."""
+    calls = _open.calls
+    depth = calls[key] = Depth()
+    lend()
+    try:
+        with opened:
+            try:
+                return function(*args, **kwargs)
+            finally:
+                if depth.deepest > 1:
+                    recursed(opened, depth.deepest)
+    finally:
+        del calls[key]
+        take_back()
