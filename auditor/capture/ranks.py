@@ -9,9 +9,12 @@ otherwise; its launcher's record stays in R), every rank audits itself: `Audit(o
 ranks never touch each other's files, and `auditor report R` merges them.
 
 The record's `rank` field: {rank, world_size, local_rank, host, backend, run_id (torchrun's
-TORCHELASTIC_RUN_ID, a uuid with --standalone; else null), source, read_at}. A rank refuses a
-shared folder holding a plain run's record, its own rank's, or a rank of another run (more
-ranks, another world size, another torchrun id).
+TORCHELASTIC_RUN_ID, a uuid with --standalone; else null), launch, source, read_at}. `launch`
+says which launch started the rank (auditor.record.launches): torchrun's run id where there is
+one, else the process that started the ranks on this host (its pid and start time: a spawn's
+parent, torchrun's agent, a job that starts ranks), so `auditor report` merges only ranks of one
+launch. A rank refuses a shared folder holding a plain run's record, its own rank's, or a rank
+of another run (more ranks, another world size, another launch).
 It is read twice:
   - where the audit is created (it chooses the folder): from torch.distributed if a process
     group is initialised then, else from the RANK / WORLD_SIZE / LOCAL_RANK environment that
@@ -33,6 +36,7 @@ import socket
 import sys
 from pathlib import Path
 
+from auditor.record import launches
 from auditor.record.run_folder import EVENTS_FILE, check_run_folder, rank_folder_name, rank_folders
 
 ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
@@ -45,8 +49,28 @@ def identity(read_at: str = "start") -> dict | None:
     if found is None:
         return None
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")  # torchrun's rendezvous id ("none" without one)
-    return {**found, "local_rank": _int(os.environ.get("LOCAL_RANK")), "host": socket.gethostname(),
-            "run_id": run_id if run_id not in (None, "", "none") else None, "read_at": read_at}
+    run_id = run_id if run_id not in (None, "", "none") else None
+    host = socket.gethostname()
+    return {**found, "local_rank": _int(os.environ.get("LOCAL_RANK")), "host": host, "run_id": run_id,
+            "launch": launch(run_id, host), "read_at": read_at}
+
+
+def launch(run_id: str | None, host: str) -> dict:
+    """Which launch started this rank: torchrun's id, valid across hosts, or the process that
+    started it on this host, named by its pid and start time (a pid alone is reused)."""
+    if run_id is not None:
+        return {"id": run_id, "host": None}
+    parent = os.getppid()
+    return {"id": f"pid {parent} started at {_start_ticks(parent)}", "host": host}
+
+
+def _start_ticks(pid: int) -> str:
+    """A process's start time in clock ticks after boot (/proc/PID/stat's 22nd field); "?" elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return "?"
 
 
 def _from_process_group() -> dict | None:
@@ -113,8 +137,8 @@ def rank_run_folder(out, rank: dict) -> Path:
 
 
 def _other_run(folder: Path, other: int, rank: dict) -> str | None:
-    """What says rank `other`'s record is no rank of this run (more ranks, another world size or
-    torchrun id), or None. A log not written yet (a rank of this run starting) is no objection."""
+    """What says rank `other`'s record is no rank of this run (more ranks, another world size,
+    torchrun id or launch), or None. A log not written yet (a rank of this run starting) is no objection."""
     if other >= rank["world_size"]:
         return "an earlier run with more ranks"
     try:
@@ -126,4 +150,5 @@ def _other_run(folder: Path, other: int, rank: dict) -> str | None:
         return f"an earlier run of {theirs['world_size']} ranks"
     if theirs.get("run_id") and rank.get("run_id") and theirs["run_id"] != rank["run_id"]:
         return f"an earlier torchrun (run id {theirs['run_id']})"
-    return None
+    why = launches.conflict(theirs, rank) if theirs.get("world_size") is not None else None
+    return f"another launch ({why})" if why else None

@@ -6,12 +6,12 @@ killed run) is rebuilt from its event log without writing run.json, and the expo
 comes from an unfinished run.
 
 Default output: trace.json in the run folder. An unreadable record, and an output that is a
-folder, cannot be written, or would take a run record's own name, are usage errors: one line,
-exit status 2, nothing written.
+folder, cannot be written, or would replace part of a run record (run.json, events.jsonl, the
+memray trace, any file a record names), are usage errors: one line, exit status 2, nothing
+written. A damaged line in the middle of an event log is skipped with a warning on stderr.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from auditor.cli import BAD_INPUT, UsageError, add_output_argument, check_file_writable, epilog
@@ -58,16 +58,19 @@ def main(args) -> int:
 def read_record(run: Path) -> RunRecord:
     """The record of a run folder or run.json; a killed run's is assembled from its event
     log, nothing written."""
+    from auditor.cli.report import warn_of_damaged_lines
     from auditor.record.run_folder import RunRecordError, load
     try:
-        return load(run, from_events=True)
+        record = load(run, from_events=True)
     except RunRecordError as error:
         raise UsageError(f"{error}; give a run folder or its run.json") from None
+    warn_of_damaged_lines(run if run.is_dir() else run.parent)
+    return record
 
 
 def check_output(out: Path, run: Path) -> None:
     """One line unless the export can be written at `out` without touching a record."""
-    from auditor.record.run_folder import EVENTS_FILE, RUN_FILE
+    from auditor.record.run_folder import record_file_clash
     name = DEFAULT_NAMES["chrome-trace"]
     if out.is_dir():
         raise UsageError(f"output {str(out)!r} is a folder; give a file name such as {str(out / name)!r}")
@@ -75,20 +78,18 @@ def check_output(out: Path, run: Path) -> None:
     if out.exists() and run.exists() and out.samefile(run):
         raise UsageError(f"output {str(out)!r} is the run record being exported; give another file, "
                          f"such as {instead!r}")
-    # `auditor report` and rebuild take these names for a run record: a trace there would
-    # replace one, or pass for one.
-    if out.name in (RUN_FILE, EVENTS_FILE):
-        raise UsageError(f"output {str(out)!r} has a run record's name ({RUN_FILE}, {EVENTS_FILE}); "
-                         f"give another, such as {instead!r}")
+    # a trace there would replace part of a record (the memray trace, run.json...), or pass for one
+    clash = record_file_clash(out)
+    if clash:
+        raise UsageError(f"output {str(out)!r} {clash}; give another, such as {instead!r}")
     check_file_writable(out, f"cannot write {str(out)!r}")
 
 
 def write(out: Path, text: str) -> None:
-    """Through a temporary file renamed over `out`: a failed write leaves nothing behind."""
-    tmp = out.with_name(out.name + ".tmp")
+    """Through a temporary file renamed over `out` (auditor.facts.safe_files): a failed write
+    leaves nothing behind, a link planted at `out` is replaced, never followed."""
+    from auditor.facts import safe_files
     try:
-        tmp.write_text(text + "\n", encoding="utf-8")
-        os.replace(tmp, out)
+        safe_files.write_text(out, text + "\n")
     except OSError as error:
-        tmp.unlink(missing_ok=True)
         raise UsageError(f"cannot write {str(out)!r}: {error.strerror or error}") from None

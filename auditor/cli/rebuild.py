@@ -6,13 +6,16 @@ log; stages still open when it stops are listed with status "open", and a log th
 before the run finished gives exit status "unfinished". `auditor report DIR` renders such a
 folder without this step; rebuild makes the record a file others can load.
 
-An existing run.json is kept unless --force (it is then replaced atomically). A folder
+An existing run.json is kept unless --force (it is then replaced atomically, and a link planted
+at its name is replaced, never written through). A damaged line in the middle of the log is
+skipped: a warning on stderr and in run.json's warnings names its line. A folder
 without an event log, an unreadable log and a folder that cannot be written are usage
 errors: one line, exit status 2, nothing written.
 """
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from auditor.cli import BAD_INPUT, UsageError, epilog
@@ -32,6 +35,7 @@ def register(subparsers) -> None:
 
 
 def main(args) -> int:
+    from auditor.record.event_log import damaged_lines
     from auditor.record.run_folder import (
         EVENTS_FILE,
         RUN_FILE,
@@ -58,6 +62,8 @@ def main(args) -> int:
         record = validate(written, log_of(folder))
     except RunRecordError as error:
         raise UsageError(str(error)) from None
+    for warning in damaged_lines(folder):  # skipped; run.json's warnings say so too
+        print(f"auditor: warning: {str(folder)!r}: {warning}", file=sys.stderr)
     try:
         write_json_atomically(out, written)
     except OSError as error:

@@ -18,6 +18,7 @@ status 2, nothing written.
 from __future__ import annotations
 
 import shlex
+import sys
 from pathlib import Path
 
 from auditor.cli import BAD_INPUT, UsageError, add_output_argument, check_file_writable, epilog
@@ -55,6 +56,8 @@ def main(args) -> int:
             loaded.append((load(run, from_events=True), Path(run) if Path(run).is_dir() else Path(run).parent))
         except RunRecordError as error:
             raise UsageError(f"{error}; give a run.json written by `auditor run` or its run folder") from None
+    for _, folder in loaded:
+        warn_of_damaged_lines(folder)
     training = [(record.annotations.get("workload") or {}).get("job") == "train-step" for record, _ in loaded]
     if len(loaded) > 1 and not all(training):
         raise UsageError("several runs make one report only when all are `auditor train-step` runs")
@@ -90,28 +93,44 @@ def _multi_rank(run: Path) -> bool:
 def _ranks_report(folder: Path, out: str | None) -> int:
     """The merged report of a multi-rank run folder (RUN/rank-N/, one record per rank)."""
     from auditor.analysis.ranks.merged import merge_ranks
-    from auditor.record.run_folder import RunRecordError
+    from auditor.facts import safe_files
+    from auditor.record.run_folder import RunRecordError, rank_folder_name, rank_folders
     from auditor.renderers import ranks_markdown
     try:
         merged = merge_ranks(folder)
     except RunRecordError as error:
         raise UsageError(f"{error}; give a run folder written by `auditor run` under torchrun") from None
+    for rank in rank_folders(folder):
+        warn_of_damaged_lines(folder / rank_folder_name(rank), f"rank {rank}: ")
     target = Path(out) if out else folder / DEFAULT_NAME
     _check_writable(target)
     try:
-        target.write_text(ranks_markdown.render(merged), encoding="utf-8")
+        safe_files.write_text(target, ranks_markdown.render(merged))  # a link planted there is replaced
     except OSError as error:
         raise UsageError(f"cannot write the report to {str(target)!r}: {error.strerror or error}") from None
     print(target)
     return 0
 
 
+def warn_of_damaged_lines(folder: Path, who: str = "") -> None:
+    """On stderr, each damaged line skipped in the event log a record was assembled from (the
+    record's warnings say it too; auditor.record.event_log)."""
+    from auditor.record.event_log import damaged_lines
+    from auditor.record.run_folder import EVENTS_FILE, RUN_FILE
+    if (folder / EVENTS_FILE).is_file() and not (folder / RUN_FILE).exists():
+        for warning in damaged_lines(folder):
+            print(f"auditor: warning: {who}{str(folder)!r}: {warning}", file=sys.stderr)
+
+
 def _check_output_name(out: Path, runs: list[Path]) -> None:
-    """One line unless `out` is a markdown file apart from every run record's own files."""
-    from auditor.record.run_folder import record_files
-    if out.name in record_files():
-        raise UsageError(f"output {str(out)!r} has the name of a run record's own file; give a "
-                         f".md file such as {str(out.with_name(DEFAULT_NAME))!r}")
+    """One line unless `out` (and the PNGs beside it) is a markdown file apart from every run
+    record's own files."""
+    from auditor.record.run_folder import record_file_clash
+    for file in (out, out.with_name(out.stem + "-timeline.png"), out.with_name(out.stem + "-components.png")):
+        clash = record_file_clash(file)
+        if clash:
+            which = f"output {str(out)!r}" if file == out else f"output {str(out)!r} would write {file.name}, which"
+            raise UsageError(f"{which} {clash}; give a .md file such as {str(out.with_name(DEFAULT_NAME))!r}")
     for run in runs:
         if out.exists() and run.exists() and out.samefile(run):
             raise UsageError(f"output {str(out)!r} is the run record being rendered; give a .md "

@@ -15,9 +15,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from auditor.facts import safe_files
 from auditor.comparison import protocol
 from auditor.comparison.side import Side, Tolerance
+from auditor.facts import safe_files
 
 LAUNCHER = Path(__file__).with_name("launcher.py")
 TAIL_LINES = 20

@@ -20,8 +20,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import architectures
-from auditor.facts import safe_files
 from auditor.capture.fresh_process import run_module
+from auditor.facts import safe_files
 from auditor.jobs.gradprobe import Settings
 from auditor.record.schema import RunRecord
 

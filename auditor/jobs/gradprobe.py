@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 import auditor
-from auditor.facts import safe_files
 from auditor.capture.audit import Audit
+from auditor.facts import safe_files
 from auditor.jobs.settings import GradProbeSettings as Settings
 from auditor.record.schema import RunRecord
 

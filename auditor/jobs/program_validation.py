@@ -26,9 +26,9 @@ import shlex
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from auditor.facts import safe_files
 from auditor.analysis.projection.validation import check_targets, compare
 from auditor.capture.tracing.model_from import TargetModel
+from auditor.facts import safe_files
 from auditor.jobs.projection_validation import DEFAULT_MARGIN, SCALE_UP_RANGE, available_memory, check_fits
 from auditor.jobs.script_projection import Plan, Program, plan_for, project_program, run_program
 from auditor.record.run_folder import load

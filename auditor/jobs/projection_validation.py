@@ -22,8 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from auditor.facts import safe_files
 from auditor.analysis.projection.validation import check_targets, compare
+from auditor.facts import safe_files
 from auditor.facts.units import GiB
 from auditor.jobs.gradprobe import Settings
 from auditor.jobs.validation_run import label as _label

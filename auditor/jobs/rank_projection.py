@@ -42,9 +42,9 @@ from pathlib import Path
 import torch
 
 import auditor
-from auditor.facts import safe_files
 from auditor.analysis.ranks.projection import ProjectedWorld
 from auditor.capture.audit import Audit
+from auditor.facts import safe_files
 from auditor.jobs import gradprobe as job
 from auditor.jobs.gradprobe import Settings
 from auditor.jobs.settings import RANK_VARIANT as VARIANT

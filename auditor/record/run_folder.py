@@ -201,10 +201,11 @@ def record_files() -> tuple[str, ...]:
 
 def record_file_clash(out: str | os.PathLike) -> str | None:
     """Why writing `out` would replace part of a run record (one of `record_files()`, or a file
-    the record in its folder names: a profiler trace, a job's own file), or None."""
+    the record in its folder names: a profiler trace, a job's own file), or None; the reason
+    reads after the file's name ("OUT has the name of a run record's own file")."""
     out = Path(out)
     if out.name in record_files():
-        return f"{out.name} is a run record's own file"
+        return "has the name of a run record's own file"
     folder = out.parent
     named: dict = {}
     with contextlib.suppress(OSError, ValueError, AttributeError):
@@ -216,7 +217,7 @@ def record_file_clash(out: str | os.PathLike) -> str | None:
                     named.update(event.get("files") or {})
     for name in named.values() if isinstance(named, dict) else ():
         if isinstance(name, str) and os.path.normpath(folder / name) == os.path.normpath(out):
-            return f"{out.name} is a file of the run record in {str(folder)!r}"
+            return f"is a file the run record in {str(folder)!r} holds"
     return None
 
 

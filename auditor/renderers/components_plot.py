@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from auditor.facts import safe_files
 from auditor.analysis.run.component_history import ComponentHistory
-from auditor.facts import units
+from auditor.facts import safe_files, units
 from auditor.renderers.plot_text import component_name, fit_title
 from auditor.report_models.run import OneCensus, RunReport
 

@@ -23,11 +23,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import quote
 
-from auditor.facts import safe_files
 from auditor.analysis.projection.views import ProjectionView
 from auditor.analysis.run.stage_groups import StageRow
 from auditor.analysis.run.unstaged import PeakPlace
-from auditor.facts import units
+from auditor.facts import safe_files, units
 from auditor.record.schema import Children
 from auditor.renderers import components_markdown
 from auditor.renderers import markdown_text as md

@@ -18,9 +18,8 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from auditor.facts import safe_files
 from auditor.analysis.run.timeline import Composition, Span
-from auditor.facts import units
+from auditor.facts import safe_files, units
 from auditor.renderers.plot_text import component_name, fit_title, shorten, text_width
 from auditor.report_models.run import RunReport
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from auditor.facts import safe_files
-from auditor.facts import units
+from auditor.facts import safe_files, units
 from auditor.renderers.plot_text import fit_title
 from auditor.report_models.train_step import Configuration, TrainStepReport
 

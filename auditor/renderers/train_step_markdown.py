@@ -13,8 +13,7 @@ import os
 from pathlib import Path
 from urllib.parse import quote
 
-from auditor.facts import safe_files
-from auditor.facts import units
+from auditor.facts import safe_files, units
 from auditor.renderers import markdown_text as md
 from auditor.renderers.markdown import environment_section
 from auditor.renderers.sites_markdown import section as sites_section

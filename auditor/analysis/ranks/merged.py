@@ -37,6 +37,7 @@ from auditor.analysis.run.live_tensor_peak import live_tensor_high, live_tensor_
 from auditor.analysis.run.source_paths import code_root, shown_command
 from auditor.analysis.run.unstaged import peak_place
 from auditor.facts.allocation_sites import communication_buffer
+from auditor.record import launches
 from auditor.record.run_folder import EVENTS_FILE, RUN_FILE, RunRecordError, load, rank_folder_name, rank_folders
 from auditor.record.schema import AtPeak, Children, RunRecord, Stage
 
@@ -88,7 +89,8 @@ def launcher(folder: str | os.PathLike) -> Launcher | None:
 
 
 def load_ranks(folder: str | os.PathLike) -> dict[int, RunRecord]:
-    """Each rank's record, by rank (RunRecordError naming the rank folder if one is unreadable)."""
+    """Each rank's record, by rank (RunRecordError naming the rank folder if one is unreadable,
+    or if the records are not of one launch)."""
     records, unreadable = read_ranks(folder)
     if unreadable:
         rank, (error, _) = min(unreadable.items())
@@ -96,9 +98,33 @@ def load_ranks(folder: str | os.PathLike) -> dict[int, RunRecord]:
     return records
 
 
+def not_one_launch(records: dict[int, RunRecord]) -> str | None:
+    """Why the records in a folder's rank-N subfolders are not the ranks of one launch, or None:
+    each must name its rank (the folder's N) and agree with the others on the world size and the
+    launch (auditor.record.launches). Folders named rank-N alone say nothing: two unrelated runs
+    copied there would otherwise pass for one run's ranks, their difference for an imbalance."""
+    for rank, record in sorted(records.items()):
+        if record.rank is None:
+            return f"{rank_folder_name(rank)}/ holds the record of a run that was no rank of a distributed job"
+        if record.rank.rank != rank:
+            return f"{rank_folder_name(rank)}/ holds the record of rank {record.rank.rank}"
+    (first, record), *others = sorted(records.items())
+    for rank, other in others:
+        why = launches.conflict(_identity(record), _identity(other))
+        if why:
+            return (f"{rank_folder_name(first)}/ and {rank_folder_name(rank)}/ hold ranks of different "
+                    f"launches ({why})")
+    return None
+
+
+def _identity(record: RunRecord) -> dict:
+    return record.rank.to_json() if record.rank is not None else {}
+
+
 def read_ranks(folder: str | os.PathLike) -> tuple[dict[int, RunRecord], dict[int, tuple[str, str]]]:
     """Each readable rank's record, by rank, and the ranks whose folder holds none:
-    rank -> (the loader's error, why in words without the machine's folders)."""
+    rank -> (the loader's error, why in words without the machine's folders). RunRecordError
+    (one line) when the readable records are not the ranks of one launch (`not_one_launch`)."""
     records, unreadable = {}, {}
     for rank in rank_folders(folder):
         where = Path(folder) / rank_folder_name(rank)
@@ -106,6 +132,9 @@ def read_ranks(folder: str | os.PathLike) -> tuple[dict[int, RunRecord], dict[in
             records[rank] = load(where, from_events=True)
         except RunRecordError as error:
             unreadable[rank] = (str(error), _why_unreadable(where, str(error)))
+    why = not_one_launch(records) if records else None
+    if why:
+        raise RunRecordError(f"{str(folder)!r} is no run of several ranks: {why}")
     return records, unreadable
 
 

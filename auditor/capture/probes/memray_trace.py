@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from auditor.facts.allocation_sites import AUDITOR, is_auditor_code, is_program_code, passes_through
 from auditor.facts import safe_files
+from auditor.facts.allocation_sites import AUDITOR, is_auditor_code, is_program_code, passes_through
 from auditor.record.run_folder import FLAMEGRAPH_FILE, TRACE_FILE
 
 if TYPE_CHECKING:
