@@ -48,9 +48,14 @@ unless the marker says census=False), with or without a marker: add stages and `
 roots; `auditor.rebuild(memory_audit.folder, write=False)` reads the stages finished so far, and
 `memory_audit.record` holds the whole record once the body has returned (in a fixture's teardown).
 
-One audit and one memray tracker can run per process: a test that needs one while another is
-active fails saying so. Tests with neither the marker nor the fixture are not touched. This module
-imports no torch; the audit is built only for tests that ask for it.
+Under another audit (`auditor run -m pytest ...`, or a test inside the program's own Audit) the
+test's audit is nested, joined to the running one (auditor.capture.nested_audit): a stage of that
+run named after the test, with a record of its own that the budget is checked against, so a test
+passes and fails as it does alone. The live-tensor meter is lent for the body when the running
+audit lacks it; the census and memray cannot be (one set of probes per process): without them
+a failure lists no components or sites, and memray=True fails saying why. Tests with neither the
+marker nor the fixture are not touched. This module imports no torch; the audit is built only
+for tests that ask for it.
 """
 from __future__ import annotations
 
@@ -60,7 +65,7 @@ from dataclasses import dataclass
 import pytest
 
 from auditor.capture.audit import Audit  # already loaded with the package: costs nothing more
-from auditor.capture.stage import active_audit, stage
+from auditor.capture.stage import stage
 from auditor.facts import units
 from auditor.record.schema import RunRecord, Stage
 
@@ -204,7 +209,6 @@ def pytest_runtest_call(item):
     if audit is None:
         # What the tmp_path_factory fixture returns; a hook has no fixture request to ask.
         audit = _new_audit(item, item.config._tmp_path_factory, fixture=False)
-    _check_no_audit_running()
     with audit, stage(BODY):
         result = yield
     if budget is not None:
@@ -222,14 +226,6 @@ def _new_audit(item, tmp_path_factory, fixture: bool) -> Audit:
                  memray=bool(budget and budget.memray))
 
 
-def _check_no_audit_running() -> None:
-    running = active_audit()
-    if running is not None:
-        pytest.fail(f"{MARKER}: another auditor.Audit ({running.name!r}, run folder {running.folder}) "
-                    "is already active in this process, and only one can run at a time; end it "
-                    "before this test's body", pytrace=False)
-
-
 # -- checking the record -------------------------------------------------------------------
 
 def enforce(budget: Budget, record: RunRecord, run_json) -> None:
@@ -240,6 +236,7 @@ def enforce(budget: Budget, record: RunRecord, run_json) -> None:
         pytest.fail(f"{MARKER}: no stage {budget.stage!r} ran in the test body (stages: "
                     f"{', '.join(_relative(s.path) for s in record.stages[1:]) or 'none'})",
                     pytrace=False)
+    _check_measured(budget, record, stages)
     floors = _floors(record)
     reference = _reference_peaks(budget, record, floors)
     overruns = [(limit, stage, _peak(stage, limit.measure, floors), reference.get(limit.measure))
@@ -257,6 +254,17 @@ def _check_memray(budget: Budget, record: RunRecord) -> None:
         pytest.fail(f"{MARKER}(memray=True): memray could not trace this test: "
                     f"{why}. Only one memray tracker can run per "
                     "process (not under `pytest --memray` or `memray run`)", pytrace=False)
+
+
+def _check_measured(budget: Budget, record: RunRecord, stages: list[Stage]) -> None:
+    """A budget whose measure has no figure fails saying why: a missing figure is no pass."""
+    for limit in budget.limits:
+        field = MEASURES[limit.measure][0]
+        if any(getattr(s, field) is None for s in stages):
+            probe = (record.probes or {}).get(field)
+            why = (probe.reason or probe.state) if probe is not None else "no such probe"
+            pytest.fail(f"{MARKER}({limit.measure}=...): {MEASURES[limit.measure][1]} could not be measured "
+                        f"in this test: {why}", pytrace=False)
 
 
 def _reference_peaks(budget: Budget, record: RunRecord, floors: dict[str, int]) -> dict[str, int]:

@@ -178,10 +178,12 @@ def test_keyboard_interrupt_is_recorded_as_interrupted(tmp_path):
     assert record.exit.status == "interrupted"
 
 
-def test_one_audit_at_a_time_and_entered_once(tmp_path):
+def test_a_nested_audit_joins_the_active_one_and_each_is_entered_once(tmp_path):
     first = auditor.Audit(tmp_path / "a")
-    with first, pytest.raises(RuntimeError, match="already active"), auditor.Audit(tmp_path / "b"):
-        pass
+    with first, auditor.Audit(tmp_path / "b", name="inner"), auditor.stage("x"):
+        pass  # never an error: joined (tests/test_faults_nested.py)
+    assert [s.path for s in auditor.load(tmp_path / "a").stages] == ["inner", "inner/x"]
+    assert [s.path for s in auditor.load(tmp_path / "b").stages] == ["x"]
     with pytest.raises(RuntimeError, match="runs once"), first:
         pass
 
