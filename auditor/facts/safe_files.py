@@ -21,7 +21,7 @@ import os
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 TRIES = 100  # unique names drawn before giving up (another process would have to take each)
@@ -44,7 +44,7 @@ def _temporary(path: Path) -> tuple[int, Path]:
 
 
 @contextlib.contextmanager
-def replaced(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO[Any]]:
+def replaced(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[Any]:
     """A file to write `path`'s new content into ("w" text or "wb" bytes); on leaving the block
     it replaces `path` whole (fsynced, renamed over it); an exception leaves `path` untouched."""
     if mode not in ("w", "wb"):

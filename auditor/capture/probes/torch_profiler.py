@@ -77,6 +77,8 @@ class TorchProfilerTrace:
         stopped, self._stopped = self._stopped, None
         if stopped is None:
             return None
+        if self.folder.is_symlink():  # planted in a shared run folder: never written through
+            raise OSError(f"{TRACE_FOLDER}/ in the run folder is a link, not the run's own folder")
         before = set(self._traces())
         try:
             self._export(stopped)
