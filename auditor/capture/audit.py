@@ -43,10 +43,11 @@ from auditor.capture.exit_status import describe as _describe
 from auditor.capture.exit_status import shell_code
 from auditor.capture.probe_set import ProbeSet
 from auditor.capture.stage import AUDITOR_CODE, _set_active, active_audit
-from auditor.capture.stage_book import MARK_KEYS, STAGE_KEYS, UNSTAGED_KEYS, Clock, Interval, OpenStage, StageBook
+from auditor.capture.stage_book import MARK_KEYS, Clock, Interval, StageBook
+from auditor.capture.stage_lifecycle import StageLifecycle
 from auditor.capture.staging.targets import Staging, Target, _labels
 from auditor.record import run_folder as run_record
-from auditor.record.schema import Call, Exit, Mark, Readings, Stage, Unstaged, written_as
+from auditor.record.schema import Exit, Mark, written_as
 
 
 class AuditorWarning(UserWarning):
@@ -120,7 +121,7 @@ class RunLog:
         return self.file
 
 
-class Audit:
+class Audit(StageLifecycle):
     def __init__(self, out: str | os.PathLike | None = None, name: str | None = None, *,
                  memray: bool = False, tracemalloc: bool = False, census: bool = False,
                  cuda_history: bool = False, live_tensors: bool = False, traced: bool = False,
@@ -173,7 +174,7 @@ class Audit:
         self._lock = threading.RLock()
         # Its parts. None holds the audit itself: a finished audit is freed as soon as it is dropped.
         self._log = RunLog()
-        self._warn, self._fault = self._log.warn, self._log.fault
+        self._warn, self._fault, self._emit = self._log.warn, self._log.fault, self._log.emit
         self._clock = Clock()
         self._book = StageBook()
         self._probe_set = ProbeSet(self.options, observed_sizes, estimate_sizes, self._book,
@@ -265,12 +266,7 @@ class Audit:
         end_s = self._clock.now()
         try:
             with self._lock:
-                for left in reversed(list(self._book.open)):
-                    self._warn(f"stage {left.entry['path']!r} was still open when the audit "
-                               "ended; closed it there")
-                    if left in self._book.thread_stack():
-                        self._book.thread_stack().remove(left)
-                    self._finish_stage(left, end_s, exc)
+                self._close_left_open(end_s, exc)
         finally:  # whatever failed above, the program gets its own callables back
             _set_active(None)
             self._staging.restore()
@@ -335,145 +331,6 @@ class Audit:
             "files": files, "event_log": self._log.state(written=1),
             "audit_overhead_s": {k: round(v, 6) for k, v in self._clock.overhead.items()}, **rank,
         }
-
-    # -- stages --------------------------------------------------------------------------
-
-    def open_stage(self, name: str, opener: object, call: dict | None = None) -> None:
-        """`call`: the staged call this stage is ({"target", "index", "label"}), or None."""
-        try:
-            self._open_stage(name, opener, call)
-        except Exception as error:  # the audit's own failure never reaches the program
-            self._fault(f"opening stage {name!r}", error)
-
-    def close_stage(self, opener: object, exc: BaseException | None) -> None:
-        try:
-            self._close_stage(opener, exc)
-        except Exception as error:
-            self._fault("closing a stage", error)
-
-    def _open_stage(self, name: str, opener: object, call: dict | None = None) -> None:
-        began = time.perf_counter()
-        with self._lock:
-            probes, book = self._probe_set, self._book
-            probes.poll_cuda()
-            stack = book.thread_stack()
-            parent = stack[-1].entry["path"] if stack else None
-            readings = probes.read(reset=True)
-            starts = {key: values for key, (values, _) in readings.items()}
-            peaks = {key: level for key, (_, level) in readings.items()}
-            book.next_id += 1
-            start_s = round(self._clock.now(), 6)
-            path = name if parent is None else f"{parent}/{name}"
-            thread = threading.current_thread().name
-            entry = {"id": book.next_id, "name": name, "path": path, "parent": parent, "thread": thread,
-                     "start_s": start_s, "rss": {"start": starts["rss"]}, "call": call}
-            opened = OpenStage(entry, opener, starts, peaks, stack[-1] if stack else None)
-            if self._census_roots.take_census is not None:  # a census loaded torch: so may its roots
-                from auditor.capture.census import discovered_roots
-                opened.frame = discovered_roots.opener_frame(sys._getframe())
-            book.open.append(opened)
-            stack.append(opened)
-            self._end_interval(opened.thread_id, start_s, starts, before=path)
-            book.intervals[opened.thread_id] = Interval(opened, None, opened, thread, start_s, readings)
-            probes.follow(opened.thread_id, path)
-            self._log.emit({"event": "stage_started", "stage": entry})
-            if probes.history is not None:
-                probes.history.label(path)
-            self._clock.overhead["boundaries_s"] += time.perf_counter() - began
-
-    def _close_stage(self, opener: object, exc: BaseException | None) -> None:
-        end_s = self._clock.now()
-        overhead = self._clock.overhead
-        began, census_before = time.perf_counter(), overhead["census_s"]
-        with self._lock:
-            stack = self._book.thread_stack()
-            if not stack or stack[-1].opener is not opener:
-                return  # opened before this audit began
-            closing = stack.pop()
-            self._probe_set.poll_cuda()
-            entry = self._finish_stage(closing, end_s, exc)
-            history = self._probe_set.history
-            if history is not None:
-                history.label(closing.entry["parent"])
-            census_s = overhead["census_s"] - census_before
-            overhead["boundaries_s"] += time.perf_counter() - began - census_s
-        if self.on_stage_end is not None:
-            try:
-                self.on_stage_end(entry)
-            except Exception as error:  # a broken progress display must not break the user's code
-                self.on_stage_end = None
-                self._warn(f"on_stage_end failed, switched off: {type(error).__name__}: {error}")
-
-    def _finish_stage(self, closing: OpenStage, end_s: float, exc: BaseException | None) -> dict:
-        probes = self._probe_set
-        readings = probes.read(reset=True)  # the interval after the close has its own peak
-        ends = {key: values for key, (values, _) in readings.items()}
-        self._book.open.remove(closing)
-        if self.rank is not None:  # the process group's own figures, once the program made one
-            self.rank = ranks.confirmed(self.rank)
-        started, end_s = closing.entry, round(end_s, 6)
-        self._end_interval(closing.thread_id, end_s, ends, closing=closing)
-        alive = probes.alive(closing.at_peak)
-        rss, py_heap, cuda, live = probes.meter_fields(closing.starts, ends, closing.peaks)
-        failed = _is_failure(exc)
-        call = started["call"]
-        stage = written_as(Stage(
-            id=started["id"], name=started["name"], path=started["path"], parent=started["parent"],
-            status="failed" if failed else "ok",
-            call=None if call is None else Call(target=call["target"], index=call["index"], label=call["label"]),
-            start_s=started["start_s"], end_s=end_s, rss=Readings() if rss is None else rss, py_heap=py_heap, cuda=cuda,
-            live_tensors=live, thread=started["thread"], error=_describe(exc) if failed else None),
-            STAGE_KEYS)
-        census = None
-        if self._census_roots.take_census is not None:
-            stage.components, stage.tensors, census = self._census_roots.census(closing)
-        closing.frame = None
-        if stage.live_tensors is not None:
-            stage.live_tensors.at_peak = probes.at_peak(closing.at_peak, alive, census)
-        entry = stage.to_json()
-        self._log.emit({"event": "stage_finished", "stage": entry}, durable=True)
-        if started["parent"] is None:  # the children's memory, at top-level stage ends only (cheap)
-            probes.read_children(started["path"], end_s)
-        parent = closing.parent
-        self._book.intervals[closing.thread_id] = Interval(parent, started["path"], None,
-                                                           started["thread"], end_s, readings)
-        probes.follow(closing.thread_id, parent.entry["path"] if parent else None)
-        return entry
-
-    # -- unstaged intervals ----------------------------------------------------------------
-
-    def _end_interval(self, thread_id: int, end_s: float, ends: dict,
-                      closing: OpenStage | None = None, before: str | None = None) -> None:
-        """End a thread's interval at a stage boundary (`closing`'s close, or the open of the
-        stage `before`); emit it as `unstaged` unless it was the closing stage's own time."""
-        ended = self._book.end_interval(thread_id, end_s, closing, before)
-        if ended is None:
-            return
-        interval, unstaged_id = ended
-        census = self._census_roots.take_census is not None  # owners: at the next census
-        rss, py_heap, cuda, live = self._probe_set.unstaged_fields(unstaged_id, interval, ends, census)
-        parent = interval.parent
-        item = written_as(Unstaged(
-            id=unstaged_id, parent=parent.entry["path"] if parent else None,
-            parent_id=parent.entry["id"] if parent else None, after=interval.after, before=before,
-            thread=interval.thread, start_s=interval.start_s, end_s=end_s, rss=Readings() if rss is None else rss,
-            py_heap=py_heap, cuda=cuda, live_tensors=live), UNSTAGED_KEYS)
-        self._log.emit({"event": "unstaged", "unstaged": item.to_json()})
-
-    def _end_run_intervals(self, end_s: float, ends: dict) -> None:
-        """The audit thread's time after its last top-level stage. Other threads' last
-        intervals are dropped: when those threads stopped working is unknown."""
-        try:
-            with self._lock:
-                book = self._book
-                intervals, book.intervals = book.intervals, {}
-                if book.audit_thread in intervals:
-                    book.intervals[book.audit_thread] = intervals[book.audit_thread]
-                    self._end_interval(book.audit_thread, round(end_s, 6), ends)
-                if self._probe_set.awaiting_owners and self._census_roots.take_census is not None:
-                    self._census_roots.census()  # the owners of what the last intervals held
-        except Exception as error:
-            self._fault("recording the time after the last stage", error)
 
     # -- the program's own calls -----------------------------------------------------------
 
@@ -574,14 +431,6 @@ def _claim(folder: Path, name: str, attempts: int = 20) -> Path:
         except FileExistsError:
             folder = new_run_folder(name, str(folder.parent))
     raise FileExistsError(f"no free run folder name under {str(folder.parent)!r}")
-
-
-def _is_failure(exc) -> bool:
-    if exc is None:
-        return False
-    if isinstance(exc, SystemExit):
-        return exc.code not in (None, 0)
-    return True
 
 
 def _exit_status(exc) -> Exit:

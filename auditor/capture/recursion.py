@@ -19,11 +19,13 @@ the program sets while the auditor lends frames is kept, the loan on top of it.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 
 ROOM = 250  # frames for the bookkeeping at a stage boundary (it needs ~60 at most)
 WRAPPER_FRAMES = 2  # a staged call's wrapper and the function that runs the call inside its stage
+SLACK = 5  # once per open staged call: the frames lending takes on top of the deepest call
 
 _lock = threading.Lock()
 _lent = 0  # frames added to the program's limit now, in all threads
@@ -37,11 +39,9 @@ def _change(frames: int) -> int:
     with _lock:
         current = _getlimit()
         base = current - _lent if current == _set else current  # the program's own limit
+        with contextlib.suppress(RecursionError, ValueError):  # too low for the frames open now: keep the higher
+            _setlimit(base + _lent + frames)
         _lent += frames
-        try:
-            _setlimit(base + _lent)
-        except (RecursionError, ValueError):  # too low for the frames open now: keep the higher one
-            pass
         _set = _getlimit()
         return current
 
@@ -87,14 +87,16 @@ def open_call(key: object) -> Depth | None:
 def inside(depth: Depth, function, args: tuple, kwargs: dict):
     """A re-entered staged callable: a plain call, counted in its outer call's `depth`."""
     depth.now += 1
-    if depth.now > depth.deepest:
-        depth.deepest = depth.now
-    lend()
     try:
-        return function(*args, **kwargs)
+        if depth.now > depth.deepest:
+            depth.deepest = depth.now
+        lend()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            take_back()
     finally:
         depth.now -= 1
-        take_back()
 
 
 def staged_call(key: object, opened, function, args: tuple, kwargs: dict, recursed):
@@ -102,7 +104,7 @@ def staged_call(key: object, opened, function, args: tuple, kwargs: dict, recurs
     thread; `recursed(opened, deepest)` says how deep it recursed before the stage closes."""
     calls = _open.calls
     depth = calls[key] = Depth()
-    lend()
+    lend(WRAPPER_FRAMES + SLACK)
     try:
         with opened:
             try:
@@ -112,4 +114,4 @@ def staged_call(key: object, opened, function, args: tuple, kwargs: dict, recurs
                     recursed(opened, depth.deepest)
     finally:
         del calls[key]
-        take_back()
+        take_back(WRAPPER_FRAMES + SLACK)

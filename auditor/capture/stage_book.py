@@ -35,13 +35,15 @@ MARK_KEYS = ("name", "stage", "t_s", "thread", "rss", "py_heap", "cuda")
 class OpenStage:
     """A stage in progress. `peaks` and `at_peak` (what was alive at its live-tensor peak)
     take in every interval inside it, children included."""
-    __slots__ = ("entry", "opener", "starts", "peaks", "thread_id", "parent", "at_peak", "frame")
+    __slots__ = ("entry", "opener", "starts", "peaks", "thread_id", "parent", "at_peak", "frame", "stack", "recursed")
 
     def __init__(self, entry: dict, opener: object, starts: dict, peaks: dict, parent: OpenStage | None):
         self.entry, self.opener, self.starts, self.peaks = entry, opener, starts, peaks
         self.thread_id, self.parent = threading.get_ident(), parent
         self.at_peak: PeakSet | None = None
         self.frame: Any = None  # the program's frame that opened it, while open (census roots)
+        self.stack: list[OpenStage] = []  # its thread's stack of open stages (closed from another thread)
+        self.recursed = 1  # how deep its staged callable re-entered itself (auditor.capture.recursion)
 
 
 class Interval:
@@ -110,6 +112,14 @@ class StageBook:
         if stack is None:
             stack = self._local.stack = []
         return stack
+
+    def thread_folded(self) -> list[object]:
+        """The openers of stages this thread opened deeper than the depth kept (auditor.capture.stage_lifecycle's
+        MAX_DEPTH), innermost last: each is part of the deepest stage kept, not one of its own."""
+        folded = getattr(self._local, "folded", None)
+        if folded is None:
+            folded = self._local.folded = []
+        return folded
 
     def end_interval(self, thread_id: int, end_s: float, closing: OpenStage | None = None,
                      before: str | None = None) -> tuple[Interval, int] | None:

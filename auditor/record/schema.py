@@ -157,6 +157,7 @@ class Call(RecordPart):
     target: str | None = None
     index: Count | None = None
     label: str | None = None
+    recursed: Count | None = None  # calls deep it re-entered itself, inside this stage (auditor.capture.recursion)
 
 
 @dataclass(kw_only=True, eq=False)
@@ -409,7 +410,7 @@ class RunRecord(RecordPart):
     def from_json(cls, value: Any, where: str = "run record") -> RunRecord:
         """The typed record; RunRecordError (one line) naming every field that is wrong."""
         if not isinstance(value, dict):
-            raise RunRecordError(f"{where}: expected a JSON object, found {_kind_of(value)}")
+            raise RunRecordError(f"{where}: expected a JSON object, found {type(value).__name__}")
         check_schema(value.get("schema"), where)
         problems: list[str] = []
         record = _read(cls, value, "", problems)
@@ -521,11 +522,7 @@ def _found(value: Any) -> str:
     if value is None:
         return "null"
     text = json.dumps(value)
-    return f"{_kind_of(value)} {text if len(text) <= 40 else text[:37] + '...'}"
-
-
-def _kind_of(value: Any) -> str:
-    return type(value).__name__
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
 
 
 def _listed(problems: list[str]) -> str:

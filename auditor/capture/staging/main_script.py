@@ -32,6 +32,8 @@ import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from auditor.capture import recursion
+
 CODE_FILE = "<string>"  # the file name python gives the code of `-c` (tracebacks, code objects)
 HOOK = "__import__('auditor.capture.staging.main_script', fromlist=['bound']).bound({name!r}, globals(), {key!r})"
 
@@ -238,9 +240,17 @@ def _exec(code: types.CodeType, attributes: dict) -> None:
     module.__dict__.update(__builtins__=builtins, **attributes)
     saved = sys.modules.get("__main__")
     sys.modules["__main__"] = module
+    # The runner's frames below the program's are lent to the recursion limit: it recurses as
+    # deep as alone (where python has none below a script's frame, and runpy's two below -m's).
+    below, frame = 0, sys._getframe()
+    while frame is not None:
+        below, frame = below + 1, frame.f_back
+    lent = max(0, below + 2 - (2 if attributes.get("__spec__") is not None else 0))  # +2: exec's own
+    recursion.lend(lent)
     try:
         exec(code, module.__dict__)
     finally:
+        recursion.take_back(lent)
         if saved is not None:
             sys.modules["__main__"] = saved
 
