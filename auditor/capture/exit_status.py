@@ -16,7 +16,7 @@ def shell_code(code: object) -> int:
     return 1
 
 
-def describe(exc: BaseException) -> str:
+def describe(exc: object) -> str:
     """An exception as the record names it: its type, and its message where it has one."""
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -82,6 +82,7 @@ class ProbeSet:
         self._sizes: SizeRecorder | None = None
         self._children_before = 0  # the ended children's peak RSS before the run
         self._child_watch: child_processes.ChildWatch | None = None
+        self._children_at_end: dict | None = None
 
     # -- building them, in their order ---------------------------------------------------
 
@@ -143,7 +144,7 @@ class ProbeSet:
         probes["memray"] = {"state": "off"}
         if self.options["memray"]:  # last, so its trace holds as little of our setup as possible
             from auditor.capture.probes.memray_trace import MemrayTrace
-            self.memray = memray = MemrayTrace(self.folder)
+            self.memray = memray = MemrayTrace(self.folder, self._warn)
             probes["memray"] = memray.state
             if not memray.on:
                 pending.append(f"memray absent: {memray.state['reason']}")
@@ -316,7 +317,10 @@ class ProbeSet:
             self._warn(f"child processes could not be read at the end of {stage}: {type(error).__name__}: {error}")
 
     def children(self) -> dict:
-        """`process.children`, where the program's child processes held memory."""
+        """`process.children`, where the program's child processes held memory: as they stood
+        when the recorders stopped, before memray's reader (a process of the auditor's) ran."""
+        if self._children_at_end is not None:
+            return self._children_at_end
         try:
             children = child_processes.at_end(self._children_before, self._child_watch)
         except Exception as error:  # a probe that fails costs its figure, never the record
@@ -394,10 +398,13 @@ class ProbeSet:
     def stop_recorders(self) -> dict | None:
         """Stop memray, then the profiler (its trace is no allocation of the run); returns
         memray's summary, None if it was off or could not be read."""
-        memray = self.memray if self.memray is not None and self.memray.on else None
+        # traced, if only until the program started its own Tracker
+        memray = self.memray if self.memray is not None and self.memray.state.get("state") == "on" else None
         if memray is not None:
             memray.stop()
         self._stop_torch_profiler()
+        if memray is not None:  # its reader is a child process: the program's children are read before
+            self._children_at_end = self.children()
         return self._finish_memray(memray) if memray is not None else None
 
     def _stop_torch_profiler(self) -> None:

@@ -34,6 +34,8 @@ def section(sites: Sites, report_folder: Path | None, run_folder: Path | None,
     if memray.auditor_bytes:
         lead += (f" ({units.size(memray.auditor_bytes)} allocated by the auditor itself and alive "
                  f"then are left out.)")
+    if probe is not None and probe.reason:  # traced, but not the whole run
+        lead = f"The trace {md.text(probe.reason)}.\n\n{lead}"
     rows = []
     for index, line in enumerate(sites.lines, 1):
         site = line.site

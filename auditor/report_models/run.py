@@ -271,6 +271,7 @@ class RunReport:
 
 def run_report(record: RunRecord) -> RunReport:
     """Everything the run report says about `record` (a pure function of it)."""
+    record = as_shown(record)  # stage names shown with their control characters escaped
     outcomes = evaluate(record)
     found = ordered([f for o in outcomes for f in o.findings])
     views = projection_views(record)
@@ -439,9 +440,20 @@ def sites(record: RunRecord) -> Sites:
     """The allocation sites section (the training-step report has one per configuration)."""
     memray = record.memray
     probe = (record.probes or {}).get("memray")
+    if memray is None and probe is not None and probe.state == "on":  # it traced, but nothing was read back
+        probe = ProbeState(state="failed", method=probe.method, reason=_unread_trace(record))
     root = source_paths.code_root(record)
     lines = [_site_line(site, root) for site in memray.sites] if memray is not None else []
     return Sites(memray, probe, lines)
+
+
+def _unread_trace(record: RunRecord) -> str:
+    """Why a run memray traced has no memray section: its trace was never read back."""
+    if record.exit is not None and record.exit.status == "unfinished":
+        return ("memray traced this run, but the process was killed before the audit ended (an OOM kill or "
+                "SIGKILL gives it no chance to finish), and memray writes its trace only at the end: "
+                "memray.bin is empty or cut short, and unreadable")
+    return "memray traced this run, but its trace was not read back into the record"
 
 
 def _site_line(site: Site, root: str | None) -> SiteLine:

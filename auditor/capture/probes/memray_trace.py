@@ -7,14 +7,26 @@ flamegraph in the run folder (written after the run record: a full disk costs it
 record).
 
 Only one memray Tracker can be active per process (not inside `pytest --memray`, not under
-`memray run`): then the probe reports itself absent instead of failing the audit.
+`memray run`): then the probe reports itself absent instead of failing the audit. A program
+that starts its own Tracker while the audit's runs gets it as it would alone: the audit's
+trace ends first, and what it traced until then is kept and said to have ended early.
+
+The trace is read back in a process of its own (auditor.capture.probes.memray_reader): reading
+resolves native symbols, which under an address-space limit can crash the reader; that costs
+the memray section (a warning), never the audited process. memray's own log lines are kept off
+the program's stderr while the audit traces (its failures show as an unreadable trace).
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import linecache
+import logging
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +37,7 @@ from auditor.facts.allocation_sites import AUDITOR, is_auditor_code, is_program_
 from auditor.record.run_folder import FLAMEGRAPH_FILE, TRACE_FILE
 
 if TYPE_CHECKING:
-    from memray import AllocationRecord, FileReader, Tracker
+    from memray import Tracker
 
 TOP_SITES = 10
 NATIVE_FRAMES = 16
@@ -43,11 +55,13 @@ CLOCK_SLACK_S = 0.0005  # unix time to perf_counter, taken once at the start
 
 
 class MemrayTrace:
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, warn: Callable[[str], None] = lambda message: None):
         self.folder = folder
         self.state = {"state": "absent"}
+        self._warn = warn
         self._tracker: Tracker | None = None
-        self._read: tuple[FileReader, list[AllocationRecord]] | None = None  # summarize's, for the flamegraph
+        self._unpatch: Callable[[], None] | None = None
+        self._reader: _Reader | None = None  # once summarized, until the flamegraph is written
         self._started: tuple[float, float] | None = None  # (perf_counter, unix time) when the tracker started
         # perf_counter times of the high-water snapshot and of the one after it, once summarized
         self.high_water_perf: float | None = None
@@ -61,62 +75,80 @@ class MemrayTrace:
         path = folder / TRACE_FILE
         tracker = memray.Tracker(path, native_traces=True,
                                  file_format=memray.FileFormat.AGGREGATED_ALLOCATIONS)
+        _log_level(memray, logging.CRITICAL)  # memray's "ERROR: Failed to mmap" is not the program's output
         try:
             tracker.__enter__()
         except RuntimeError as error:
+            _log_level(memray, logging.WARNING)
             path.unlink(missing_ok=True)  # memray creates the file before refusing
             self.state["reason"] = f"{error} (another memray tracker is running in this process)"
             return
         self._started = (time.perf_counter(), time.time())  # memray's snapshots carry unix times
         self._tracker = tracker
         self.state = {"state": "on", "method": "memray native traces, aggregated"}
+        self._unpatch = _yield_to_the_programs_tracker(memray, self._programs_tracker)
 
     @property
     def on(self) -> bool:
         return self._tracker is not None
 
     def stop(self) -> None:
+        if self._unpatch is not None:
+            unpatch, self._unpatch = self._unpatch, None
+            unpatch()
         if self._tracker is not None:
             tracker, self._tracker = self._tracker, None
             tracker.__exit__(None, None, None)
+            import memray
+            _log_level(memray, logging.WARNING)  # memray's default
+
+    def _programs_tracker(self) -> None:
+        """The program enters a memray Tracker of its own (one per process): the audit's trace
+        ends here, kept as far as it went, so the program's starts as it would alone."""
+        if self._tracker is None:
+            return
+        at = time.perf_counter() - self._started[0] if self._started is not None else 0.0
+        self.stop()
+        self.state["reason"] = (f"ended early, {at:.2f} s into the run: the program started its own memray "
+                                "Tracker (memray allows one per process); what was traced until then is kept")
+        self._warn(f"memray: the audit's trace {self.state['reason']}")
 
     def summarize(self) -> dict:
         """Read the trace back: peak and the sites alive at the high-water mark (reading only;
         the flamegraph is written later, after the run record: write_flamegraph)."""
-        from memray import FileReader
         path = self.folder / TRACE_FILE
-        reader = FileReader(os.fspath(path))
-        records = list(reader.get_high_watermark_allocation_records(merge_threads=True))
-        self._read = (reader, records)
-        peak = reader.metadata.peak_memory
-        self.high_water_perf, self.next_snapshot_perf = self._high_water_time(reader, peak)
-        sites, auditor_bytes = top_sites(records)
+        size = path.stat().st_size if path.exists() else None
+        if not size:
+            raise RuntimeError(f"memray's trace ({TRACE_FILE}) is {'empty' if size == 0 else 'missing'}: "
+                               "memray stopped before writing it")
+        self._reader = reader = _Reader(self.folder)
+        try:
+            read = reader.answer()
+        except Exception:
+            self._reader = None
+            reader.close()
+            raise
+        self.high_water_perf, self.next_snapshot_perf = self._high_water_time(read["snapshots"], read["peak_memory"])
         return {
             "file": TRACE_FILE,
-            "peak_memory": peak,
-            "total_allocations": reader.metadata.total_allocations,
-            "sites": sites,
-            "auditor_bytes": auditor_bytes,
+            "peak_memory": read["peak_memory"],
+            "total_allocations": read["total_allocations"],
+            "sites": read["sites"],
+            "auditor_bytes": read["auditor_bytes"],
             "flamegraph": None,
         }
 
-    def _high_water_time(self, reader, peak: int) -> tuple[float | None, float | None]:
-        """perf_counter times of the snapshot with the highest heap and of the snapshot after
-        it, or Nones when there is none or it falls short of the peak (the high-water moment
-        fell between snapshots). memray's sampling thread stamps the time, then waits for the
-        trace's lock and records the heap as it is then: under load that heap is from a moment
-        up to the next stamp, not at its own."""
-        try:
-            snapshots = sorted(reader.get_memory_snapshots(), key=lambda snapshot: snapshot.time)
-        except (AttributeError, RuntimeError, OSError):  # an older memray or a damaged trace
-            return None, None
-        best = max(snapshots, key=lambda snapshot: snapshot.heap, default=None)
-        if best is None or self._started is None or best.heap < SNAPSHOT_SHARE * peak:
+    def _high_water_time(self, best: dict | None, peak: int) -> tuple[float | None, float | None]:
+        """perf_counter times of the snapshot with the highest heap (`best`: memray_reader's) and
+        of the snapshot after it, or Nones when there is none or it falls short of the peak (the
+        high-water moment fell between snapshots). memray's sampling thread stamps the time,
+        then waits for the trace's lock and records the heap as it is then: under load that
+        heap is from a moment up to the next stamp, not at its own."""
+        if best is None or self._started is None or best["heap"] < SNAPSHOT_SHARE * peak:
             return None, None
         started_perf, started_unix = self._started
-        later = [snapshot.time for snapshot in snapshots if snapshot.time > best.time]
-        next_ms = min(later) if later else best.time + SNAPSHOT_INTERVAL_S * 1000
-        return (started_perf + best.time / 1000 - started_unix,
+        next_ms = best["next_ms"] if best["next_ms"] is not None else best["time_ms"] + SNAPSHOT_INTERVAL_S * 1000
+        return (started_perf + best["time_ms"] / 1000 - started_unix,
                 started_perf + next_ms / 1000 - started_unix)
 
     def place(self, stages: list[dict], audit_seconds: Callable[[float], float] | None,
@@ -136,8 +168,91 @@ class MemrayTrace:
 
     def write_flamegraph(self) -> str | None:
         """The flamegraph of a summarized trace, in the run folder; its file name or None."""
-        read, self._read = self._read, None
-        return write_flamegraph(*read, self.folder) if read else None
+        reader, self._reader = self._reader, None
+        if reader is None:
+            return None
+        try:
+            return reader.answer("flamegraph")
+        finally:
+            reader.close()
+
+
+def _yield_to_the_programs_tracker(memray, stop_ours: Callable[[], None]) -> Callable[[], None]:
+    """memray.Tracker, while the audit traces, as a subclass that ends the audit's trace before
+    it starts (`stop_ours`); returns what puts memray's own class back."""
+    original = memray.Tracker
+
+    class Tracker(original):  # type: ignore[misc, valid-type]
+        __doc__ = original.__doc__
+
+        def __enter__(self):
+            stop_ours()
+            return super().__enter__()
+
+    Tracker.__name__ = Tracker.__qualname__ = original.__name__
+    Tracker.__module__ = original.__module__
+    memray.Tracker = Tracker
+
+    def unpatch() -> None:
+        if memray.Tracker is Tracker:
+            memray.Tracker = original
+    return unpatch
+
+
+def _log_level(memray, level: int) -> None:
+    """Which of memray's own log lines reach stderr (an older memray: no say in it)."""
+    set_level = getattr(memray, "set_log_level", None)
+    if set_level is not None:
+        set_level(level)
+
+
+class _Reader:
+    """memray_reader in a process of its own, holding the trace it read: the summary first, the
+    flamegraph on request. Its crash (SIGSEGV in native symbol lookup under a memory limit) or
+    failure raises RuntimeError; the audited process goes on."""
+
+    def __init__(self, folder: Path):
+        root = str(Path(__file__).resolve().parents[3])  # the folder holding the auditor package
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+        # a file, not a pipe: memray's warnings cannot fill it; closed by close()
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "auditor.capture.probes.memray_reader", os.fspath(folder)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env)
+
+    def answer(self, request: str | None = None):
+        process = self._process
+        assert process.stdin is not None and process.stdout is not None  # both pipes
+        try:
+            if request is not None:
+                process.stdin.write(request + "\n")
+                process.stdin.flush()
+            line = process.stdout.readline()
+        except OSError:  # it ended: said below
+            line = ""
+        if line.strip():
+            return json.loads(line)
+        status = process.wait()
+        if status < 0:
+            raise RuntimeError(f"memray's reader was ended by {signal.Signals(-status).name} while reading the "
+                               "trace (its native symbol lookup can fail under a memory limit)")
+        self._stderr.seek(0)
+        said = self._stderr.read().decode(errors="replace").strip().splitlines()
+        raise RuntimeError(said[-1] if said else f"memray's reader ended with exit status {status}")
+
+    def close(self) -> None:
+        process = self._process
+        with contextlib.suppress(OSError):
+            if process.stdin is not None:
+                process.stdin.close()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+        self._stderr.close()
 
 
 def stage_at(stages: list[dict], at_s: float, until_s: float | None = None) -> dict | None:
