@@ -47,6 +47,7 @@ from auditor.record.schema import (
     Stage,
 )
 from auditor.report_models.answer import Answer, Fixes, fix_table, peak_answer
+from auditor.report_models.shown_names import as_shown
 
 MAX_STAGE_ROWS = 300      # rows of the stage table, after folding repeated calls
 LIVE_PEAK_STAGES = 3      # stages whose live-tensor high is shown besides the peak stage's

@@ -21,6 +21,7 @@ from pathlib import Path
 from auditor.record.derived import Projection
 from auditor.record.run_folder import EVENTS_FILE, load
 from auditor.record.schema import Call, Children, RunRecord, RunRecordError, Site, Stage
+from auditor.report_models.shown_names import as_shown, escaped
 
 MAX_ROWS = 24  # the stage table's rows on a terminal: with the lines above it, a screenful
 _CALL_NUMBERS = re.compile(r"#\d+(?=/|$)")
@@ -131,7 +132,7 @@ class ProjectionSummary:
 
 def stage_end(entry: dict) -> StageEnd:
     rss = entry["rss"]
-    return StageEnd(entry["path"], entry["status"] == "ok", rss["end"], rss["end"] - rss["start"],
+    return StageEnd(escaped(entry["path"]), entry["status"] == "ok", rss["end"], rss["end"] - rss["start"],
                     rss["peak"], entry["end_s"] - entry["start_s"])
 
 
@@ -162,6 +163,7 @@ def shown_rows(rows: list[SummaryRow], limit: int = MAX_ROWS) -> list[SummaryRow
 def run_summary(record: RunRecord, folder: Path, run_json: Path | None) -> RunSummary:
     """`folder`: the run folder, where the files the record names are; `run_json`: None when
     run.json could not be written (the event log then says what the run did)."""
+    record = as_shown(record)  # stage names shown with their control characters escaped
     # imported once the script is over: before it, they would count in the audit's memory
     from auditor.analysis.run.stage_groups import fold_key, stage_rows
     from auditor.analysis.run.unstaged import peak_place
