@@ -62,6 +62,9 @@ RANK_PREFIX = "rank-"  # rank N of a distributed run writes into RUN/rank-N/ (au
 def check_run_folder(folder: str | os.PathLike) -> Path:
     """Raise ValueError (one line) unless a run can be written to `folder`; creates nothing."""
     folder = Path(folder)
+    dangling = dangling_link(folder)
+    if dangling:
+        raise ValueError(f"output folder {dangling}")
     if folder.exists():
         if not folder.is_dir():
             raise ValueError(f"output folder {str(folder)!r} exists and is not a folder")
@@ -86,6 +89,18 @@ def check_run_folder(folder: str | os.PathLike) -> Path:
         raise ValueError(f"cannot create output folder {str(folder)!r}: "
                          f"{str(ancestor)!r} is not writable")
     return folder
+
+
+def dangling_link(folder: str | os.PathLike) -> str | None:
+    """"'runs/x' is a dangling symlink (to '...'); ..." when `folder` or a folder above it is a
+    link to nothing (mkdir would fail, and be taken for another run's), else None."""
+    folder = Path(folder)
+    for link in (folder, *folder.parents):
+        if link.is_symlink() and not link.exists():
+            where = "" if link == folder else f": its folder {str(link)!r}"
+            return (f"{str(folder)!r}{where} is a dangling symlink (to {os.readlink(link)!r}); remove it or "
+                    f"choose another folder")
+    return None
 
 
 def rank_folder_name(rank: int) -> str:

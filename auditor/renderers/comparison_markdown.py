@@ -69,7 +69,8 @@ def _setting(report: ComparisonReport) -> list[str]:
     libraries = ", ".join(f"{name} {version}" for name, version in env.libraries.items() if version)
     lines = [f"Measured {setting.created_at} on {env.cpu or 'an unknown CPU'} ({cpus} usable CPUs"
              + (f", {env.memory_total / GiB:,.0f} GiB" if env.memory_total else "") + f"), "
-             f"Python {env.python}, {libraries}. {setting.repeats} runs per side, alternating "
+             f"Python {env.python}, {libraries}. {setting.repeats} run{'s' * (setting.repeats != 1)} per side, "
+             f"alternating "
              f"({' -> '.join(setting.order)}, then again), each a fresh process; "
              f"its peak RSS is the kernel's high-water mark for that process alone (`ru_maxrss` from "
              f"`wait4`).", "",
