@@ -173,12 +173,8 @@ def calculator_check(record: RunRecord) -> dict | None:
 def series(record: RunRecord) -> dict:
     """Each step's peak: live tensors, RSS, and on GPU CUDA allocated."""
     out: dict[str, list] = {"live_tensors": [], "rss": [], "cuda_allocated": []}
-    finished: dict[str, Stage] = {}  # path -> its first finished stage, as `stage` finds it: one pass
-    for entry in record.stages:
-        if entry.status == "ok":
-            finished.setdefault(entry.path, entry)
-    for number in step_numbers(record):
-        for key, value in peaks(finished.get(f"step {number}")).items():
+    for entry in _step_stages_by_number(record):
+        for key, value in peaks(entry).items():
             if key in out and value is not None:
                 out[key].append(value)
     return out
@@ -269,8 +265,17 @@ def _process_overhead(per_step: dict) -> str | None:
             f"the allocator keeps after frees, which a tensor-level breakdown does not count.")
 
 
+def _step_stages_by_number(record: RunRecord) -> list[Stage | None]:
+    """Each step's stage, as `stage` finds it, in one pass over the stages."""
+    finished: dict[str, Stage] = {}
+    for entry in record.stages:
+        if entry.status == "ok":
+            finished.setdefault(entry.path, entry)
+    return [finished.get(f"step {number}") for number in step_numbers(record)]
+
+
 def _cuda_caching(record: RunRecord) -> str | None:
-    cuda = [peaks(stage(record, f"step {n}")) for n in step_numbers(record)]
+    cuda = [peaks(entry) for entry in _step_stages_by_number(record)]
     if not cuda or cuda[0]["cuda_allocated"] is None:
         return None
     allocated = max(c["cuda_allocated"] for c in cuda)
