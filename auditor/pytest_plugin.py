@@ -53,7 +53,8 @@ test's audit is nested, joined to the running one (auditor.capture.nested_audit)
 run named after the test, with a record of its own that the budget is checked against, so a test
 passes and fails as it does alone. The live-tensor meter is lent for the body when the running
 audit lacks it; the census and memray cannot be (one set of probes per process): without them
-a failure lists no components or sites, and memray=True fails saying why. Tests with neither the
+a failure lists no components or sites, the fixture's default census is left out, and
+memray=True fails saying why. Tests with neither the
 marker nor the fixture are not touched. This module imports no torch; the audit is built only
 for tests that ask for it.
 """
@@ -65,7 +66,7 @@ from dataclasses import dataclass
 import pytest
 
 from auditor.capture.audit import Audit  # already loaded with the package: costs nothing more
-from auditor.capture.stage import stage
+from auditor.capture.stage import active_audit, stage
 from auditor.facts import units
 from auditor.record.schema import RunRecord, Stage
 
@@ -219,7 +220,11 @@ def pytest_runtest_call(item):
 def _new_audit(item, tmp_path_factory, fixture: bool) -> Audit:
     budget = _budget(item)
     measures = {limit.measure for limit in budget.limits} if budget else set()
-    census = budget.census if budget and budget.census is not None else fixture
+    # The fixture's census is a default: under an audit without one (`auditor run` without --census) it
+    # cannot run, and goes without a warning; census=True on the marker warns (auditor.capture.nested_audit).
+    running = active_audit()
+    census = (budget.census if budget and budget.census is not None
+              else fixture and (running is None or bool(running.options["census"])))
     folder = tmp_path_factory.mktemp("memory-" + re.sub(r"[^\w.-]", "_", item.name)[:40])
     return Audit(out=folder, name=item.name, command=f"pytest {item.nodeid}", census=census,
                  live_tensors=fixture or "live_tensors" in measures,

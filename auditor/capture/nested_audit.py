@@ -335,9 +335,9 @@ class Joined:
             if probes.get(key, {}).get("state") == "on":
                 probes[key] = {"state": "off", "reason": f"recorded for the whole process by the running audit "
                                f"{outer.name!r}: in its folder, {outer.folder}"}
-        for option, (key, flag) in NOT_LENT.items():
-            if key is not None and self.audit.options[option] and probes.get(key, {}).get("state") != "on":
-                probes[key] = {"state": "off", "reason": f"this audit is nested in the running audit {outer.name!r}, "
+        for option, (state, flag) in NOT_LENT.items():
+            if state is not None and self.audit.options[option] and not outer.options[option]:
+                probes[state] = {"state": "off", "reason": f"this audit is nested in the running audit {outer.name!r}, "
                                f"which runs without it (probes measure the whole process; give it {flag})"}
         return probes
 
