@@ -16,6 +16,7 @@ A probe that fails mid-run is switched off (RSS falls back to sampling), with a 
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -35,6 +36,13 @@ if TYPE_CHECKING:  # each imports torch or memray: built only when its option is
     from auditor.capture.tracing.data_dependent import SizeRecorder
     from auditor.capture.tracing.fake_tensors import ValueFreeMode
 
+# the live-tensor meter of a program that had not imported torch when the audit started
+LIVE_WAITS = "waits for the program to import torch (started at the next stage boundary after it)"
+LIVE_LATE = ("started late, at the first stage boundary after the program imported torch: stages open then "
+             "count from there; tensors made before were found by a scan of live objects")
+LIVE_NEVER = "never started: the program never imported torch (no tensor to count)"
+LIVE_NO_BOUNDARY = ("never started: the program imported torch, but no stage boundary came after it on the "
+                    "audit's thread with no dispatch mode of the program's open")
 _PROBE_NAMES = {"py_heap": "python_heap"}  # a meter's key -> its entry in the record's probes
 METER_KEYS = ("rss", "py_heap", "cuda", "live_tensors")  # a stage's fields, in the record's order
 # A stage's or an interval's reading of each meter, in METER_KEYS' order (None: that meter is off).
@@ -83,6 +91,7 @@ class ProbeSet:
         self._children_before = 0  # the ended children's peak RSS before the run
         self._child_watch: child_processes.ChildWatch | None = None
         self._children_at_end: dict | None = None
+        self._live_waits = False  # the live-tensor meter waits for the program to import torch
 
     # -- building them, in their order ---------------------------------------------------
 
@@ -119,11 +128,45 @@ class ProbeSet:
             self._sizes.__enter__()
         probes["live_tensors"] = {"state": "off"}
         if self.options["live_tensors"]:
-            from auditor.capture.probes.live_tensors import LiveTensorProbe
-            self.live = live = LiveTensorProbe()
-            self.meters.append(live)
-            probes["live_tensors"] = live.describe()
+            if "torch" in sys.modules:
+                self._start_live_tensors()
+            else:  # never torch's import for a program without it (+200 MiB, ~1 GB of address space)
+                self._live_waits = True
+                probes["live_tensors"] = {"state": "pending", "reason": LIVE_WAITS}
         return probes
+
+    def _start_live_tensors(self) -> None:
+        from auditor.capture.probes.live_tensors import LiveTensorProbe
+        self.live = live = LiveTensorProbe()
+        self.meters.append(live)
+        self.states["live_tensors"] = live.describe()
+
+    def _poll_live_tensors(self) -> None:
+        """Start the live-tensor meter that waits for torch, at the first boundary on the audit's
+        thread after the program imported it (a dispatch mode is the thread's: it must be
+        entered there), and with no dispatch mode of the program's open (modes leave in order).
+        Stages and intervals open now count from here; tensors made before are found by the
+        meter's scan of live objects."""
+        if not self._live_waits or "torch" not in sys.modules or threading.get_ident() != self._book.audit_thread:
+            return
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+        if _get_current_dispatch_mode_stack():
+            return
+        self._live_waits = False
+        try:
+            self._start_live_tensors()
+        except Exception as error:  # a meter that cannot start costs its figures, never the run
+            self.states["live_tensors"] = {"state": "failed", "reason": f"{type(error).__name__}: {error}"}
+            self._warn(f"the live_tensors probe could not start: {type(error).__name__}: {error}")
+            return
+        live = self.live
+        assert live is not None  # just started
+        _, level, _ = live.read()
+        live.reset()
+        for opened in [*self._book.open, *self._book.intervals.values()]:
+            opened.starts[live.key], opened.peaks[live.key] = level, level
+        self.run_peaks[live.key] = level
+        self.states["live_tensors"]["reason"] = LIVE_LATE
 
     def start_recorders(self, pending: list[str]) -> None:
         """What records the whole run beside the meters: CUDA history, the torch profiler's
@@ -234,7 +277,9 @@ class ProbeSet:
             self.run_peaks[key] = high
 
     def poll_cuda(self) -> None:
-        """Switch the CUDA probe on once the audited code has initialized CUDA."""
+        """Switch the CUDA probe on once the audited code has initialized CUDA, and the live-tensor
+        meter once it has imported torch (at every boundary)."""
+        self._poll_live_tensors()
         if self.cuda is not None or "torch" not in sys.modules:
             return
         cuda = cuda_probe.initialized_cuda()
@@ -369,6 +414,10 @@ class ProbeSet:
 
     def final_readings(self) -> dict:
         """The meters' values at the run's end (the caller holds the audit's lock)."""
+        if self._live_waits:  # the run's end is no boundary to start it at
+            self._live_waits = False
+            self.states["live_tensors"] = {"state": "absent", "reason": LIVE_NEVER if "torch" not in sys.modules
+                                           else LIVE_NO_BOUNDARY}
         self.poll_cuda()
         ends = {key: values for key, (values, _) in self.read().items()}
         if self.cuda is None:
