@@ -44,8 +44,9 @@ MiB, GiB = 1 << 20, 1 << 30
 def size(n: float) -> str:
     """Bytes as the auditor's reports write them: MiB below 1 GiB, GiB from 1 GiB on."""
     return f"{n / GiB:,.2f} GiB" if abs(n) >= GiB else f"{n / MiB:,.1f} MiB"
-EXIT_STATUSES: list[tuple[int | str, str]] = [(0, "done"), (1, "the run failed (python's traceback above)"),
-                 (2, "bad input: one line on stderr saying what is wrong, before any work")]
+EXIT_STATUSES: list[tuple[int | str, str]] = [
+    (0, "done"), (1, "the run failed (python's traceback above; a full disk: one line, the partial output removed)"),
+    (2, "bad input: one line on stderr saying what is wrong, before any work")]
 # A tokenizer folder holds at least one of these (what AutoTokenizer.from_pretrained reads).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model")
 

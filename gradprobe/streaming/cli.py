@@ -13,8 +13,11 @@ still works), a weights folder read is `--weights`.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import os
+import shutil
 import sys
 import time
 from typing import Any
@@ -99,10 +102,76 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         check_arguments(args)
-        print(write_weights(args) if args.command == "write-weights" else prune(args))
     except ValueError as error:
         parser.error(str(error))
+    made = _outputs_to_make(args)
+    try:
+        text = write_weights(args) if args.command == "write-weights" else prune(args)
+    except ValueError as error:
+        parser.error(str(error))
+    except OSError as error:
+        if error.errno not in DISK_FULL:
+            raise
+        print(f"{PROG}: error: {disk_full(args, made, error)}", file=sys.stderr)
+        return 1
+    print(text)
     return 0
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _outputs_to_make(args: argparse.Namespace) -> list[str]:
+    """The paths this run creates (the output folder, checked new or empty, and the output files
+    that do not exist yet): what a full disk makes it remove. An output folder that exists (empty)
+    is listed with a trailing separator: its contents go, it stays."""
+    made = [args.output_dir if not os.path.exists(args.output_dir) else os.path.join(args.output_dir, "")]
+    for option in ("masks_out", "summary_json"):
+        path = getattr(args, option, None)
+        if path and not os.path.exists(path):
+            made.append(path)
+    return made
+
+
+def disk_full(args: argparse.Namespace, made: list[str], error: OSError) -> str:
+    """One line: the disk filled, what had been written, and that it was removed (a pruned
+    folder missing layers would load as a model with some unpruned, or fail later)."""
+    files, written = 0, 0
+    for path in made:
+        if os.path.isdir(path):
+            kept_folder = path.endswith(os.sep)
+            for folder, _, names in os.walk(path):
+                for name in names:
+                    files += 1
+                    with contextlib.suppress(OSError):
+                        written += os.path.getsize(os.path.join(folder, name))
+            with contextlib.suppress(OSError):  # the folder was new or empty: nothing of the user's in it
+                for entry in os.listdir(path):
+                    entry_path = os.path.join(path, entry)
+                    if os.path.isdir(entry_path) and not os.path.islink(entry_path):
+                        shutil.rmtree(entry_path, ignore_errors=True)
+                    else:
+                        os.remove(entry_path)
+                if not kept_folder:
+                    os.rmdir(path)
+        elif os.path.lexists(path):
+            files += 1
+            with contextlib.suppress(OSError):
+                written += os.path.getsize(path)
+                os.remove(path)
+    what = "the weights" if args.command == "write-weights" else "the pruned weights and masks"
+    needs = f"; the weights folder read is {size(_folder_bytes(args.weights))}" if args.command == "prune" else ""
+    return (f"the disk is full ({error.strerror or error}) while writing {what} to {args.output_dir}: "
+            f"{files} file(s), {size(written)}, had been written; removed, none is a usable output{needs}. "
+            "Free space or choose another --output-dir, and run again")
+
+
+def _folder_bytes(folder: str) -> int:
+    total = 0
+    for name in os.listdir(folder):
+        with contextlib.suppress(OSError):
+            total += os.path.getsize(os.path.join(folder, name))
+    return total
 
 
 def check_arguments(args: argparse.Namespace) -> None:
