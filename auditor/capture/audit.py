@@ -270,6 +270,8 @@ class Audit(StageLifecycle):
         finally:  # whatever failed above, the program gets its own callables back
             _set_active(None)
             self._staging.restore()
+        for message in self._staging.rebound:
+            self._warn(message)
         for target in self._staging.targets:
             if target.name not in self._calls and not self.workers_audited:  # theirs: in their records
                 self._warn(self._staging.never_called(target))
@@ -305,8 +307,8 @@ class Audit(StageLifecycle):
     def _finish_event(self, end_s: float, ends: dict, memray: dict | None, exc: BaseException | None) -> dict:
         events, run_peaks = self._log.events, self._probe_set.run_peaks
         finished = [e["stage"] for e in events if e["event"] == "stage_finished"]
-        holder = run_record.peak_stage(finished, run_peaks["rss"])
         where = run_record.locate_peak(finished, run_record.unstaged_items(events), run_peaks["rss"])
+        holder = run_record.peak_stage(finished, run_peaks["rss"], where)
         peak = {"rss": run_peaks["rss"], "stage": holder["path"] if holder else None,
                 "stage_id": holder["id"] if holder else None, "where": where,
                 "py_heap": run_peaks.get("py_heap"), "cuda_allocated": run_peaks.get("cuda")}

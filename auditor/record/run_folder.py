@@ -298,10 +298,10 @@ def _open_entry(started: dict) -> dict:
 def _unfinished(record: dict) -> dict:
     finished = [s for s in record["stages"] if s["status"] != "open"]
     rss = max((s["rss"]["peak"] for s in finished), default=None)
-    holder = peak_stage(finished, rss)
+    where = locate_peak(finished, record["unstaged"], rss)
+    holder = peak_stage(finished, rss, where)
     record["peak"] = {"rss": rss, "stage": holder["path"] if holder else None,
-                      "stage_id": holder["id"] if holder else None,
-                      "where": locate_peak(finished, record["unstaged"], rss)}
+                      "stage_id": holder["id"] if holder else None, "where": where}
     record["exit"] = {"status": "unfinished", "code": None,
                       "error": "the event log ends before the run finished (the process was "
                                "killed, or the log could not be written)"}
@@ -348,11 +348,16 @@ def _depth(path: str | None) -> int:
     return 0 if path is None else path.count("/") + 1
 
 
-def peak_stage(stages: list[dict], rss_peak: int | None) -> dict | None:
-    """The deepest finished stage whose peak is the run's peak (the most specific holder)."""
+def peak_stage(stages: list[dict], rss_peak: int | None, where: dict | None = None) -> dict | None:
+    """The stage `where` (`locate_peak`) names, where it names one: the report, the timeline and
+    `peak.stage` then say one place (with stages on several threads, every stage running at the
+    peak has it); else the deepest finished stage whose peak is the run's (the most specific holder)."""
     holders = [s for s in stages if s["status"] != "open" and s["rss"]["peak"] == rss_peak]
     if not holders:
         return None
+    named = [s for s in holders if where is not None and where["kind"] == "stage" and s["path"] == where["stage"]]
+    if named:
+        return min(named, key=lambda s: s["end_s"])
     return max(holders, key=lambda s: (s["path"].count("/") + 1 if s["parent"] else 0, s["id"]))
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from auditor.analysis.run.stages import ended, finished, meter
-from auditor.record.schema import Readings, RunRecord, Stage
+from auditor.record.schema import Readings, RunRecord, Stage, Unstaged
 
 
 @dataclass
@@ -83,10 +83,15 @@ def timeline(record: RunRecord) -> Timeline:
         if entry.parent is not None:
             children.setdefault(entry.parent, []).append(entry)
     run_peak = record.peak.rss
+    threaded = len({s.thread for s in stages}) > 1
+    if threaded:
+        result.run_peak = _threaded_run_peak(record, stages)
     for entry in stages:
         start, end, peak = _readings(entry.rss)  # a finished stage has all three
         result.rss += [(entry.start_s, start), (ended(entry), end)]
         placed = _place(entry, "rss", children.get(entry.path, []))
+        if placed is not None and threaded and _concurrent(entry, stages):
+            placed = None  # a process-wide peak while other threads ran: when inside it, unknown
         if placed is not None:
             inside = peak > max(start, end)
             if inside:  # a boundary reading already shows a peak equal to it
@@ -110,6 +115,38 @@ def timeline(record: RunRecord) -> Timeline:
     result.rss.sort(key=lambda p: p[0])
     result.live_tensors.sort(key=lambda p: p[0])
     return result
+
+
+def _concurrent(entry: Stage, stages: list[Stage]) -> bool:
+    """Whether a stage on another thread ran during `entry` (the meters are the process's)."""
+    start, end = entry.start_s, ended(entry)
+    return any(s.thread != entry.thread and s.start_s < end and ended(s) > start for s in stages)
+
+
+def _threaded_run_peak(record: RunRecord, stages: list[Stage]) -> Peak | None:
+    """The run's peak where `peak.where` puts it (the report's one place for it), inside the
+    time every stretch that reached it shares with that place: on several threads a stage's
+    peak is the process's, reached while any of them ran."""
+    where, value = record.peak.where, record.peak.rss
+    if where is None or value is None:
+        return None
+    items: list[Stage | Unstaged] = [*stages, *(record.unstaged or [])]
+    holders = [i for i in items if i.end_s is not None and i.rss.peak == value]
+    if where.kind == "stage":
+        found = [s for s in stages if s.path == where.stage and s.rss.peak == value]
+        label = where.stage or ""
+    else:
+        found = [u for u in record.unstaged or [] if u.rss.peak == value and
+                 (u.parent, u.after, u.before) == (where.parent, where.after, where.before)]
+        label = where.parent or ""
+    if not found:
+        return None
+    place = min(found, key=ended)
+    start, end = place.start_s, ended(place)
+    for other in holders:  # the peak was reached while each of these ran: narrow to what they share
+        if other.start_s <= end and ended(other) >= start and max(start, other.start_s) <= min(end, ended(other)):
+            start, end = max(start, other.start_s), min(end, ended(other))
+    return Peak((start + end) / 2, value, label)
 
 
 def _depths(stages: list[Stage]) -> dict[str, int]:

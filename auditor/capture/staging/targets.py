@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import importlib
 import inspect
 import os
 import sys
@@ -209,6 +210,8 @@ class Staging:
                 self.targets.append(target)
         self._patches: list[Patch | LatePatch] = []
         self._late: dict[str, LatePatch] = {}  # a script target's spec -> what its patch found
+        self.rebound: list[str] = []  # targets the program bound anew while staged (said at the end)
+        self._reload = None  # importlib.reload as it was, while ours re-stages what it reloads
 
     def receiver_classes(self) -> tuple[type, ...]:
         """The classes whose plain methods are staged (their calls have a receiver), less
@@ -226,14 +229,42 @@ class Staging:
     def apply(self) -> None:
         for target in self.targets:
             try:
-                applied = patch(target, lambda function, is_method, name=target.name:
-                                _stage_calls(function, name, receiver=is_method))
+                applied = patch(target, _wrap(target))
             except ValueError:
                 self.restore()
                 raise
             self._patches.append(applied)
             if isinstance(applied, LatePatch):
                 self._late[target.spec] = applied
+        if any(isinstance(applied, Patch) for applied in self._patches):
+            self._reload = original = importlib.reload
+
+            @functools.wraps(original)
+            def reload(module):
+                reloaded = original(module)
+                self.restage(reloaded)
+                return reloaded
+            importlib.reload = reload
+
+    def restage(self, module: types.ModuleType) -> None:
+        """Stage again the targets of `module` that importlib.reload bound anew (its functions, and
+        the methods of its classes, are new objects, no longer staged)."""
+        with AUDITOR_CODE:
+            for applied in list(self._patches):
+                if not isinstance(applied, Patch) or applied.restaged:
+                    continue
+                if applied.target.spec.partition(":")[0] != getattr(module, "__name__", None):
+                    continue
+                applied.restaged = True
+                try:
+                    target = resolve(applied.target.spec)  # a method's class is a new one too
+                    if target.owner is applied.target.owner and not applied.replaced_since():
+                        applied.restaged = False  # untouched by the reload: still staged
+                        continue
+                    self._patches.append(Patch(target, _wrap(target)))
+                except ValueError as error:  # no longer there, or not a function: said at the end
+                    self.rebound.append(f"stage target {applied.target.spec} was reloaded and could not be "
+                                        f"staged again ({error}); its later calls were not staged")
 
     def never_called(self, target: Target) -> str:
         """The warning for a target the program never called, with its cause where it is known:
@@ -246,8 +277,21 @@ class Staging:
                 "such as a local or a default argument, keeps calling the original)")
 
     def restore(self) -> None:
+        if self._reload is not None and importlib.reload is not self._reload:
+            importlib.reload = self._reload
+        self._reload = None
         while self._patches:
-            self._patches.pop().restore()
+            applied = self._patches.pop()
+            if isinstance(applied, Patch) and applied.replaced_since() and not applied.restaged:
+                self.rebound.append(f"stage target {applied.target.spec} was bound anew while the audit ran (an "
+                                    "assignment, or importlib.reload reached by another name): its calls from then on "
+                                    "were not staged, and the program's new binding is kept")
+            applied.restore()
+
+
+def _wrap(target: Target):
+    """How `target`'s function becomes a staged one."""
+    return lambda function, is_method, name=target.name: _stage_calls(function, name, receiver=is_method)
 
 
 def patch(target: Target, wrap, what: str = "stage target") -> Patch | LatePatch:
@@ -320,8 +364,10 @@ class Patch:
         function = raw.__func__ if descriptor else raw
         is_method = descriptor is None and isinstance(target.owner, type) and inspect.isfunction(raw)
         replacement = wrap(function, is_method)
+        self.replacement = descriptor(replacement) if descriptor else replacement
+        self.restaged = False  # bound anew by importlib.reload, and its new binding staged (Staging.restage)
         try:
-            setattr(target.owner, target.attribute, descriptor(replacement) if descriptor else replacement)
+            setattr(target.owner, target.attribute, self.replacement)
         except (AttributeError, TypeError) as error:
             raise ValueError(f"{what} {target.spec!r} cannot be patched: {error}") from None
         self.copies: list = []
@@ -329,9 +375,15 @@ class Patch:
             # `from lib import prune` ran before the patch: patch those copies too
             self.copies = name_bindings.rebind(raw, replacement, skip=owner_dict)
 
+    def replaced_since(self) -> bool:
+        """Whether the program bound the attribute anew since the patch (importlib.reload, an assignment)."""
+        return vars(self.target.owner).get(self.target.attribute, _MISSING) is not self.replacement
+
     def restore(self) -> None:
         name_bindings.restore(self.copies)
         self.copies = []
+        if self.replaced_since():  # the program's own binding since: it stays
+            return
         if self.original is _MISSING:  # was inherited: remove our override
             delattr(self.target.owner, self.target.attribute)
         else:
