@@ -132,6 +132,7 @@ def _threaded_run_peak(record: RunRecord, stages: list[Stage]) -> Peak | None:
         return None
     items: list[Stage | Unstaged] = [*stages, *(record.unstaged or [])]
     holders = [i for i in items if i.end_s is not None and i.rss.peak == value]
+    found: list[Stage | Unstaged]
     if where.kind == "stage":
         found = [s for s in stages if s.path == where.stage and s.rss.peak == value]
         label = where.stage or ""

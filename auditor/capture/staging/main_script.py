@@ -242,7 +242,8 @@ def _exec(code: types.CodeType, attributes: dict) -> None:
     sys.modules["__main__"] = module
     # The runner's frames below the program's are lent to the recursion limit: it recurses as
     # deep as alone (where python has none below a script's frame, and runpy's two below -m's).
-    below, frame = 0, sys._getframe()
+    below = 0
+    frame: types.FrameType | None = sys._getframe()
     while frame is not None:
         below, frame = below + 1, frame.f_back
     lent = max(0, below + 2 - (2 if attributes.get("__spec__") is not None else 0))  # +2: exec's own

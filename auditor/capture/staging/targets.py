@@ -14,6 +14,12 @@ registers its receiver as a census root named after its class and the label
 (`SparseGPT[model.layers.3.mlp.down_proj]`). Like any stage, each call also opens a torch
 profiler range (auditor.capture.stage) while a profiler records.
 
+A staged callable that calls itself (directly or not) while a call of it is open on the same
+thread is one stage: its inner calls run inside the outer call's, unnumbered, and the record's
+`call.recursed` says how deep it went (auditor.capture.recursion). `importlib.reload` of a
+target's module, while the audit runs, stages the reloaded target again; a target the program
+binds anew otherwise (an assignment) is said in a warning at the end, and its binding is kept.
+
 A callable the auditor itself uses (`builtins:len`, `builtins:open`, `time:perf_counter`) can
 be staged: the calls the auditor makes while measuring stay plain calls (auditor.capture.stage's
 AUDITOR_CODE), so only the program's own calls become stages. The auditor's own callables
@@ -36,7 +42,7 @@ import sys
 import threading
 import types
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from auditor.capture import recursion
@@ -211,7 +217,7 @@ class Staging:
         self._patches: list[Patch | LatePatch] = []
         self._late: dict[str, LatePatch] = {}  # a script target's spec -> what its patch found
         self.rebound: list[str] = []  # targets the program bound anew while staged (said at the end)
-        self._reload = None  # importlib.reload as it was, while ours re-stages what it reloads
+        self._reload: Callable | None = None  # importlib.reload as it was, while ours re-stages what it reloads
 
     def receiver_classes(self) -> tuple[type, ...]:
         """The classes whose plain methods are staged (their calls have a receiver), less
