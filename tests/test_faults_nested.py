@@ -210,3 +210,10 @@ def test_a_nested_audit_lends_the_live_tensor_meter_and_says_what_it_cannot_hono
     assert live == {"before": False, "inner": True, "inner/grow": True, "after": False}
     assert "nested audits only" in outer.probes["live_tensors"].reason
     assert torch._C._len_torch_dispatch_stack() == 0  # the lent meter's mode left with it
+    with (auditor.Audit(tmp_path / "outer-live", live_tensors=True),  # its own meter serves the nested one
+          auditor.Audit(tmp_path / "inner-live", name="inner", live_tensors=True), auditor.stage("grow")):
+        big = torch.ones(4 << 20)
+        del big
+    assert auditor.load(tmp_path / "inner-live").stages[0].live_tensors.peak >= 16 << 20
+    assert auditor.load(tmp_path / "outer-live").probes["live_tensors"].reason is None
+    assert torch._C._len_torch_dispatch_stack() == 0

@@ -18,7 +18,9 @@ a crash keeps what finished.
 Options. What the outer audit measures, the nested one has. The live-tensor meter and
 tracemalloc, where the outer runs without them, are lent to the outer for the nested block:
 started as it enters, stopped as it leaves, so the stages inside it have those figures (in both
-records) and the outer's other stages have none (its probe state says so). The rest cannot start
+records) and the outer's other stages have none (its probe state says so); the live-tensor meter
+only where the program has imported torch and has no dispatch mode of its own open (as the
+outer's own would start), else the nested probe state says why it is off. The rest cannot start
 for part of a run (memray's one tracker per process, the census, CUDA history, the profiler,
 fake tensors, size recording): the nested audit says which in one warning each (an
 AuditorWarning, and a line of its record), and its probe states say "off" and why. A recorder
@@ -32,6 +34,7 @@ level). This module cannot import Audit (audit.py imports it): the audits are du
 from __future__ import annotations
 
 import os
+import sys
 import time
 import weakref
 from collections.abc import Callable
@@ -66,8 +69,8 @@ def join(audit: Any, outer: Any, claim: Callable[[Path, str], Path], exit_status
         audit._dir = Path(os.path.abspath(audit.folder))
         audit._log.open(audit._dir)
         joined.start()
-    except BaseException:
-        joined.leave()
+    except BaseException as error:
+        joined.abandon(error)
         audit._log.close()
         audit._staging.restore()
         raise
@@ -115,6 +118,7 @@ class Joined:
         self.pending: list[str] = []  # its warnings, given once it has started
         self.unstaged: set[int] = set()  # ids of the outer's unstaged intervals inside it
         self.called: set[str] = set()  # stage targets called inside it
+        self.unlent: dict[str, str] = {}  # probe state key -> why a meter it asked for was not lent
         self.t0 = 0.0
 
     # -- entering and leaving ------------------------------------------------------------
@@ -166,6 +170,14 @@ class Joined:
         audit._log.emit(self._finished_event(exc, time.perf_counter() - began), durable=True)
         audit._write_record()
 
+    def abandon(self, error: BaseException) -> None:
+        """Undo a start that failed half-way: its stage in the outer closed, the meters returned."""
+        try:
+            if self.entry is not None:
+                self.outer.close_stage(self.opener, error)
+        finally:
+            self.leave()
+
     def leave(self) -> None:
         """No longer followed; the meters it lent go back (stopped once no audit uses them)."""
         outer = self.outer
@@ -199,9 +211,13 @@ class Joined:
             if not audit.options[option]:
                 continue
             held = joins.lent.get(key)
-            if held is None and any(meter.key == key for meter in probes.meters):
-                continue  # the outer's own
+            if held is None and (self.outer.options[option] or any(meter.key == key for meter in probes.meters)):
+                continue  # the outer's own (its live-tensor meter may wait for torch: it starts it then)
             if held is None:
+                why = _cannot_lend(key)
+                if why is not None:
+                    self.unlent[state] = why
+                    continue
                 try:
                     meter = _new_meter(key)
                 except Exception as error:  # torch missing or broken: measured as the outer measures
@@ -335,6 +351,8 @@ class Joined:
             if probes.get(key, {}).get("state") == "on":
                 probes[key] = {"state": "off", "reason": f"recorded for the whole process by the running audit "
                                f"{outer.name!r}: in its folder, {outer.folder}"}
+        for state, why in self.unlent.items():
+            probes[state] = {"state": "off", "reason": why}
         for option, (state, flag) in NOT_LENT.items():
             if state is not None and self.audit.options[option] and not outer.options[option]:
                 probes[state] = {"state": "off", "reason": f"this audit is nested in the running audit {outer.name!r}, "
@@ -362,6 +380,19 @@ class Joined:
             "files": {"events": run_record.EVENTS_FILE, "run": run_record.RUN_FILE},
             "event_log": audit._log.state(written=1), "audit_overhead_s": {"finish_s": round(finish_s, 6)},
         }
+
+
+def _cannot_lend(key: str) -> str | None:
+    """Why the live-tensor meter cannot start now, as the outer's own would not (None: it can)."""
+    if key != "live_tensors":
+        return None
+    lacking = "and the running audit has no live-tensor meter"
+    if "torch" not in sys.modules:  # never torch's import for a program without it
+        return f"the program had not imported torch when this nested audit began, {lacking}"
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    if _get_current_dispatch_mode_stack():  # a dispatch mode leaves in order: ours would outlive the program's
+        return f"a dispatch mode of the program's was open when this nested audit began, {lacking}"
+    return None
 
 
 def _new_meter(key: str) -> Any:
