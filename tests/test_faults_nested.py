@@ -67,6 +67,12 @@ BUDGETS = """
         with auditor.stage("load"):
             data = bytearray(20_000_000)
 
+    def test_fixture_reads_its_stages_so_far(memory_audit):
+        with auditor.stage("step"):
+            data = bytearray(1_000_000)
+        record = auditor.rebuild(memory_audit.folder, write=False)
+        assert [(s["path"], s["status"]) for s in record["stages"]] == [("test body", "open"), ("test body/step", "ok")]
+
     def test_audits_its_own_code(tmp_path):
         with auditor.Audit(out=tmp_path / "own", name="own") as audit:
             with auditor.stage("step"):
@@ -111,7 +117,7 @@ def pytest_with_budgets(tmp_path: Path) -> tuple[Injected, subprocess.CompletedP
     alone = run([sys.executable, *PYTEST], tmp_path)
     result = run(audited("--run-dir", tmp_path / "run", *PYTEST), tmp_path)
     finished = [(f"{test}/test body/load", "ok") for test in ("test_within_budget", "test_over_budget")]
-    finished += [("own/step", "ok"), ("own", "ok")]
+    finished += [("test_fixture_reads_its_stages_so_far/test body/step", "ok"), ("own/step", "ok"), ("own", "ok")]
     return Injected(alone.returncode, result.returncode, result, tmp_path / "run", finished,
                     alone_stderr=alone.stderr), alone
 
@@ -153,7 +159,7 @@ def budgets_as_alone(tmp_path: Path, fault: Injected, alone_run) -> None:
     outcomes = re.compile(r"^(PASSED|FAILED) test_budgets\.py::(\w+)", re.M)
     alone = outcomes.findall(alone_run.stdout)
     assert sorted(alone) == [("FAILED", "test_over_budget"), ("PASSED", "test_audits_its_own_code"),
-                             ("PASSED", "test_within_budget")]
+                             ("PASSED", "test_fixture_reads_its_stages_so_far"), ("PASSED", "test_within_budget")]
     assert outcomes.findall(fault.result.stdout) == alone
     assert fault.alone == 1
     assert failure_text(fault.result.stdout) == failure_text(alone_run.stdout)

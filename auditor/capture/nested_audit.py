@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -120,6 +121,7 @@ class Joined:
         self.called: set[str] = set()  # stage targets called inside it
         self.unlent: dict[str, str] = {}  # probe state key -> why a meter it asked for was not lent
         self.t0 = 0.0
+        self._flushing = threading.Lock()
 
     # -- entering and leaving ------------------------------------------------------------
 
@@ -261,14 +263,16 @@ class Joined:
             self.audit._log.fault("following the running audit's events", error)
 
     def flush(self) -> None:
-        with self.outer._lock:
-            events = self.outer._log.events
-            end = len(events)
-            new, self.seen = events[self.seen:end], end
-        for event in new:
-            moved = self._moved(event)
-            if moved is not None:
-                self.audit._log.emit(moved, durable=moved["event"] == "stage_finished")
+        """The outer's events since the last flush, in their order (stage ends come on any thread)."""
+        with self._flushing:
+            with self.outer._lock:
+                events = self.outer._log.events
+                end = len(events)
+                new, self.seen = events[self.seen:end], end
+            for event in new:
+                moved = self._moved(event)
+                if moved is not None:
+                    self.audit._log.emit(moved, durable=moved["event"] == "stage_finished")
 
     def _moved(self, event: dict) -> dict | None:
         """An outer event as this audit's, or None when it happened outside its stage."""
