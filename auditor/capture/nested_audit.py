@@ -355,11 +355,11 @@ class Joined:
             if probes.get(key, {}).get("state") == "on":
                 probes[key] = {"state": "off", "reason": f"recorded for the whole process by the running audit "
                                f"{outer.name!r}: in its folder, {outer.folder}"}
-        for state, why in self.unlent.items():
-            probes[state] = {"state": "off", "reason": why}
-        for option, (state, flag) in NOT_LENT.items():
-            if state is not None and self.audit.options[option] and not outer.options[option]:
-                probes[state] = {"state": "off", "reason": f"this audit is nested in the running audit {outer.name!r}, "
+        for key, why in self.unlent.items():
+            probes[key] = {"state": "off", "reason": why}
+        for option, (probe, flag) in NOT_LENT.items():
+            if probe is not None and self.audit.options[option] and not outer.options[option]:
+                probes[probe] = {"state": "off", "reason": f"this audit is nested in the running audit {outer.name!r}, "
                                f"which runs without it (probes measure the whole process; give it {flag})"}
         return probes
 
