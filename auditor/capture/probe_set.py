@@ -163,7 +163,8 @@ class ProbeSet:
         assert live is not None  # just started
         _, level, _ = live.read()
         live.reset()
-        for opened in [*self._book.open, *self._book.intervals.values()]:
+        targets: list[OpenStage | Interval] = [*self._book.open, *self._book.intervals.values()]
+        for opened in targets:
             opened.starts[live.key], opened.peaks[live.key] = level, level
         self.run_peaks[live.key] = level
         self.states["live_tensors"]["reason"] = LIVE_LATE

@@ -440,12 +440,19 @@ def _timeline(record: RunRecord) -> Timeline:
 def sites(record: RunRecord) -> Sites:
     """The allocation sites section (the training-step report has one per configuration)."""
     memray = record.memray
-    probe = (record.probes or {}).get("memray")
-    if memray is None and probe is not None and probe.state == "on":  # it traced, but nothing was read back
-        probe = ProbeState(state="failed", method=probe.method, reason=_unread_trace(record))
+    probe = _memray_probe(record)
     root = source_paths.code_root(record)
     lines = [_site_line(site, root) for site in memray.sites] if memray is not None else []
     return Sites(memray, probe, lines)
+
+
+def _memray_probe(record: RunRecord) -> ProbeState | None:
+    """memray's probe as the report states it: one that traced but whose trace was never read
+    back (the process killed first) failed, saying why."""
+    probe = (record.probes or {}).get("memray")
+    if record.memray is None and probe is not None and probe.state == "on":
+        return ProbeState(state="failed", method=probe.method, reason=_unread_trace(record))
+    return probe
 
 
 def _unread_trace(record: RunRecord) -> str:
@@ -494,7 +501,9 @@ def _minimum(record: RunRecord) -> Minimum:
 
 def environment(record: RunRecord) -> Environment:
     """The environment section (the training-step report shows its first configuration's)."""
-    probes = record.probes or {}
+    probes = dict(record.probes or {})
+    if "memray" in probes:
+        probes["memray"] = _memray_probe(record) or probes["memray"]
     return Environment(
         software=record.environment, machine=record.machine, device=record.device,
         command=source_paths.shown_command(record.command, source_paths.code_root(record)),
