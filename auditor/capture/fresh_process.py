@@ -11,9 +11,11 @@ path: `python -m` puts the current folder first on sys.path, so a local `archite
 `gradprobe/` (an upstream clone, say) would be imported instead of the installed package.
 PYTHONPATH is still honoured.
 
-Ctrl-C reaches the child with the parent (same process group). The parent then waits for the
-child to write its interrupted record, and raises `Interrupted` (a KeyboardInterrupt) that
-carries the child's result, so a caller can report what finished.
+The child runs in a process group of its own and dies with the parent
+(auditor.capture.process_group). Ctrl-C, or SIGTERM or SIGHUP under `ending_signals`, reaches
+its group; the parent waits for the child to write its interrupted record (SIGKILL after a
+grace period), and raises `Interrupted` (a KeyboardInterrupt naming the signal) that carries
+the child's result, so a caller can report what finished.
 """
 from __future__ import annotations
 
@@ -26,13 +28,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from auditor.capture import process_group
 from auditor.record.schema import RunRecord, Stage
 
 # Python < 3.11 has no -P: drop sys.path[0] (the current folder) before running the module.
 _SAFE_PATH_BOOT = ("import runpy, sys; del sys.path[0]; sys.argv.pop(0); "
                    "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
 TAIL_CHARS = 4000
-GRACE_S = 10  # for an interrupted child to write its record
+GRACE_S = process_group.GRACE_S  # for an interrupted child to write its record
 
 
 def python_command(module: str, *args: str) -> list[str]:
@@ -70,7 +73,7 @@ class ChildRun:
 
     @property
     def interrupted(self) -> bool:
-        return self.signal in ("SIGINT", "SIGTERM") or self.returncode in (130, 143)
+        return self.signal in ("SIGINT", "SIGTERM", "SIGHUP") or self.returncode in (129, 130, 143)
 
     @property
     def ending(self) -> str:
@@ -100,11 +103,12 @@ class ChildRun:
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C while a child ran; `.child` is its result, finished stages included."""
+    """Ctrl-C (or the `signum` that stopped the parent) while a child ran; `.child` is its
+    result, finished stages included."""
 
-    def __init__(self, child: ChildRun):
+    def __init__(self, child: ChildRun, signum: int = signal.SIGINT):
         super().__init__(child.ending)
-        self.child = child
+        self.child, self.signum = child, signum
 
 
 def run_module(module: str, *args: str, run_folder: str | os.PathLike | None = None,
@@ -123,46 +127,30 @@ def run_module(module: str, *args: str, run_folder: str | os.PathLike | None = N
     command = python_command(module, *args)
     started = time.perf_counter()
     with tempfile.TemporaryFile() as output:  # a file, not a pipe: waiting is resumable
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT,
-                                   env=None if env is None else {**os.environ, **env})
-        returncode, timed_out, interrupted = _wait(process, timeout_s)
+        with process_group.child_group(command, stdout=output, stderr=subprocess.STDOUT,
+                                       env=None if env is None else {**os.environ, **env}) as process:
+            returncode, timed_out, stop = _wait(process, timeout_s)
         output.seek(max(output.seek(0, os.SEEK_END) - TAIL_CHARS, 0))
         tail = output.read().decode("utf-8", "replace")
     child = ChildRun(command, returncode, timeout_s, timed_out, tail, time.perf_counter() - started,
-                     parent_interrupted=interrupted)
+                     parent_interrupted=stop is not None)
     if run_folder is not None:
         child.record = recovered_record(run_folder, child)
-    if interrupted:
-        raise Interrupted(child)
+    if stop is not None:
+        raise Interrupted(child, process_group.signal_of(stop))
     return child
 
 
-def _wait(process: subprocess.Popen, timeout_s: float | None) -> tuple[int, bool, bool]:
-    """(returncode, timed out, parent interrupted). A timed-out child is killed."""
+def _wait(process: subprocess.Popen, timeout_s: float | None) -> tuple[int, bool, KeyboardInterrupt | None]:
+    """(returncode, timed out, what interrupted the parent). A timed-out child's group is
+    killed; an interrupted one's gets the signal, time to write its record, then SIGKILL."""
     try:
-        return process.wait(timeout=timeout_s), False, False
+        return process.wait(timeout=timeout_s), False, None
     except subprocess.TimeoutExpired:
-        process.kill()
-        return process.wait(), True, False
-    except KeyboardInterrupt:
-        return _after_interrupt(process), False, True
-
-
-def _after_interrupt(process: subprocess.Popen) -> int:
-    """Let the child finish its interrupted record: it got Ctrl-C too if it shares our
-    terminal; if not, it gets SIGINT after a grace period; SIGKILL after another (or at a
-    second Ctrl-C)."""
-    try:
-        for send in (None, signal.SIGINT, signal.SIGKILL):
-            if send is not None and process.poll() is None:
-                process.send_signal(send)
-            try:
-                return process.wait(timeout=GRACE_S)
-            except subprocess.TimeoutExpired:
-                continue
-    except KeyboardInterrupt:
-        process.kill()
-    return process.wait()
+        process_group.kill_group(process)
+        return process.wait(), True, None
+    except KeyboardInterrupt as stop:
+        return process_group.end(process, stop, GRACE_S), False, stop
 
 
 def recovered_record(folder: str | os.PathLike, child: ChildRun | None = None) -> RunRecord | None:

@@ -14,7 +14,9 @@ auditor/comparison/protocol.py). Writes FILE.md, FILE.png (chart) and FILE.json 
 A variant claims a saving only beyond the noise measured between runs (the rule is
 auditor/comparison/verdict.py's RULE, stated in every report). Exit status: 0 when no variant
 claims a saving with a result differing beyond its tolerance; 1 when one does (or a run fails,
-or the report cannot be written); 2 for mistakes in what was typed, found before any run.
+or the report cannot be written); 2 for mistakes in what was typed, found before any run; 130
+Ctrl-C, 143 SIGTERM, 129 SIGHUP (the run in progress ended, a partial report of those that
+finished).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from auditor.cli import BAD_INPUT, UsageError, add_output_argument, add_run_dir_argument, check_writable_report, epilog
+from auditor.cli.stopping import job_command
 from auditor.facts import safe_files
 from auditor.record.run_folder import EVENTS_FILE, RUN_FILE
 
@@ -48,7 +51,8 @@ def register(subparsers) -> None:
                       [(0, "pass: no variant claims a saving with a result differing beyond its tolerance"),
                        (1, "a variant claims a saving but its result differs beyond its tolerance, a run "
                            "failed, or the report could not be written"),
-                       BAD_INPUT, (130, "Ctrl-C")],
+                       BAD_INPUT, (130, "Ctrl-C: the run in progress ended, a partial report of those that "
+                                           "finished"), (143, "SIGTERM (129 SIGHUP): as Ctrl-C, every child ended")],
                       "A bare NAME is a GradProbe variant: python -m gradprobe --variant NAME, with the arguments\n"
                       "after -- (e.g. -- --arch tinystories-33m --seq-len 128). A command may report its loaded RSS\n"
                       "and result through AUDITOR_RESULT (auditor/comparison/protocol.py).\n"
@@ -77,6 +81,7 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=main)
 
 
+@job_command
 def main(args) -> int:
     from auditor.comparison import Comparison, ComparisonRecordError, RunFailed, run_comparison
     from auditor.renderers import terminal
@@ -114,10 +119,23 @@ def main(args) -> int:
         if failure.stderr_tail:
             console.print(f"last lines of its stderr:\n{failure.stderr_tail}", markup=False)
         return 1
-    except KeyboardInterrupt:
-        console.print("compare: interrupted", markup=False)
-        return 130
+    except KeyboardInterrupt as stop:  # the run in progress ended, the temporary folder removed
+        return _interrupted(stop, out, console)
     return _finish(comparison, out, console)
+
+
+def _interrupted(stop: KeyboardInterrupt, out: Path, console) -> int:
+    """A partial report of the runs that finished (none: nothing written); 128 + the signal."""
+    from auditor.capture.process_group import exit_status, interruption
+    comparison = getattr(stop, "comparison", None)
+    if comparison is None or not comparison.record["runs"]:
+        why = comparison.record["interrupted"]["why"] if comparison is not None else interruption(stop)
+        console.print(f"compare: {why}; no run finished, nothing written", markup=False, soft_wrap=True)
+        return exit_status(stop)
+    _finish(comparison, out, console)
+    console.print(f"compare: {comparison.record['interrupted']['why']}; the report is partial", markup=False,
+                  soft_wrap=True)
+    return exit_status(stop)
 
 
 # -- what was typed ----------------------------------------------------------------------------
@@ -245,7 +263,10 @@ def _replaceable_record(record: Path, text: str) -> None:
 
 def _keep_runs_folder(text: str) -> None:
     """A new or empty folder, or one that can be created; creates nothing."""
+    from auditor.record.run_folder import dangling_link
     folder = Path(text)
+    if dangling_link(folder):
+        raise UsageError(f"--run-dir {dangling_link(folder)}")
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"--run-dir {text!r} is a file; name a new or empty folder")
     if folder.exists() and any(folder.iterdir()):
@@ -274,13 +295,31 @@ def _finish(comparison, out: Path, console, source: Path | None = None) -> int:
         if written is None:
             comparison.save(json_path)
             written = "the record"
-        comparison_chart.render(report, chart)
-        safe_files.write_text(out, comparison_markdown.render(report, chart=chart.name))
+        charted = all(side.runs for side in report.sides)  # a stopped comparison: a side may have none
+        if charted:
+            comparison_chart.render(report, chart)
+        safe_files.write_text(out, _said_interrupted(
+            comparison_markdown.render(report, chart=chart.name if charted else None), comparison.record))
     except OSError as error:
         kept = (f"{written} {json_path} is complete: `auditor compare --from {json_path}` renders it again"
                 if written else "no record was written")
         console.print(f"compare: cannot write {error.filename or out}: {error.strerror or error}; {kept}",
                       markup=False, soft_wrap=True)
         return 1
-    console.print(f"report {out}, chart {chart}, record {json_path}", markup=False, soft_wrap=True)
+    console.print(f"report {out}, " + (f"chart {chart}, " if charted else "") + f"record {json_path}",
+                  markup=False, soft_wrap=True)
     return 1 if report.failed else 0
+
+
+def _said_interrupted(text: str, record: dict) -> str:
+    """The report of a stopped comparison says so under its title: its figures are of the runs
+    that finished."""
+    stopped = record.get("interrupted")
+    if not stopped:
+        return text
+    title, _, rest = text.partition("\n")
+    done = len(record["runs"])
+    note = (f"**This comparison did not finish: {stopped['why']}. The figures are of the "
+            f"{done} run{'s' * (done != 1)} that finished, and so is the verdict; {stopped['run']} is not "
+            f"among them.**")
+    return f"{title}\n\n{note}\n{rest}"

@@ -4,7 +4,8 @@
     auditor gradprobe --arch tinystories-33m --target mistral-7b -o reports/gradprobe-tinystories-33m.md
 
 Exit status: 0 done; 1 a calibration or traced run failed; 2 bad input (a --run-dir must be
-new or empty); 130 Ctrl-C. On 1 and 130 the report holds what finished.
+new or empty); 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP. On 1 and on a signal the report holds what
+finished.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from auditor.cli import (
 from auditor.cli.job_options import add_gradprobe_options, check_gradprobe_options, gradprobe_settings, take_defaults
 from auditor.cli.progress import StatusLine, run_reader, stage_reader
 from auditor.cli.report_name import default_report_path, defaults_of
+from auditor.cli.stopping import job_command
 from auditor.jobs.settings import GradProbeSettings
 from auditor.record.schema import RunRecord
 
@@ -43,7 +45,8 @@ def register(subparsers) -> None:
                                              "auditor gradprobe --variant lean --layers 2 -o lean.md"],
                                             [(0, "done"), (1, "a calibration or traced run failed (the report "
                                                                  "holds what finished)"), BAD_INPUT,
-                                             (130, "Ctrl-C (the report holds what finished)")]))
+                                             (130, "Ctrl-C (the report holds what finished)"),
+                                             (143, "SIGTERM (129 SIGHUP): as Ctrl-C, every child ended")]))
     p.add_argument("--arch", help="architecture name or checkpoint folder")
     add_size_arguments(p)
     add_gradprobe_options(p)
@@ -63,6 +66,7 @@ def register(subparsers) -> None:
     p.set_defaults(setting_defaults=defaults_of(p))
 
 
+@job_command
 def main(args) -> int:
     from auditor.cli.run_dir import check_new_run_dir
     check_new_run_dir(args.run_dir)  # before torch is imported: one line, at once
@@ -81,8 +85,9 @@ def main(args) -> int:
     projections: list[dict] = []
     try:
         record = _audit(args, settings, targets, folder, projections)
-    except KeyboardInterrupt:
-        return _partial(folder, output, projections, "interrupted", 130)
+    except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP: a calibration child's group ended
+        from auditor.capture.process_group import exit_status, interruption
+        return _partial(folder, output, projections, interruption(stop), exit_status(stop))
     except RuntimeError as error:  # a child that failed (calibration, tracing): how it ended
         return _partial(folder, output, projections, str(error), 1)
     record.annotations["projections"] = projections
@@ -134,8 +139,8 @@ def _write(record: RunRecord, folder: Path, output: Path) -> None:
 
 
 def _partial(folder: Path, output: Path, projections: list, why: str, status: int) -> int:
-    """Ctrl-C or a failed child: a report of what finished (the record says how the audited
-    run ended), `why` on stderr, `status` (130 interrupted, 1 failed)."""
+    """Ctrl-C (or SIGTERM, SIGHUP) or a failed child: a report of what finished (the record says
+    how the audited run ended), `why` on stderr, `status` (128 + the signal, 1 failed)."""
     import sys
 
     from auditor.capture.fresh_process import recovered_record

@@ -6,8 +6,8 @@ context lengths and precisions, each configuration in a fresh process.
 
 Exit status: 0 every configuration finished; 1 one did not (the report shows its finished
 stages and how it ended: "killed by SIGKILL: out of memory?"); 2 bad input, or a --run-dir
-already holding a configuration's folder (a run folder is never reused); 130 Ctrl-C (the
-report holds what finished).
+already holding a configuration's folder (a run folder is never reused); 130 Ctrl-C, 143
+SIGTERM, 129 SIGHUP (the report holds what finished).
 """
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ from auditor.cli import (
 from auditor.cli.job_options import TRAIN_STEP_DEFAULTS, settings_from, take_defaults
 from auditor.cli.progress import StatusLine
 from auditor.cli.report_name import default_report_path, defaults_of
+from auditor.cli.stopping import job_command
 from auditor.jobs.optimizer_state import OPTIMIZERS
 from auditor.jobs.settings import TrainStepSettings
 
@@ -53,7 +54,8 @@ def register(subparsers) -> None:
                                                  "it ended)"),
                                              (2, BAD_INPUT[1] + "; also a --run-dir already holding a "
                                                  "configuration's folder"),
-                                             (130, "Ctrl-C (the report holds what finished)")]))
+                                             (130, "Ctrl-C (the report holds what finished)"),
+                                             (143, "SIGTERM (129 SIGHUP): as Ctrl-C, every child ended")]))
     p.add_argument("--arch", nargs="+", metavar="ARCH",
                    help="architecture names or local checkpoint folders")
     add_size_arguments(p)
@@ -78,6 +80,7 @@ def register(subparsers) -> None:
     p.set_defaults(setting_defaults=defaults_of(p))
 
 
+@job_command
 def main(args) -> int:
     configurations, output = _checked(args)
     from auditor.capture.audit import new_run_folder
@@ -107,16 +110,18 @@ def _check_run_folders(run_dir: str | None, runs) -> None:
 
 
 def _sweep(args, runs, output: Path) -> int:
-    """Each configuration in a fresh process; the report covers what finished. Ctrl-C stops
-    the sweep: the report then holds the configurations (and stages) done, exit status 130."""
+    """Each configuration in a fresh process; the report covers what finished. Ctrl-C (or
+    SIGTERM, SIGHUP) stops the sweep: the report then holds the configurations (and stages)
+    done, exit status 128 + the signal (130 for Ctrl-C)."""
     import sys
 
+    from auditor.capture.process_group import exit_status, interruption
     from auditor.jobs.train_step import audit_in_fresh_process
     from auditor.renderers import train_step_markdown
     from auditor.report_models.train_step import train_step_report
 
     on_cpu = args.device == "cpu"
-    records, failed, interrupted = [], 0, False
+    records, failed, stopped = [], 0, None
     try:
         with StatusLine() as advance:
             for index, (settings, run) in enumerate(runs, 1):
@@ -129,25 +134,25 @@ def _sweep(args, runs, output: Path) -> int:
                     record = None
                     print(f"auditor: {error}", file=sys.stderr)
                 except KeyboardInterrupt as stop:  # fresh_process.Interrupted: the child's stages
-                    interrupted = True
+                    stopped = stop
                     record = getattr(getattr(stop, "child", None), "record", None)
                 if record is not None and "workload" in record.annotations:  # it reached the workload
                     records.append((record, run))
                 failed += record is None or record.exit is None or record.exit.status != "ok"
-                if interrupted:
+                if stopped is not None:
                     break
-    except KeyboardInterrupt:  # between two configurations
-        interrupted = True
+    except KeyboardInterrupt as stop:  # between two configurations
+        stopped = stop
     if not records:
         print("auditor: no configuration left a run record; no report written", file=sys.stderr)
-        return 130 if interrupted else 1
+        return exit_status(stopped) if stopped is not None else 1
     train_step_markdown.write(train_step_report([record for record, _ in records]), output,
                               folders=[folder for _, folder in records], command=shlex.join(args.command_line))
     _print_summary(records, output)
-    if interrupted:
-        print(f"auditor: interrupted; the report holds the {len(records)} configuration(s) begun",
+    if stopped is not None:
+        print(f"auditor: {interruption(stopped)}; the report holds the {len(records)} configuration(s) begun",
               file=sys.stderr)
-        return 130
+        return exit_status(stopped)
     return 1 if failed else 0
 
 
@@ -211,10 +216,21 @@ def _default_output(args, precisions: list[str]) -> Path:
 
 
 def _print_summary(records, output: Path) -> None:
-    from auditor.analysis.training.step import sweep_rows
+    """A line per configuration: its peaks, and how it ended if not ok, with the figures of
+    what finished (forward only, when no step did)."""
+    from auditor.analysis.training.step import peaks, stage, sweep_rows
     from auditor.facts.units import size
-    for row in sweep_rows([record for record, _ in records]):
-        print(f"{row['architecture']} seq {row['sequence_length']} {row['precision']}: "
-              f"forward only {size(row.get('forward_live_tensors'))}, full step "
-              f"{size(row.get('step_live_tensors'))} live tensors; peak RSS {size(row.get('step_rss'))}")
+    finished = [record for record, _ in records]
+    for record, row in zip(finished, sweep_rows(finished), strict=True):
+        head = f"{row['architecture']} seq {row['sequence_length']} {row['precision']}"
+        ended = "" if record.exit is not None and record.exit.status == "ok" else \
+            f" ({(record.exit.error or record.exit.status) if record.exit is not None else 'unfinished'})"
+        if row.get("step_live_tensors") is not None:
+            print(f"{head}: forward only {size(row.get('forward_live_tensors'))}, full step "
+                  f"{size(row.get('step_live_tensors'))} live tensors; peak RSS {size(row.get('step_rss'))}{ended}")
+            continue
+        forward = peaks(stage(record, "forward only"))
+        done = ("nothing measured" if forward["live_tensors"] is None and forward["rss"] is None else
+                f"forward only {size(forward['live_tensors'])} live tensors, peak RSS {size(forward['rss'])}")
+        print(f"{head}: no full step finished{ended}; {done}")
     print(f"report: {output}")

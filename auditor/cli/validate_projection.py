@@ -10,11 +10,13 @@ target's real run, its traced projection's peak RSS must fit in the available me
 margin, or nothing big runs (exit 2).
 
 Exit status: 0 every target met; 1 a target missed, or a run failed (one line saying how it
-ended); 2 bad input, or the target would not fit; 130 Ctrl-C.
+ended); 2 bad input, or the target would not fit; 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP (every
+child ended).
 """
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -33,6 +35,7 @@ from auditor.cli import (
     epilog,
 )
 from auditor.cli.job_options import add_gradprobe_options, check_gradprobe_options, gradprobe_settings
+from auditor.cli.stopping import job_command
 from auditor.facts import safe_files
 
 
@@ -51,7 +54,8 @@ def register(subparsers) -> None:
                                              (1, "a target missed, or a run failed (one line saying how it ended)"),
                                              (2, BAD_INPUT[1] + "; also a held-out run whose traced peak "
                                                  "would not fit in the available memory"),
-                                             (130, "Ctrl-C (the runs that finished are kept)")]))
+                                             (130, "Ctrl-C (the runs that finished are kept)"),
+                                             (143, "SIGTERM (129 SIGHUP): as Ctrl-C, every child ended")]))
     p.add_argument("--arch", help="architecture audited at the small scale")
     add_size_arguments(p, scale="small scale: ")
     p.add_argument("--target", default="tinystories-33m", metavar="ARCH", help="held-out architecture")
@@ -62,6 +66,8 @@ def register(subparsers) -> None:
                    help="memory the held-out run may use, e.g. 8GiB (default: what the system has available)")
     p.add_argument("--margin", metavar="SIZE", default="1GiB",
                    help="kept free below the available memory")
+    # A value like -1GiB is a value, as argparse takes -1 (then refused as negative), not an option
+    p._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)\s*[A-Za-z]*$")
     add_run_dir_argument(p, "folder for every run (default: a new folder under runs/)")
     add_output_argument(p, "markdown report (default: validation.md in the run folder)", metavar="REPORT.md")
     program = p.add_argument_group(
@@ -78,6 +84,7 @@ def register(subparsers) -> None:
     p.set_defaults(handler=main)
 
 
+@job_command
 def main(args) -> int:
     from auditor.cli.run_dir import check_new_run_dir
     check_new_run_dir(args.run_dir)  # small/, target/, calibration/ must not exist yet
@@ -111,9 +118,10 @@ def main(args) -> int:
                                   progress=progress)
     except NotEnoughMemory as error:
         raise UsageError(str(error)) from None
-    except KeyboardInterrupt:
-        print(f"auditor: interrupted; the runs that finished are in {str(folder)!r}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP: every child's group ended
+        from auditor.capture.process_group import exit_status, interruption
+        print(f"auditor: {interruption(stop)}; the runs that finished are in {str(folder)!r}", file=sys.stderr)
+        return exit_status(stop)
     except RuntimeError as error:  # a run that failed, saying how: "killed by SIGKILL: out of memory?"
         print(f"auditor: {error}; the runs that finished are in {str(folder)!r}", file=sys.stderr)
         return 1
@@ -199,6 +207,9 @@ def _checked(args):
 
 def _size(text: str, option: str) -> int:
     from auditor.facts.units import parse_size
+    if text.strip().startswith("-"):
+        raise UsageError(f"{option} {text}: a size cannot be negative"
+                         + (" (0 keeps nothing free)" if option == "--margin" else ""))
     try:
         return parse_size(text)
     except ValueError as error:

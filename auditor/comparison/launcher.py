@@ -11,6 +11,12 @@ command forked from it reports its own peak, read exactly by `os.wait4` for that
 `RUSAGE_CHILDREN`, a maximum over every child ever waited for).
 
 Standard library only, and nothing imported that the command would pay for.
+
+Signals: the auditor starts this launcher as the leader of a process group of its own and,
+when stopped, signals that whole group, so the command gets SIGTERM, SIGHUP or Ctrl-C itself,
+once; the launcher stays to report how it ended. Its parent's death (even by SIGKILL) comes as
+PARENT_DIED (set by the auditor with PR_SET_PDEATHSIG): the group then gets SIGTERM, and SIGKILL
+after GRACE_S.
 """
 import json
 import os
@@ -18,22 +24,36 @@ import signal
 import sys
 import time
 
+PARENT_DIED = signal.SIGUSR2  # a signal the auditor never sends the group
+GRACE_S = 10
+
 
 def main() -> int:
     report, command = sys.argv[1], sys.argv[2:]
+    parent = os.getppid()
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # the command got it too; reset at exec
+        signal.signal(signum, lambda *_: None)
+    signal.signal(PARENT_DIED, _end_group)
+    signal.signal(signal.SIGALRM, lambda *_: os.killpg(0, signal.SIGKILL))
     started = time.perf_counter()
     try:
         pid = os.posix_spawnp(command[0], command, os.environ)
     except OSError as error:
         _write(report, {"error": f"cannot start {command[0]!r}: {error.strerror or error}"})
         return 127
-    signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGTERM))  # a stopped comparison stops it
+    if os.getppid() != parent:  # the auditor died while the command started
+        _end_group()
     _, status, usage = os.wait4(pid, 0)
     wall = time.perf_counter() - started
     scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
     _write(report, {"exit_status": os.waitstatus_to_exitcode(status), "peak_rss": usage.ru_maxrss * scale,
                     "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime})
     return 0
+
+
+def _end_group(*_) -> None:
+    os.killpg(0, signal.SIGTERM)  # this launcher included: it ignores it
+    signal.alarm(GRACE_S)
 
 
 def _write(path: str, data: dict) -> None:

@@ -1,9 +1,10 @@
 """One run of one side: a fresh process, its exact peak RSS, CPU and wall time, and what it
 reported through the result protocol.
 
-The command is started by `launcher.py` (see there why), itself a `subprocess.Popen` child
-waited for with `os.wait4` on its own pid. The command's output goes to files in the run
-folder (`stdout.txt`, `stderr.txt`), shown only when the run fails.
+The command is started by `launcher.py` (see there why), itself a child in a process group of
+its own (auditor.capture.process_group) waited for with `os.wait4` on its own pid. The
+command's output goes to files in the run folder (`stdout.txt`, `stderr.txt`), shown only
+when the run fails.
 """
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from auditor.capture.process_group import child_group
 from auditor.comparison import protocol
+from auditor.comparison.launcher import PARENT_DIED
 from auditor.comparison.side import Side, Tolerance
 from auditor.facts import safe_files
 
@@ -42,16 +45,13 @@ def measure(side: Side, repeat: int, run_dir: Path) -> dict:
     entry = {"side": side.name, "repeat": repeat,
              "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
              "load_average": list(os.getloadavg()), "command": command}
+    # The launcher in a group of its own, ended on an exception here (Ctrl-C, SIGTERM) or our death
     with open(safe_files.open_new(run_dir / "stdout.txt"), "wb") as stdout, \
-            open(safe_files.open_new(run_dir / "stderr.txt"), "wb") as stderr:
-        launcher = subprocess.Popen([sys.executable, "-I", "-S", str(LAUNCHER), str(launch_json), *command],
-                                    stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=env, cwd=side.cwd)
-        try:
-            _, status, _ = os.wait4(launcher.pid, 0)
-        except BaseException:  # interrupted: leave no process behind (the launcher passes SIGTERM on)
-            launcher.terminate()
-            launcher.wait()
-            raise
+            open(safe_files.open_new(run_dir / "stderr.txt"), "wb") as stderr, \
+            child_group([sys.executable, "-I", "-S", str(LAUNCHER), str(launch_json), *command],
+                        death_signal=PARENT_DIED, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                        env=env, cwd=side.cwd) as launcher:
+        _, status, _ = os.wait4(launcher.pid, 0)
         launcher.returncode = os.waitstatus_to_exitcode(status)
     launch: dict[str, Any] = (json.loads(launch_json.read_text()) if launch_json.exists()
                               else {"error": "the launcher died"})

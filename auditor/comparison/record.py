@@ -14,6 +14,8 @@ report is rendered (again, later, elsewhere).
                     tolerance | null (declared by the run), reported {...},
                     result null | {kind ("file" | "digest"), digest, elements | null,
                                    same_as_reference, differing_elements | null}}]
+    interrupted   (only when the comparison was stopped) {signal ("SIGINT", "SIGTERM", ...), run
+                   ("lean run 2": the run cut short, not in `runs`), why (one line)}
 
 Bytes and seconds throughout. Fields may be added; these keep their meaning.
 """

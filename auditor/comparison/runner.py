@@ -3,19 +3,23 @@ baseline, ...) `repeats` times, every result compared with the baseline's first.
 
 Alternating spreads slow spells of a busy machine over every side instead of one. Each run's
 folder is deleted once its result is compared (the reference's at the end), unless
-`keep_runs` names a folder to keep them in.
+`keep_runs` names a folder to keep them in. Interrupted (Ctrl-C, or SIGTERM and SIGHUP under
+process_group.ending_signals), the run in progress is ended and `Interrupted` carries the
+comparison of the runs that finished, its record saying which run was cut short.
 """
 from __future__ import annotations
 
 import os
 import re
 import shutil
+import signal
 import tempfile
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from auditor.capture.process_group import interruption, signal_of
 from auditor.comparison.environment import environment
 from auditor.comparison.measurement import RunFailed, measure
 from auditor.comparison.record import SCHEMA, Comparison
@@ -23,11 +27,19 @@ from auditor.comparison.result_files import differing_elements, digest
 from auditor.comparison.side import Side
 
 
+class Interrupted(KeyboardInterrupt):
+    """The comparison stopped by Ctrl-C or a signal (`signum`); `.comparison`: the runs that finished."""
+
+    def __init__(self, comparison: Comparison, signum: int):
+        super().__init__(comparison.record["interrupted"]["why"])
+        self.comparison, self.signum = comparison, signum
+
+
 def run_comparison(baseline: Side, variants: list[Side], repeats: int = 3, *, require_result: bool = False,
                    name: str | None = None, command: str | None = None, keep_runs: str | Path | None = None,
                    on_run: Callable[[dict], None] | None = None) -> Comparison:
     """Measures every side `repeats` times and returns the comparison (not yet saved).
-    Raises ValueError for bad arguments and RunFailed when a run fails."""
+    Raises ValueError for bad arguments, RunFailed when a run fails, and Interrupted."""
     sides = [baseline, *variants]
     if not variants:
         raise ValueError("a comparison needs at least one variant besides the baseline")
@@ -50,6 +62,7 @@ def run_comparison(baseline: Side, variants: list[Side], repeats: int = 3, *, re
     scratch = Path(keep_runs) if keep_runs is not None else Path(tempfile.mkdtemp(prefix="auditor-compare-"))
     scratch.mkdir(parents=True, exist_ok=True)
     reference = None  # the first run: the baseline's
+    side, repeat = baseline, 1
     try:
         for repeat in range(1, repeats + 1):
             for side in sides:
@@ -68,6 +81,12 @@ def run_comparison(baseline: Side, variants: list[Side], repeats: int = 3, *, re
                     on_run(entry)
                 if keep_runs is None and order != 1:
                     shutil.rmtree(run_dir, ignore_errors=True)
+    except KeyboardInterrupt as stop:
+        done = len(record["runs"])
+        record["interrupted"] = {"signal": signal.Signals(signal_of(stop)).name, "run": f"{side.name} run {repeat}",
+                                 "why": f"{interruption(stop)} during {side.name} run {repeat}, after "
+                                        f"{done} of {repeats * len(sides)} run{'s' * (repeats * len(sides) != 1)}"}
+        raise Interrupted(Comparison(record), signal_of(stop)) from None
     finally:
         if keep_runs is None:
             shutil.rmtree(scratch, ignore_errors=True)
