@@ -26,7 +26,8 @@ fake tensors, size recording): the nested audit says which in one warning each (
 AuditorWarning, and a line of its record), and its probe states say "off" and why. A recorder
 the outer runs for the whole process (memray, the profiler, CUDA history) is in the outer's
 folder, not the nested one's. Stage targets are applied: their calls are stages of the outer
-run, under the nested audit's stage. `on_stage_end` is called for the stages inside it.
+run, under the nested audit's stage (numbered in the outer run's count: `step#3` where calls
+of `step` came before it). `on_stage_end` is called for the stages inside it.
 
 Stages other threads open inside the block go to the outer run only (they open at its top
 level). This module cannot import Audit (audit.py imports it): the audits are duck-typed.
