@@ -405,12 +405,30 @@ def _stage_calls(function, name: str, receiver: bool):
         if depth is not None:  # recursing: inside the outer call's stage, unnumbered
             return recursion.inside(depth, function, args, kwargs)
         with AUDITOR_CODE:
-            opened = _open_call(name, receiver, args, kwargs)
+            opened = _opened(name, receiver, args, kwargs)
         if opened is None:
             return function(*args, **kwargs)
         return recursion.staged_call(function, opened, function, args, kwargs, recursed)
     vars(staged_call)["__auditor_target__"] = name  # the mark a second patch looks for (LatePatch)
     return staged_call
+
+
+def _opened(name: str, receiver: bool, args: tuple, kwargs: dict) -> stage | None:
+    """`_open_call`, with room for its frames (auditor.capture.recursion); a failure of its own
+    is a warning in the record and a plain call, never the program's exception."""
+    try:
+        recursion.room()
+    except RecursionError:  # not even the room to count: a plain call
+        return None
+    try:
+        return _open_call(name, receiver, args, kwargs)
+    except Exception as error:
+        audit = active_audit()
+        if audit is not None:
+            audit._fault(f"staging a call of {name}", error)
+        return None
+    finally:
+        recursion.end_room()
 
 
 def _open_call(name: str, receiver: bool, args: tuple, kwargs: dict) -> stage | None:
