@@ -143,7 +143,7 @@ def endless_recursion(tmp_path: Path) -> Injected:
 
 
 def deep_stage(tmp_path: Path) -> Injected:
-    return _both(tmp_path, DEEP_STAGE, args=("980",), finished=[("deep", "ok")])
+    return _both(tmp_path, DEEP_STAGE, args=("983",), finished=[("deep", "ok")])
 
 
 def reloaded(tmp_path: Path) -> Injected:

@@ -169,7 +169,8 @@ class StageLifecycle:
         at = max(i for i, opened in enumerate(owner) if opened.opener is opener)
         closing = owner[at:][::-1]
         del owner[at:]
-        self._book.thread_folded().clear()  # folded ones sat inside the deepest, closed now
+        if here is None:
+            self._book.thread_folded().clear()  # folded ones sat inside the deepest, closed now
         outer = closing[-1].entry
         if here is not None:
             self._warn(f"stage {outer['path']!r}, opened on thread {outer['thread']!r}, was closed on thread "

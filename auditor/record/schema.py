@@ -157,7 +157,7 @@ class Call(RecordPart):
     target: str | None = None
     index: Count | None = None
     label: str | None = None
-    recursed: Count | None = None  # calls deep it re-entered itself, inside this stage (auditor.capture.recursion)
+    recursed: Count | None = None  # calls of it nested at the deepest, its own the 1st: re-entered inside this stage
 
 
 @dataclass(kw_only=True, eq=False)
