@@ -41,6 +41,22 @@ RECURSION = """
     print(f(int(sys.argv[1])))
 """
 
+DECORATED = """
+    import auditor
+    @auditor.stage("walk")
+    def walk(n):
+        return 0 if n == 0 else 1 + walk(n - 1)
+    print(walk(300))
+    deepest = 0
+    for n in range(400, 1000, 1):  # as deep as it goes alone: the same under the auditor
+        try:
+            walk(n)
+            deepest = n
+        except RecursionError:
+            break
+    print("deepest", deepest)
+"""
+
 ENDLESS = """
     def f(n):
         return f(n + 1)
@@ -154,6 +170,8 @@ def reloaded(tmp_path: Path) -> Injected:
 FAULTS = {
     "staged recursion 500 deep": lambda tmp_path: [staged_recursion(tmp_path)],
     "staged recursion without end: RecursionError": lambda tmp_path: [endless_recursion(tmp_path)],
+    "@auditor.stage on a recursive function, to python's limit": lambda tmp_path: [
+        _both(tmp_path, DECORATED, finished=[("walk", "ok")])],
     "a stage opened 985 frames deep": lambda tmp_path: [deep_stage(tmp_path)],
     "1,000 nested auditor.stage": lambda tmp_path: [_both(tmp_path, NESTED, finished=[("level0", "ok")])],
     "stage(b'x'), stage(123), None, 1.5, a name with \\n and ESC": lambda tmp_path: [
@@ -180,6 +198,12 @@ def _report(folder: Path) -> str:
 def _recursion(fault: Injected, record) -> None:
     (stage,) = record.stages
     assert stage.call is not None and stage.call.recursed == 501, stage.to_json()
+
+
+def _decorated(fault: Injected, record) -> None:
+    first = record.stages[0]
+    assert first.path == "walk" and first.call is not None and first.call.recursed == 301, first.to_json()
+    assert {s.path for s in record.stages} == {"walk"}  # each call one stage, its recursion inside it
 
 
 def _endless(fault: Injected, record) -> None:
@@ -234,6 +258,7 @@ def _reloaded(fault: Injected, record) -> None:
 CHECKS = {
     "staged recursion 500 deep": _recursion,
     "staged recursion without end: RecursionError": _endless,
+    "@auditor.stage on a recursive function, to python's limit": _decorated,
     "1,000 nested auditor.stage": _nested,
     "stage(b'x'), stage(123), None, 1.5, a name with \\n and ESC": _names,
     "stages in 8 threads": _threads,

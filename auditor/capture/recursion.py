@@ -25,7 +25,8 @@ import threading
 
 ROOM = 250  # frames for the bookkeeping at a stage boundary (it needs ~60 at most)
 WRAPPER_FRAMES = 2  # a staged call's wrapper and the function that runs the call inside its stage
-SLACK = 5  # once per open staged call: the frames lending takes on top of the deepest call
+DECORATED_FRAMES = 1  # a function decorated with auditor.stage has its wrapper alone too: one more under audit
+SLACK = 5  # once per open staged call: the frames that lending itself takes at the deepest call
 
 _lock = threading.Lock()
 _lent = 0  # frames added to the program's limit now, in all threads
@@ -84,27 +85,29 @@ def open_call(key: object) -> Depth | None:
     return _open.calls.get(key)
 
 
-def inside(depth: Depth, function, args: tuple, kwargs: dict):
-    """A re-entered staged callable: a plain call, counted in its outer call's `depth`."""
+def inside(depth: Depth, function, args: tuple, kwargs: dict, frames: int = WRAPPER_FRAMES):
+    """A re-entered staged callable: a plain call, counted in its outer call's `depth`. `frames`:
+    the auditor's frames each call adds to what the program has alone."""
     depth.now += 1
     try:
         if depth.now > depth.deepest:
             depth.deepest = depth.now
-        lend()
+        lend(frames)
         try:
             return function(*args, **kwargs)
         finally:
-            take_back()
+            take_back(frames)
     finally:
         depth.now -= 1
 
 
-def staged_call(key: object, opened, function, args: tuple, kwargs: dict, recursed):
+def staged_call(key: object, opened, function, args: tuple, kwargs: dict, recursed, frames: int = WRAPPER_FRAMES):
     """`function` called inside stage `opened` (entered here), as the open call of `key` on this
     thread; `recursed(opened, deepest)` says how deep it recursed before the stage closes."""
     calls = _open.calls
     depth = calls[key] = Depth()
-    lend(WRAPPER_FRAMES + SLACK)
+    loan = frames + SLACK - (WRAPPER_FRAMES - frames)  # measured: as deep as alone, to the call
+    lend(loan)
     try:
         with opened:
             try:
@@ -114,4 +117,4 @@ def staged_call(key: object, opened, function, args: tuple, kwargs: dict, recurs
                     recursed(opened, depth.deepest)
     finally:
         del calls[key]
-        take_back(WRAPPER_FRAMES + SLACK)
+        take_back(loan)

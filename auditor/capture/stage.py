@@ -38,7 +38,7 @@ import sys
 import threading
 from typing import Any, Literal
 
-from auditor.capture.recursion import end_room, inside, open_call, room, staged_call
+from auditor.capture.recursion import DECORATED_FRAMES, end_room, inside, open_call, room, staged_call
 
 _active = None  # the Audit in progress, or None; set only by Audit.__enter__/__exit__
 
@@ -187,8 +187,8 @@ class stage:
                     return function(*args, **kwargs)
             depth = open_call(staged)
             if depth is not None:  # recursing: inside the outer call's stage
-                return inside(depth, function, args, kwargs)
-            return staged_call(staged, stage(name), function, args, kwargs, recursed)
+                return inside(depth, function, args, kwargs, DECORATED_FRAMES)
+            return staged_call(staged, stage(name), function, args, kwargs, recursed, DECORATED_FRAMES)
         return staged
 
     def __repr__(self) -> str:
