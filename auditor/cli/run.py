@@ -68,7 +68,8 @@ def register(subparsers) -> None:
     parser.add_argument("--tracemalloc", action="store_true", help="Python heap per stage")
     parser.add_argument("--census", action="store_true", help="tensor census at each stage end")
     parser.add_argument("--live-tensors", action="store_true",
-                        help="exact live tensor bytes and their peak per stage (torch dispatch mode)")
+                        help="exact live tensor bytes and their peak per stage (torch dispatch mode; started "
+                             "once the program imports torch, never for a program without it)")
     parser.add_argument("--cuda-history", action="store_true",
                         help="record CUDA allocator history (pytorch.org/memory_viz snapshot)")
     parser.add_argument("--torch-profiler", action="store_true",
