@@ -23,12 +23,12 @@ import contextlib
 import sys
 import threading
 
-ROOM = 250  # frames for the bookkeeping at a stage boundary (it needs ~60 at most)
+ROOM = 250  # frames for the bookkeeping at a stage boundary (a census's walks included)
 WRAPPER_FRAMES = 2  # a staged call's wrapper and the function that runs the call inside its stage
 DECORATED_FRAMES = 1  # a function decorated with auditor.stage has its wrapper alone too: one more under audit
 SLACK = 5  # once per open staged call: the frames that lending itself takes at the deepest call
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: a signal handler may stage calls while its thread is in here
 _lent = 0  # frames added to the program's limit now, in all threads
 _set = 0  # the limit last set here (0: none): another value means the program set its own
 _getlimit, _setlimit = sys.getrecursionlimit, sys.setrecursionlimit
