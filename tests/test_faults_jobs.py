@@ -229,6 +229,42 @@ def sigkill_to_a_jobs_parent(tmp_path: Path) -> Held:
     return Held(ended, f"the child {'ended within 5 s' if ended else 'still running 5 s'} after its parent's SIGKILL")
 
 
+THREADED = """
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+    from auditor.capture.fresh_process import run_module
+    from auditor.capture.process_group import ending_signals, exit_status
+    with ending_signals():
+        try:
+            with ThreadPoolExecutor(max_workers=1) as pool:  # as validate-projection traces the target
+                traced = pool.submit(run_module, "sleeper", sys.argv[1] + "-thread")
+                run_module("sleeper", sys.argv[1])
+                traced.result()
+        except KeyboardInterrupt as stop:
+            sys.exit(exit_status(stop))
+"""
+
+
+def sigterm_with_a_child_in_another_thread(tmp_path: Path) -> Held:
+    """validate-projection waits for its calibration runs while a thread waits for the traced
+    target: SIGTERM ends both children, the one no `end` waits for too."""
+    write_script(tmp_path, SLEEPER, "sleeper.py")
+    parent = write_script(tmp_path, THREADED, "parent.py")
+    pid_file = tmp_path / "pid"
+    process = start([sys.executable, str(parent), str(pid_file)], tmp_path, env={"PYTHONPATH": str(tmp_path)})
+    try:
+        children = [int(wait_for_file(pid_file, process)), int(wait_for_file(tmp_path / "pid-thread", process))]
+        process.terminate()
+        process.communicate(timeout=TIMEOUT_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    ended = gone_within(children, 2)
+    return Held(shell_status(process.returncode) == 143 and ended,
+                f"exit {shell_status(process.returncode)}; both children {'ended' if ended else 'not ended'}")
+
+
 # -- small command-line defects ------------------------------------------------------------
 
 def _in_process(argv: list[str]) -> tuple[int, str]:
@@ -281,6 +317,7 @@ CASES = {
     "SIGHUP to train-step mid-configuration": sighup_to_train_step,
     "train-step killed after forward only: stdout shows it": out_of_memory_stdout,
     "SIGKILL to a fresh-process job's parent": sigkill_to_a_jobs_parent,
+    "SIGTERM with a job's child in another thread": sigterm_with_a_child_in_another_thread,
     "a dangling-symlink --run-dir": dangling_run_dir,
     "validate-projection --margin -1GiB": negative_margin,
 }

@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -82,6 +83,11 @@ def ending_signals() -> Iterator[None]:
 def _stop(signum: int, frame) -> None:
     for pid in list(_live):
         _signal_group(pid, signum)
+    # A child another thread waits for (validate-projection's traced run) gets no `end`: SIGKILL
+    # whatever still runs after the grace period, from a thread that dies with the command.
+    later = threading.Timer(GRACE_S, _kill_every_group)
+    later.daemon = True
+    later.start()
     raise Stopped(signum, forwarded=True)
 
 
@@ -91,8 +97,8 @@ def child_group(command: list[str], *, death_signal: int = signal.SIGKILL, **pop
     `death_signal` when the starting thread dies. An exception while it runs (Ctrl-C, SIGTERM,
     anything) ends its group (`end`) before going on."""
     process = subprocess.Popen(command, preexec_fn=_own_group(os.getpid(), death_signal), **popen)
-    _live[process.pid] = process
     try:
+        _live[process.pid] = process
         yield process
     except BaseException as error:
         if process.returncode is None:
@@ -119,6 +125,11 @@ def end(process: subprocess.Popen, error: BaseException | None = None, grace_s: 
         pass
     kill_group(process)
     return process.wait()
+
+
+def _kill_every_group() -> None:
+    for pid in list(_live):
+        _signal_group(pid, signal.SIGKILL)
 
 
 def kill_group(process: subprocess.Popen) -> None:
