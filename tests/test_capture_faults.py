@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 import auditor
-from auditor.record.run_folder import write_json_atomically
 
 
 @contextmanager
@@ -148,25 +147,76 @@ def test_a_meter_failing_mid_run_is_switched_off(tmp_path):
     assert any("python_heap" in w or "py_heap probe failed" in w for w in record["warnings"])
 
 
-def test_a_run_json_that_cannot_be_written_is_a_warning_and_leaves_no_tmp(tmp_path):
-    folder = tmp_path / "run"
-    with pytest.warns(auditor.AuditorWarning, match="run.json could not be written"), auditor.Audit(folder) as audit:
+FILL = """
+def fill(disk):
+    fd = os.open(os.path.join(disk, "filler"), os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:  # until the disk is full
+            os.write(fd, b"x" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+"""
+
+RUN_JSON_MEETS_A_FULL_DISK = """
+import json, os, sys, warnings
+import auditor
+""" + FILL + """
+disk = sys.argv[1]
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with auditor.Audit(os.path.join(disk, "run")) as audit:
         with auditor.stage("work"):
             pass
-        (folder / "run.json.tmp").symlink_to("/dev/full")  # its write meets a full disk
-    assert not audit.record_written and audit.record["stages"][0]["status"] == "ok"
-    assert sorted(p.name for p in folder.iterdir()) == ["events.jsonl"]  # no tmp, no run.json
+        fill(disk)  # the stage's end is in the log; run.json meets a full disk
+print(json.dumps({"written": audit.record_written, "status": audit.record["stages"][0]["status"],
+                  "warnings": [str(w.message) for w in caught]}))
+"""
+
+OLD_FILE_ON_A_FULL_DISK = """
+import json, os, sys
+""" + FILL + """
+disk = sys.argv[1]
+target = os.path.join(disk, "run.json")
+with open(target, "w") as f:
+    f.write('{"old": true}\\n')
+fill(disk)
+try:
+    write_json_atomically(__import__("pathlib").Path(target), {"new": True, "pad": "y" * 100000})
+    raised = None
+except OSError as error:
+    raised = type(error).__name__
+print(json.dumps({"raised": raised}))
+"""
+
+
+def _on_a_full_disk(tmp_path: Path, text: str) -> tuple[dict, Path]:
+    from test_faults import on_a_small_disk
+    script = tmp_path / "job.py"
+    script.write_text(text)
+    status, result, disk = on_a_small_disk(tmp_path, "1m", "keep", sys.executable, str(script))
+    assert status == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1]), disk
+
+
+def test_a_run_json_that_cannot_be_written_is_a_warning_and_leaves_no_tmp(tmp_path):
+    """A real full disk (a 1 MiB tmpfs, filled after the stage ended): run.json cannot be
+    written, which is a warning, not an error; no temporary is left; the log had it all."""
+    seen, disk = _on_a_full_disk(tmp_path, RUN_JSON_MEETS_A_FULL_DISK)
+    assert not seen["written"] and seen["status"] == "ok"
+    assert any("run.json could not be written" in w for w in seen["warnings"]), seen
+    folder = disk / "run"
+    assert "run.json" not in {p.name for p in folder.iterdir()}
+    assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]  # no temporary left
     assert auditor.rebuild(folder)["stages"][0]["path"] == "work"  # the log had it all
 
 
 def test_write_json_atomically_keeps_the_old_file_when_the_disk_is_full(tmp_path):
-    target = tmp_path / "run.json"
-    target.write_text('{"old": true}\n')
-    (tmp_path / "run.json.tmp").symlink_to("/dev/full")
-    with pytest.raises(OSError):
-        write_json_atomically(target, {"new": True})
-    assert target.read_text() == '{"old": true}\n'
-    assert not os.path.lexists(tmp_path / "run.json.tmp")
+    seen, disk = _on_a_full_disk(tmp_path, OLD_FILE_ON_A_FULL_DISK)
+    assert seen["raised"] == "OSError"
+    assert (disk / "run.json").read_text() == '{"old": true}\n'
+    assert sorted(p.name for p in disk.iterdir()) == ["filler", "run.json"]  # no temporary left
 
 
 def run_script(tmp_path: Path, text: str, *options: str) -> subprocess.CompletedProcess:
