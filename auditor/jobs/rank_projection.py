@@ -293,17 +293,31 @@ def project_world_sizes(small: Settings, target: Settings, world_sizes: list[int
 
 
 def real_ranks(settings: Settings, world_size: int, out: Path, timeout_s: int = 1800) -> dict[int, RunRecord]:
-    """A real torchrun of `world_size` ranks (gloo on CPU, one thread each): {rank: its record}."""
+    """A real torchrun of `world_size` ranks (gloo on CPU, one thread each): {rank: its record}.
+    torchrun and its ranks run in a process group of their own, ended on Ctrl-C or a signal
+    (auditor.capture.process_group); torchrun gets SIGTERM if we die, and ends its ranks."""
+    import signal
     import subprocess
+    import tempfile
 
     from auditor.analysis.ranks.merged import load_ranks
+    from auditor.capture.process_group import child_group, kill_group
     settings = Settings(**{**asdict(settings), "variant": VARIANT})
     command = real_command(settings, world_size, out)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    done = subprocess.run(command, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                          timeout=timeout_s)
-    if done.returncode:
-        raise RuntimeError(f"torchrun of {world_size} ranks failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    with tempfile.TemporaryFile() as stderr, \
+            child_group(command, death_signal=signal.SIGTERM, env={**env, "OMP_NUM_THREADS": "1"},
+                        stdout=subprocess.DEVNULL, stderr=stderr) as process:  # a file: no pipe fills up
+        try:
+            returncode = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            kill_group(process)
+            process.wait()
+            raise
+        stderr.seek(max(stderr.seek(0, os.SEEK_END) - 3000, 0))
+        tail = stderr.read().decode("utf-8", "replace")
+    if returncode:
+        raise RuntimeError(f"torchrun of {world_size} ranks failed ({returncode}):\n{tail}")
     return load_ranks(out)
 
 
