@@ -348,3 +348,14 @@ def test_a_second_signal_while_the_child_ends_kills_its_group_at_once(tmp_path):
             code = process_group.end(process, process_group.Stopped(signal.SIGTERM), grace_s=30)
         again.join()
     assert code == -signal.SIGKILL and time.monotonic() - started < 10
+
+
+def test_an_audit_in_the_command_itself_records_the_signal_that_stopped_it(tmp_path):
+    """gradprobe audits in its own process: a SIGTERM there ends the audit as interrupted by
+    SIGTERM, status 143 (not Ctrl-C's 130)."""
+    import auditor
+    from auditor.capture.process_group import Stopped
+    with pytest.raises(KeyboardInterrupt), auditor.Audit(tmp_path / "run"), auditor.stage("long"):
+        raise Stopped(signal.SIGTERM)
+    ended = auditor.load(tmp_path / "run").exit
+    assert (ended.status, ended.code, ended.error) == ("interrupted", 143, "SIGTERM")

@@ -441,8 +441,9 @@ def _exit_status(exc) -> Exit:
     if isinstance(exc, SystemExit):
         code = shell_code(exc.code)  # what the shell sees: sys.exit(263) exits 7
         return Exit(status="ok" if code == 0 else "failed", code=code, error=None if code == 0 else _describe(exc))
-    if isinstance(exc, KeyboardInterrupt):
+    signum = getattr(exc, "signum", signal.SIGINT)  # process_group.Stopped: a job command's SIGTERM too
+    if isinstance(exc, KeyboardInterrupt) and signum == signal.SIGINT:
         return Exit(status="interrupted", code=130, error="KeyboardInterrupt")
-    if isinstance(exc, Interrupted):
-        return Exit(status="interrupted", code=128 + exc.signum, error=str(exc))
+    if isinstance(exc, (Interrupted, KeyboardInterrupt)):
+        return Exit(status="interrupted", code=128 + signum, error=str(exc))
     return Exit(status="failed", code=1, error=_describe(exc))
