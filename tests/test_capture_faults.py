@@ -176,6 +176,7 @@ print(json.dumps({"written": audit.record_written, "status": audit.record["stage
 
 OLD_FILE_ON_A_FULL_DISK = """
 import json, os, sys
+from auditor.record.run_folder import write_json_atomically
 """ + FILL + """
 disk = sys.argv[1]
 target = os.path.join(disk, "run.json")

@@ -10,6 +10,7 @@ it: 139 instead of the MemoryError's 1).
 """
 from __future__ import annotations
 
+import json
 import resource
 import signal
 import sys
@@ -280,3 +281,26 @@ CASES = {
 def test_case_holds(name, tmp_path):
     held = CASES[name](tmp_path)
     assert held.held, held.seen
+
+
+MODEL_OUTSIDE_EVERY_STAGE = """
+import torch
+weights = torch.ones(4 * 2**20 // 4)  # 4 MiB made right after the import, no stage open
+print("made", flush=True)
+"""
+
+
+def test_the_meter_that_waits_for_torch_starts_at_the_programs_import(tmp_path):
+    """`--live-tensors` on a program that imports torch after the audit began: the meter starts
+    inside that import, so a tensor made before any stage (a run with no stage at all here) is
+    counted at the run's peak, and the record says when the meter started."""
+    from auditor.capture.probe_set import LIVE_AT_IMPORT
+    script = tmp_path / "job.py"
+    script.write_text(MODEL_OUTSIDE_EVERY_STAGE)
+    done = run(audited("--live-tensors", "--run-dir", tmp_path / "run", script), tmp_path)
+    assert done.returncode == 0 and done.stdout.startswith("made"), done.stderr
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["probes"]["live_tensors"]["reason"] == LIVE_AT_IMPORT
+    [unstaged] = record["unstaged"]
+    assert unstaged["live_tensors"]["peak"] == 4 * 2**20
+    assert [row["op"] for row in unstaged["live_tensors"]["at_peak"]["rows"]] == ["aten::ones"]

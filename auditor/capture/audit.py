@@ -178,7 +178,7 @@ class Audit(StageLifecycle):
         self._clock = Clock()
         self._book = StageBook()
         self._probe_set = ProbeSet(self.options, observed_sizes, estimate_sizes, self._book,
-                                   self._warn, self._log.emit)
+                                   self._warn, self._log.emit, self._lock)
         self._census_roots = CensusRoots(self._probe_set, self._book, self._clock, self._lock, self._staging,
                                          self._warn, self._fault, _instance_labels(self))
         self._pid = 0  # the run's process and where its files go, set when the audit is entered

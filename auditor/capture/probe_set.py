@@ -32,12 +32,15 @@ from auditor.record import schema
 if TYPE_CHECKING:  # each imports torch or memray: built only when its option is on
     from auditor.capture.probes.live_tensors import LiveTensorProbe
     from auditor.capture.probes.memray_trace import MemrayTrace
+    from auditor.capture.probes.torch_import import TorchImportWatch
     from auditor.capture.probes.torch_profiler import TorchProfilerTrace
     from auditor.capture.tracing.data_dependent import SizeRecorder
     from auditor.capture.tracing.fake_tensors import ValueFreeMode
 
 # the live-tensor meter of a program that had not imported torch when the audit started
 LIVE_WAITS = "waits for the program to import torch (started at the next stage boundary after it)"
+LIVE_AT_IMPORT = ("started when the program imported torch, after the audit began (tensors count from "
+                  "there: none existed before)")
 LIVE_LATE = ("started late, at the first stage boundary after the program imported torch: stages open then "
              "count from there; tensors made before were found by a scan of live objects")
 LIVE_NEVER = "never started: the program never imported torch (no tensor to count)"
@@ -71,7 +74,8 @@ class ProbeSet:
     the probes read at boundaries; the rest, None while off."""
 
     def __init__(self, options: dict[str, bool], observed_sizes: list | None, estimate_sizes: bool,
-                 book: StageBook, warn: Callable[[str], None], emit: Callable[[dict], None]):
+                 book: StageBook, warn: Callable[[str], None], emit: Callable[[dict], None],
+                 lock: threading.RLock | None = None):
         self.options = options
         self._observed_sizes, self._estimate_sizes = observed_sizes, estimate_sizes
         self._book, self._warn, self._emit = book, warn, emit
@@ -92,6 +96,8 @@ class ProbeSet:
         self._child_watch: child_processes.ChildWatch | None = None
         self._children_at_end: dict | None = None
         self._live_waits = False  # the live-tensor meter waits for the program to import torch
+        self._torch_watch: TorchImportWatch | None = None  # ... and this sees the import
+        self._lock = lock  # the audit's: the meter started at torch's import takes it
 
     # -- building them, in their order ---------------------------------------------------
 
@@ -128,12 +134,25 @@ class ProbeSet:
             self._sizes.__enter__()
         probes["live_tensors"] = {"state": "off"}
         if self.options["live_tensors"]:
-            if "torch" in sys.modules:
+            if "torch" in sys.modules or self.options["census"]:  # the census imports torch at the start
                 self._start_live_tensors()
             else:  # never torch's import for a program without it (+200 MiB, ~1 GB of address space)
                 self._live_waits = True
                 probes["live_tensors"] = {"state": "pending", "reason": LIVE_WAITS}
+                from auditor.capture.probes.torch_import import TorchImportWatch
+                self._torch_watch = TorchImportWatch(self._on_torch_imported)
         return probes
+
+    def _on_torch_imported(self) -> None:
+        """Right after the program's `import torch`: the meter starts there when that import ran
+        on the audit's thread and the audit's lock is free (never waited for: the import holds
+        torch's module lock), else at the next stage boundary."""
+        if self._lock is None or not self._lock.acquire(blocking=False):
+            return
+        try:
+            self._poll_live_tensors(LIVE_AT_IMPORT)
+        finally:
+            self._lock.release()
 
     def _start_live_tensors(self) -> None:
         from auditor.capture.probes.live_tensors import LiveTensorProbe
@@ -141,7 +160,7 @@ class ProbeSet:
         self.meters.append(live)
         self.states["live_tensors"] = live.describe()
 
-    def _poll_live_tensors(self) -> None:
+    def _poll_live_tensors(self, started: str = LIVE_LATE) -> None:
         """Start the live-tensor meter that waits for torch, at the first boundary on the audit's
         thread after the program imported it (a dispatch mode is the thread's: it must be
         entered there), and with no dispatch mode of the program's open (modes leave in order).
@@ -167,7 +186,7 @@ class ProbeSet:
         for opened in targets:
             opened.starts[live.key], opened.peaks[live.key] = level, level
         self.run_peaks[live.key] = level
-        self.states["live_tensors"]["reason"] = LIVE_LATE
+        self.states["live_tensors"]["reason"] = started
 
     def start_recorders(self, pending: list[str]) -> None:
         """What records the whole run beside the meters: CUDA history, the torch profiler's
@@ -415,6 +434,8 @@ class ProbeSet:
 
     def final_readings(self) -> dict:
         """The meters' values at the run's end (the caller holds the audit's lock)."""
+        if self._torch_watch is not None:
+            self._torch_watch.remove()
         if self._live_waits:  # the run's end is no boundary to start it at
             self._live_waits = False
             self.states["live_tensors"] = {"state": "absent", "reason": LIVE_NEVER if "torch" not in sys.modules
