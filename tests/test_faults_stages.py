@@ -282,3 +282,15 @@ def test_the_program_runs_as_alone(tmp_path, name):
     check = CHECKS.get(name)
     if check is not None:
         check(fault, record)
+
+
+def test_a_long_name_is_shown_by_its_head_and_kept_apart_from_its_neighbours():
+    """A 100,000-character stage name keeps the terminal a screenful: its head, its length and a
+    digest; two long names sharing a head are shown apart; a stage's shown path is still its
+    parent's shown path, a slash and its shown name (the record keeps the names whole)."""
+    from auditor.report_models.shown_names import LONGEST, escaped
+    long_a, long_b = "x" * 100_000, "x" * 99_999 + "y"
+    assert len(escaped(long_a)) < 2 * LONGEST and "100,000 characters" in escaped(long_a)
+    assert escaped(long_a) != escaped(long_b)
+    assert escaped(f"load/{long_a}") == f"load/{escaped(long_a)}"
+    assert escaped("x" * LONGEST) == "x" * LONGEST and escaped("a\nb") == "a\\nb"

@@ -4,7 +4,10 @@ A name is the program's text (auditor.capture.stage takes any object as a name),
 newline, a tab or a terminal's escape sequence (`"\\x1b[31m"`). The record keeps it as given;
 wherever it is shown, each control character (and each bidirectional override, which would
 reorder what follows it) is written as Python writes it in a string: `\\n`, `\\t`, `\\x1b`,
-`\\u202e`. So a name is one line in a table and never drives the terminal.
+`\\u202e`. So a name is one line in a table and never drives the terminal. A name longer than
+`LONGEST` characters is shown by its head, its length and a short digest of the whole (two long
+names sharing a head stay apart), each part between slashes on its own, so a stage's shown path
+is still its parent's shown path, a slash and its own shown name.
 
     escaped("load\\nx")          # 'load\\\\nx'
     as_shown(record)             # the same record, or a copy whose names are escaped
@@ -12,11 +15,14 @@ reorder what follows it) is written as Python writes it in a string: `\\n`, `\\t
 from __future__ import annotations
 
 import unicodedata
+import zlib
 
 from auditor.record.schema import RunRecord
 
 _BIDI = {0x200E, 0x200F, 0x202A, 0x202B, 0x202C, 0x202D, 0x202E, 0x2066, 0x2067, 0x2068, 0x2069}
 _NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+LONGEST = 120  # characters of a name shown whole
+HEAD = 80  # characters shown of a longer one
 
 
 def _escape(char: str) -> str:
@@ -33,10 +39,20 @@ def _needs(char: str) -> bool:
 
 
 def escaped(text: str) -> str:
-    """`text` with its control characters escaped (unchanged when it has none)."""
-    if text.isprintable():  # the common case, one pass in C
+    """`text` with its control characters escaped and its long parts shortened (unchanged when
+    it has neither)."""
+    if text.isprintable() and len(text) <= LONGEST:  # the common case, one pass in C
         return text
+    if len(text) > LONGEST:
+        return "/".join(_shortened(part) for part in text.split("/"))
     return "".join(_escape(char) if _needs(char) else char for char in text)
+
+
+def _shortened(part: str) -> str:
+    if len(part) <= LONGEST:
+        return escaped(part)
+    digest = zlib.crc32(part.encode("utf-8", "surrogatepass")) & 0xFFFF
+    return f"{escaped(part[:HEAD])}... ({len(part):,} characters, #{digest:04x})"
 
 
 def _shown(value):
@@ -58,7 +74,7 @@ def as_shown(record: RunRecord) -> RunRecord:
     its stages, unstaged intervals, marks, peak and memray's peak stage) and warnings are escaped,
     consistently, so a stage's parent still names its parent's path."""
     names = [s.name for s in record.stages] + [m.name for m in record.marks]
-    if all(name.isprintable() for name in names):
+    if all(name.isprintable() and len(name) <= LONGEST for name in names):
         return record
     data = record.to_json()
     for key, fields in _NAME_FIELDS.items():
