@@ -213,7 +213,7 @@ CASES = {
     "events.jsonl with a damaged line in the middle": damaged_middle_line,
     "two unrelated runs in rank-0/ and rank-1/": unrelated_runs_as_ranks,
     "rank 0 and rank 1 of two different torchrun launches": ranks_of_two_launches,
-    "a real 2-rank gloo torchrun run": ranks_of_one_launch,
+    "the committed records of a real 2-rank gloo torchrun run still merge": ranks_of_one_launch,
 }
 
 
