@@ -41,7 +41,16 @@ def console(*, stdout: bool = False, highlight: bool = False, piped_width: int |
     stream is not a terminal (None: rich's own, from COLUMNS)."""
     stream = sys.stdout if stdout else sys.stderr
     width = None if piped_width is None or stream.isatty() else piped_width
-    return Console(stderr=not stdout, highlight=highlight, width=width)
+    return _Console(stderr=not stdout, highlight=highlight, width=width)
+
+
+class _Console(Console):
+    """A console that falls silent when its reader has gone (`| head -1` ended). rich's own
+    puts /dev/null on the process's stdout and raises SystemExit(1): under `auditor run` that
+    ended the audited program, its own status and stdout taken from it."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
 
 
 def step(out: Console, text: str) -> None:
