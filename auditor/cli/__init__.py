@@ -45,6 +45,7 @@ def check_writable_report(output, create_folder: bool = False) -> None:
     where = f"cannot write the report to {str(output)!r}"
     if output.is_dir():
         raise UsageError(f"{where}: it is a folder; give a file name such as {str(output / 'report.md')!r}")
+    check_not_special(output, where)
     if output.suffix.lower() != ".md":  # markdown in a .png or a run.json would pass for one
         raise UsageError(f"{where}: the report is markdown; give a name ending in .md, such as "
                          f"{str(output.with_suffix('.md'))!r}")
@@ -64,6 +65,7 @@ def check_file_writable(output, where: str) -> None:
     there; creates nothing."""
     from pathlib import Path
     output = Path(output)
+    check_not_special(output, where)
     folder = output.parent
     if not folder.is_dir():
         raise UsageError(f"{where}: folder {str(folder)!r} does not exist")
@@ -71,6 +73,26 @@ def check_file_writable(output, where: str) -> None:
         raise UsageError(f"{where}: folder {str(folder)!r} is not writable")
     if output.exists() and not os.access(output, os.W_OK):
         raise UsageError(f"{where}: the file is not writable")
+
+
+def check_not_special(output, where: str) -> None:
+    """UsageError unless `output` is new or a regular file (a link to one counts). A file is
+    written beside its name and renamed over it (auditor.facts.safe_files): over /dev/stdout,
+    /dev/null or a FIFO that would replace the device or pipe itself, for everyone."""
+    import stat
+    names = [os.path.abspath(output)]
+    if os.path.islink(output):  # /dev/stdout -> /proc/self/fd/1, a regular file when redirected
+        names.append(os.path.join(os.path.dirname(names[0]), os.readlink(output)))
+    if any(os.path.normpath(name).startswith(("/dev/", "/proc/")) and not name.startswith("/dev/shm/")
+           for name in names):
+        raise UsageError(f"{where}: it is in /dev or /proc, where the file written would replace a device "
+                         "or a stream (/dev/stdout, /dev/null); give a regular file's name")
+    try:
+        mode = os.stat(output).st_mode
+    except OSError:  # nothing there (or a dangling link, which a write replaces)
+        return
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise UsageError(f"{where}: it is not a regular file (a device, a pipe or a socket); give a file name")
 
 
 class _Parser(argparse.ArgumentParser):
