@@ -251,7 +251,8 @@ def _run_script(audit, program: Main, program_args: list[str], filename: str,
     KeyboardInterrupt; `filename`: its code's file name, where its traceback starts. `lines_done`: once the audit
     has ended, before the script's traceback is printed (the stage lines end first)."""
     try:
-        audit.__enter__()
+        with _standard_streams_kept_free():
+            audit.__enter__()
     except FileExistsError:
         raise UsageError(f"output folder {str(audit.folder)!r} was taken by another run as this "
                          "one started; choose a new --run-dir") from None
@@ -273,6 +274,25 @@ def _run_script(audit, program: Main, program_args: list[str], filename: str,
             audit.__exit__(type(ended) if ended else None, ended, ended.__traceback__ if ended else None)
             _quietly(lines_done)
     return _status(ended, filename), isinstance(ended, KeyboardInterrupt)
+
+
+@contextlib.contextmanager
+def _standard_streams_kept_free():
+    """The audit's files (its event log, the RSS probe's clear_refs) kept off descriptors 0-2
+    that the program was started without (`<&-`, `>&-`): they would take the lowest free ones,
+    and a child the program starts would get the event log as its stdin and clear_refs as its
+    stdout. Each closed one is held by /dev/null while the audit opens them, closed again after."""
+    held = []
+    for fd in range(3):
+        try:
+            os.fstat(fd)
+        except OSError:
+            held.append(os.open(os.devnull, os.O_RDWR))  # the lowest free: this one
+    try:
+        yield
+    finally:
+        for fd in held:
+            os.close(fd)
 
 
 def _status(error: BaseException | None, filename: str) -> int:
