@@ -219,7 +219,7 @@ def record_file_clash(out: str | os.PathLike) -> str | None:
     the record in its folder names: a profiler trace, a job's own file), or None; the reason
     reads after the file's name ("OUT has the name of a run record's own file")."""
     out = Path(out)
-    if out.name in record_files():
+    if out.name.casefold() in {name.casefold() for name in record_files()}:  # RUN.JSON is run.json on macOS
         return "has the name of a run record's own file"
     folder = out.parent
     named: dict = {}

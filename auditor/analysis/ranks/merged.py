@@ -108,6 +108,9 @@ def not_one_launch(records: dict[int, RunRecord]) -> str | None:
             return f"{rank_folder_name(rank)}/ holds the record of a run that was no rank of a distributed job"
         if record.rank.rank != rank:
             return f"{rank_folder_name(rank)}/ holds the record of rank {record.rank.rank}"
+        world = record.rank.world_size
+        if isinstance(world, int) and not 0 <= rank < world:  # a leftover of a larger launch, or a copy
+            return f"{rank_folder_name(rank)}/ holds rank {rank} of a world of {world}, which has no such rank"
     (first, record), *others = sorted(records.items())
     for rank, other in others:
         why = launches.conflict(_identity(record), _identity(other))
