@@ -347,7 +347,8 @@ class Audit(StageLifecycle):
             self._probe_set.poll_cuda()
             readings = {key: values for key, (values, _) in self._probe_set.read().items()}
             stack = self._book.thread_stack()
-            stage_path = stack[-1].entry["path"] if stack else None
+            inside = stack[-1] if stack else self._book.outer_stage()  # an asyncio task's first: its thread's
+            stage_path = inside.entry["path"] if inside else None
             mark = Mark(name=name, stage=stage_path, t_s=round(self._clock.now(), 6),
                         thread=threading.current_thread().name, rss=readings["rss"],
                         py_heap=readings.get("py_heap"), cuda=readings.get("cuda"))

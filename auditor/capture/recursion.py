@@ -64,6 +64,14 @@ def end_room() -> None:
     _change(-ROOM)
 
 
+def current_task():
+    """The asyncio task running on this thread, or None (asyncio never imported: None)."""
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is None or asyncio.events._get_running_loop() is None:
+        return None
+    return asyncio.current_task()
+
+
 class Depth:
     """How deep one open staged call has recursed on its thread (1: not re-entered)."""
     __slots__ = ("now", "deepest")
@@ -118,3 +126,28 @@ def staged_call(key: object, opened, function, args: tuple, kwargs: dict, recurs
     finally:
         del calls[key]
         take_back(loan)
+
+
+async def awaited_call(key: object, opened, function, args: tuple, kwargs: dict, recursed):
+    """A staged coroutine function's call awaited inside stage `opened`, or, when `key` (the
+    function and its asyncio task) has a call open already, inside that call's stage, counted
+    in its depth. No frames lent: the awaiting wrapper is there without the auditor too."""
+    calls = _open.calls
+    depth = calls.get(key)
+    if depth is not None:
+        depth.now += 1
+        depth.deepest = max(depth.deepest, depth.now)
+        try:
+            return await function(*args, **kwargs)
+        finally:
+            depth.now -= 1
+    depth = calls[key] = Depth()
+    try:
+        with opened:
+            try:
+                return await function(*args, **kwargs)
+            finally:
+                if depth.deepest > 1:
+                    recursed(opened, depth.deepest)
+    finally:
+        del calls[key]

@@ -29,7 +29,10 @@ kept as `\\xNN`), anything else becomes `str(name)` (its repr if that fails). Th
 the text as given; reports and the terminal show its control characters escaped (`\\n`, `\\x1b`).
 
 A decorated function that recurses is one stage: its inner calls run inside the outer call's
-stage, whose record says how deep it went (auditor.capture.recursion).
+stage, whose record says how deep it went (auditor.capture.recursion). A decorated `async def`
+is staged where it is awaited, in its asyncio task (each task keeps its own stack of stages, as a
+thread does: auditor.capture.stage_book); a decorated generator function's stage covers only the
+call that creates the generator, which the record's warnings say.
 """
 from __future__ import annotations
 
@@ -38,7 +41,16 @@ import sys
 import threading
 from typing import Any, Literal
 
-from auditor.capture.recursion import DECORATED_FRAMES, end_room, inside, open_call, room, staged_call
+from auditor.capture.recursion import (
+    DECORATED_FRAMES,
+    awaited_call,
+    current_task,
+    end_room,
+    inside,
+    open_call,
+    room,
+    staged_call,
+)
 
 _active = None  # the Audit in progress, or None; set only by Audit.__enter__/__exit__
 
@@ -176,9 +188,20 @@ class stage:
 
     def __call__(self, function):
         name = self.name
+        kind = _function_kind(function)
+        if kind == "coroutine function":  # the stage is the awaited call's, in the task that awaits it
+            @functools.wraps(function)
+            async def staged_coroutine(*args, **kwargs):  # recursing in its task: one stage, as a function's
+                return await awaited_call((staged_coroutine, current_task()), stage(name), function, args, kwargs,
+                                          recursed)
+            return staged_coroutine
+        unsaid = [kind is not None]
 
         @functools.wraps(function)
         def staged(*args, **kwargs):
+            if unsaid[0] and _active is not None:
+                unsaid[0] = False
+                _say_generator(name, kind)
             if _active is None:
                 profiler = _profiler  # profiler_recording(), inlined as in __enter__
                 if profiler is None and _PROFILER in _modules:
@@ -230,6 +253,28 @@ def _close_range(opener: stage) -> None:
     with _ranges_lock:
         _open_ranges -= 1
     span.__exit__(None, None, None)
+
+
+def _function_kind(function) -> str | None:
+    """"coroutine function", "generator function" or "async generator function" (their calls
+    only create what runs later), or None for a callable that runs when called."""
+    import inspect  # at decoration only
+    if inspect.iscoroutinefunction(function):
+        return "coroutine function"
+    if inspect.isasyncgenfunction(function):
+        return "async generator function"
+    return "generator function" if inspect.isgeneratorfunction(function) else None
+
+
+def _say_generator(name: str, kind: str) -> None:
+    """A decorated generator's stage covers the call that creates it, not its iteration: said once."""
+    audit = _active
+    if audit is not None:
+        with AUDITOR_CODE:
+            article = "an" if kind[0] == "a" else "a"
+            audit._warn(f"stage {name!r} decorates {article} {kind}: its stage covers only the call that "
+                        "creates the generator, not the iteration that runs its body; put `with auditor.stage(...)` "
+                        "around the loop that consumes it")
 
 
 def recursed(opener: stage, deepest: int) -> None:

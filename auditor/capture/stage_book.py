@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Any
 
+from auditor.capture.recursion import current_task
+
 # What was alive at a live-tensor high (auditor.capture.probes.live_tensors.PeakSet), opaque here.
 PeakSet = Any
 # The meters' readings at a boundary, {key: (values, level)} (auditor.capture.probe_set.ProbeSet.read).
@@ -106,20 +108,37 @@ class StageBook:
         self.unstaged_id = 0
         self._local = threading.local()
 
+    def _lane(self) -> dict:
+        """This thread's state, or its running asyncio task's: tasks on one thread interleave at
+        each await, so each keeps its own stack of stages, as a thread does."""
+        local = self._local
+        lanes = getattr(local, "lanes", None)
+        if lanes is None:
+            lanes = local.lanes = {}
+        task = current_task()
+        lane = lanes.get(task)
+        if lane is None:
+            lane = lanes[task] = {"stack": [], "folded": []}
+            if task is not None:  # forgotten when the task is: its id may be reused
+                task.add_done_callback(lambda done: lanes.pop(done, None))
+        return lane
+
     def thread_stack(self) -> list[OpenStage]:
-        """The stages open on this thread, outermost first."""
-        stack = getattr(self._local, "stack", None)
-        if stack is None:
-            stack = self._local.stack = []
-        return stack
+        """The stages open on this thread (in its running asyncio task, if any), outermost first."""
+        return self._lane()["stack"]
+
+    def outer_stage(self) -> OpenStage | None:
+        """Inside an asyncio task whose own stack is empty: the innermost stage open on its thread
+        outside any task (the `with stage(...)` around `asyncio.run`), its stages' parent."""
+        if current_task() is None:
+            return None
+        base = getattr(self._local, "lanes", {}).get(None)
+        return base["stack"][-1] if base and base["stack"] else None
 
     def thread_folded(self) -> list[object]:
         """The openers of stages this thread opened deeper than the depth kept (auditor.capture.stage_lifecycle's
         MAX_DEPTH), innermost last: each is part of the deepest stage kept, not one of its own."""
-        folded = getattr(self._local, "folded", None)
-        if folded is None:
-            folded = self._local.folded = []
-        return folded
+        return self._lane()["folded"]
 
     def end_interval(self, thread_id: int, end_s: float, closing: OpenStage | None = None,
                      before: str | None = None) -> tuple[Interval, int] | None:

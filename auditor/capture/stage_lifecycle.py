@@ -85,7 +85,8 @@ class StageLifecycle:
                 self._say_folded(stack[-1], name)
                 return
             probes.poll_cuda()
-            parent = stack[-1].entry["path"] if stack else None
+            outer = stack[-1] if stack else book.outer_stage()
+            parent = outer.entry["path"] if outer else None
             readings = probes.read(reset=True)
             starts = {key: values for key, (values, _) in readings.items()}
             peaks = {key: level for key, (_, level) in readings.items()}
@@ -95,7 +96,7 @@ class StageLifecycle:
             thread = threading.current_thread().name
             entry = {"id": book.next_id, "name": name, "path": path, "parent": parent, "thread": thread,
                      "start_s": start_s, "rss": {"start": starts["rss"]}, "call": call}
-            opened = OpenStage(entry, opener, starts, peaks, stack[-1] if stack else None)
+            opened = OpenStage(entry, opener, starts, peaks, outer)
             opened.stack = stack
             if self._census_roots.take_census is not None:  # a census loaded torch: so may its roots
                 from auditor.capture.census import discovered_roots
@@ -277,4 +278,4 @@ def _is_failure(exc) -> bool:
         return False
     if isinstance(exc, SystemExit):
         return exc.code not in (None, 0)
-    return True
+    return not isinstance(exc, GeneratorExit)  # a generator closed before its end: its stage ended, not failed
