@@ -19,8 +19,11 @@ options are called (split_program).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
+import select
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -287,10 +290,36 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse(build_parser(), argv)
         args.command_line = ["auditor", *argv]
-        return args.handler(args)
+        status = args.handler(args)
+        if args.command != "run":  # run's stdout is the program's: python flushes it at exit, as alone
+            _flush(sys.stdout)  # now, so a reader gone (`| head -1`) is seen here
+        return status
+    except BrokenPipeError:
+        if not _reader_gone(sys.stdout):
+            raise
+        # as a command a SIGPIPE ended (`cat | head -1`): no traceback, and nothing left for
+        # python to flush at exit into the closed pipe; the files it wrote are whole
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except UsageError as error:
         print(f"auditor: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # before a command's own handling began (checks, imports)
         print("auditor: interrupted", file=sys.stderr)
         return 130
+
+
+def _flush(stream) -> None:
+    if stream is not None:  # None: python was started with the stream closed
+        stream.flush()
+
+
+def _reader_gone(stream) -> bool:
+    """Whether `stream` is a pipe whose reading end has been closed (poll says POLLERR)."""
+    try:
+        poller = select.poll()
+        poller.register(stream.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return False
