@@ -35,7 +35,7 @@ def register(subparsers) -> None:
 
 
 def main(args) -> int:
-    from auditor.record.event_log import damaged_lines
+    from auditor.record.event_log import being_written, damaged_lines
     from auditor.record.run_folder import (
         EVENTS_FILE,
         RUN_FILE,
@@ -52,6 +52,9 @@ def main(args) -> int:
     if not (folder / EVENTS_FILE).is_file():
         raise UsageError(f"{args.folder!r} has no {EVENTS_FILE}; give a run folder written by the auditor")
     out = folder / RUN_FILE
+    if being_written(folder):  # its own run.json comes when it ends; one written now would be replaced
+        raise UsageError(f"{args.folder!r} is the folder of a run still going (a running audit is writing its "
+                         f"{EVENTS_FILE}); its {RUN_FILE} is written when it ends. `auditor report` shows it so far")
     if out.exists() and not args.force:
         raise UsageError(f"{str(out)!r} exists already; add --force to replace it with one "
                          f"rebuilt from {EVENTS_FILE}")

@@ -6,9 +6,14 @@ so the record assembled from the log says so in its `warnings` (the report print
 commands that read a log repeat it on stderr (`damaged_lines`). A last line cut short is what a
 process killed mid-write leaves: it is dropped without a warning. The first line is the run's
 header (run_started): without it there is no record, and the log is refused.
+
+The audit writing a log holds an exclusive flock on it until it closes it (or dies: the kernel
+lets go), so `being_written` tells a folder whose run is still going from a killed one.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 from pathlib import Path
@@ -34,6 +39,24 @@ def damaged_lines(folder: str | os.PathLike) -> list[str]:
         return read_event_log(folder)[1]
     except RunRecordError:
         return []
+
+
+def being_written(folder: str | os.PathLike) -> bool:
+    """Whether a running audit still holds the folder's event log (auditor.record.run_folder.EventLog)."""
+    try:
+        fd = os.open(Path(folder) / EVENTS_FILE, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:  # a file system without flock: nothing can be told
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)  # its lock, if taken, goes with it
+    return False
 
 
 def read_event_log(folder: str | os.PathLike) -> tuple[list[dict], list[str]]:

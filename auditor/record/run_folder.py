@@ -35,13 +35,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 from pathlib import Path
 
 from auditor.facts import safe_files
 from auditor.record import derived
-from auditor.record.event_log import EVENTS_FILE, read_events  # noqa: F401 (re-exported)
+from auditor.record.event_log import EVENTS_FILE, being_written, read_events  # noqa: F401 (re-exported)
 from auditor.record.schema import SCHEMA, RunRecord, RunRecordError, check_schema  # noqa: F401 (re-exported)
 
 RUN_FILE = "run.json"
@@ -132,6 +133,8 @@ class EventLog:
         self.path = folder / EVENTS_FILE
         # created here (never a file or a link planted at its name), appended to unbuffered
         self._fd: int | None = safe_files.open_new(self.path, os.O_APPEND)
+        with contextlib.suppress(OSError):  # readers see the run is still going (event_log.being_written)
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self._identity = file_identity(self._fd)
         self._size = 0
         self.lines = 0
@@ -190,6 +193,7 @@ class EventLog:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             with contextlib.suppress(OSError):  # nothing is lost: every line was written unbuffered
+                fcntl.flock(fd, fcntl.LOCK_UN)  # also for a forked child that still holds the file
                 os.close(fd)
 
 
@@ -458,6 +462,9 @@ def assembled(folder: str | os.PathLike) -> dict:
     events = read_events(folder)
     try:
         record = assemble(events)
+        ending = record.get("exit")
+        if isinstance(ending, dict) and ending.get("status") == "unfinished" and being_written(folder):
+            ending["error"] = "the run is still going (an audit is writing its event log): this is its record so far"
     except RunRecordError as error:
         raise RunRecordError(f"{str(folder / EVENTS_FILE)!r}: {error}") from None
     except (KeyError, TypeError, AttributeError) as error:  # an event missing its fields

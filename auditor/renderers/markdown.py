@@ -185,14 +185,13 @@ def _unfinished(banner: Banner) -> str:
     """What a reader of a killed run needs first: that it did not finish, and how far it got."""
     finished, still_open = banner.finished, banner.still_open
     error = banner.exit.error if banner.exit is not None else None
-    how = f" ({md.text(error)})" if error else ""
+    how = f": {md.text(error)}." if error else ": it was killed or interrupted, or its record could not be written."
     got = f"{len(finished):,} of {banner.stages:,} stages finished"
     if finished:
         got += f", the last {md.code(finished[-1].path)}"
     if still_open:
         got += "; open when it stopped: " + ", ".join(md.code(s.path) for s in still_open[-5:])
-    return (f"> **This run did not finish**{how}: it was killed or interrupted, or its record "
-            f"could not be written. {got}. Readings stop where the event log stops.")
+    return f"> **This run did not finish**{how} {got}. Readings stop where the event log stops."
 
 
 def _summary(summary: Summary) -> str:
