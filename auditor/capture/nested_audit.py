@@ -29,8 +29,9 @@ folder, not the nested one's. Stage targets are applied: their calls are stages 
 run, under the nested audit's stage (numbered in the outer run's count: `step#3` where calls
 of `step` came before it). `on_stage_end` is called for the stages inside it.
 
-Stages other threads open inside the block go to the outer run only (they open at its top
-level). This module cannot import Audit (audit.py imports it): the audits are duck-typed.
+Stages other threads open inside the block open at the outer run's top level; the nested
+record has them too, at its top level, as alone (those opened inside its block). This module
+cannot import Audit (audit.py imports it): the audits are duck-typed.
 """
 from __future__ import annotations
 
@@ -122,6 +123,7 @@ class Joined:
         self.called: set[str] = set()  # stage targets called inside it
         self.unlent: dict[str, str] = {}  # probe state key -> why a meter it asked for was not lent
         self.t0 = 0.0
+        self.others: set[tuple[str, str]] = set()  # (thread, path) of other threads' top-level stages inside it
         self._flushing = threading.Lock()
 
     # -- entering and leaving ------------------------------------------------------------
@@ -282,7 +284,7 @@ class Joined:
             stage = event["stage"]
             path = self._relative(stage["path"])
             if path is None:
-                return None
+                return self._other_thread(kind, stage)
             if kind == "stage_finished" and stage.get("call"):
                 self.called.add(stage["call"]["target"])
             return {"event": kind, "stage": self._moved_stage(stage, path)}
@@ -308,6 +310,25 @@ class Joined:
         if kind == "warning":
             return dict(event)
         return None  # the outer's own: its annotations, files and end
+
+    def _other_thread(self, kind: str, stage: dict) -> dict | None:
+        """A stage another thread opened at the outer's top level while this audit ran, or one
+        inside it: in this record as alone (its own top-level stage), timed from its start."""
+        thread, path = str(stage.get("thread")), stage["path"]
+        if self.entry is None or thread == str(self.entry.get("thread")):
+            return None
+        if kind == "stage_started" and stage["parent"] is None:
+            self.others.add((thread, path))
+        inside = next(((t, top) for t, top in self.others
+                       if t == thread and (path == top or path.startswith(top + "/"))), None)
+        if inside is None:
+            return None
+        if kind == "stage_finished" and path == inside[1]:
+            self.others.discard(inside)
+        moved = {**stage, "start_s": self._time(stage["start_s"])}
+        if moved.get("end_s") is not None:
+            moved["end_s"] = self._time(stage["end_s"])
+        return {"event": kind, "stage": moved}
 
     def _moved_stage(self, stage: dict, path: str) -> dict:
         moved = {**stage, "path": path, "parent": self._relative(stage["parent"]),
