@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from auditor.cli import BAD_INPUT, UsageError, add_output_argument, check_file_writable, epilog
+from auditor.cli.stopping import job_command
 from auditor.record.schema import RunRecord
 
 DEFAULT_NAMES = {"chrome-trace": "trace.json"}  # format -> file name in the run folder
@@ -38,6 +39,7 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=main)
 
 
+@job_command  # SIGTERM/SIGHUP end it as Ctrl-C does: no temporary output left behind
 def main(args) -> int:
     from auditor.renderers.chrome_trace import render
     from auditor.report_models.trace import run_trace

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from auditor.cli import BAD_INPUT, UsageError, epilog
+from auditor.cli.stopping import job_command
 
 
 def register(subparsers) -> None:
@@ -34,6 +35,7 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=main)
 
 
+@job_command  # SIGTERM/SIGHUP end it as Ctrl-C does: no temporary output left behind
 def main(args) -> int:
     from auditor.record.event_log import being_written, damaged_lines
     from auditor.record.run_folder import (

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from auditor.cli import BAD_INPUT, UsageError, add_output_argument, check_file_writable, epilog
+from auditor.cli.stopping import job_command
 
 DEFAULT_NAME = "report.md"
 
@@ -44,6 +45,7 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=main)
 
 
+@job_command  # SIGTERM/SIGHUP end it as Ctrl-C does: no temporary output left behind
 def main(args) -> int:
     from auditor.record.run_folder import RunRecordError, load
     if args.output:
