@@ -269,6 +269,7 @@ def _run_script(audit, program: Main, program_args: list[str], filename: str,
     except BaseException as raised:  # the script's own ending: the record says how it ended
         ended = raised
     finally:
+        sigterm.ended_by_ctrl_c = isinstance(ended, KeyboardInterrupt)
         with sigterm.deferred():
             os.chdir(cwd)  # a script that changed folder: the paths the user gave mean what they did
             audit.__exit__(type(ended) if ended else None, ended, ended.__traceback__ if ended else None)
@@ -346,6 +347,8 @@ class _Sigterm:
         self.before = None      # the handler before the audit
         self.at_end = None      # the one in effect when the script ended: ours or the script's
         self.received = False   # a SIGTERM came while the record was being written
+        self.held: list[int] = []  # SIGINT, SIGHUP that came then
+        self.ended_by_ctrl_c = False  # the program ended by KeyboardInterrupt: a held SIGINT is that one
 
     @contextlib.contextmanager
     def interrupting(self):
@@ -372,18 +375,33 @@ class _Sigterm:
 
     @contextlib.contextmanager
     def deferred(self):
+        # Ctrl-C and SIGHUP wait for the record too (the run is over: it is all that is left)
+        held: dict[int, object] = {}
+        if self.installed:
+            for signum in (signal.SIGINT, signal.SIGHUP):
+                if signal.getsignal(signum) is not signal.SIG_IGN:
+                    held[signum] = signal.signal(signum, self._hold)
         try:
             yield
         finally:
+            for signum, handler in held.items():
+                signal.signal(signum, handler)  # type: ignore[arg-type]
             if self.installed:
                 signal.signal(signal.SIGTERM, self.before)
                 if self.received:  # the record is written: end as the signal would have
                     if self.at_end is not None:
                         signal.signal(signal.SIGTERM, self.at_end)  # the script's own handler
                     signal.raise_signal(signal.SIGTERM)
+            for signum in self.held:
+                if signum != signal.SIGINT or not self.ended_by_ctrl_c:  # not twice
+                    signal.raise_signal(signum)
 
     def _defer(self, signum, frame):
         self.received = True
+
+    def _hold(self, signum, frame):
+        if signum not in self.held:
+            self.held.append(signum)
 
     def _as_before(self, signum, frame):
         """The signal in a forked child, as the handler before the audit takes it: a DataLoader
