@@ -17,6 +17,7 @@ status 2, nothing written.
 """
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ from auditor.cli import BAD_INPUT, UsageError, add_output_argument, check_file_w
 from auditor.cli.stopping import job_command
 
 DEFAULT_NAME = "report.md"
+NAME_MAX = 255  # bytes in one file name on Linux and macOS file systems
 
 
 def register(subparsers) -> None:
@@ -129,6 +131,9 @@ def _check_output_name(out: Path, runs: list[Path]) -> None:
     record's own files."""
     from auditor.record.run_folder import record_file_clash
     for file in (out, out.with_name(out.stem + "-timeline.png"), out.with_name(out.stem + "-components.png")):
+        if len(os.fsencode(file.name)) > NAME_MAX:
+            raise UsageError(f"output {str(out)!r} would write {file.name[:24]}..., a name over {NAME_MAX} bytes "
+                             "(the file system's limit); give a shorter name")
         clash = record_file_clash(file)
         if clash:
             which = f"output {str(out)!r}" if file == out else f"output {str(out)!r} would write {file.name}, which"

@@ -34,8 +34,10 @@ def open_new(path: str | os.PathLike, extra_flags: int = 0, mode: int = 0o666) -
 
 
 def _temporary(path: Path) -> tuple[int, Path]:
+    # a name near the 255-byte limit keeps its head: the temporary's own name must fit too
+    head = path.name if len(os.fsencode(path.name)) <= 200 else path.name[:50]
     for _ in range(TRIES):
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        tmp = path.with_name(f".{head}.{secrets.token_hex(6)}.tmp")
         try:
             return open_new(tmp), tmp
         except FileExistsError:
@@ -52,7 +54,9 @@ def replaced(path: str | os.PathLike, mode: str = "w", encoding: str | None = "u
     path = Path(path)
     fd, tmp = _temporary(path)
     try:
-        with os.fdopen(fd, mode, encoding=encoding if mode == "w" else None) as file:
+        # text: a file name that is not UTF-8 ('caf\udce9', as python reads it) written as its own bytes
+        text = {"encoding": encoding, "errors": "surrogateescape"} if mode == "w" else {}
+        with os.fdopen(fd, mode, **text) as file:
             yield file
             file.flush()
             os.fsync(file.fileno())

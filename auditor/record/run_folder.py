@@ -477,7 +477,24 @@ def validate(record, where: str = "run record") -> RunRecord:
     """The record typed (auditor.record.schema); RunRecordError (one line naming every field
     that is wrong) unless it has each field the audit writes, with the right type: renderers
     can then trust what they read."""
-    return RunRecord.from_json(record, where)
+    return RunRecord.from_json(printable(record), where)
+
+
+def printable(value):
+    """`value` (a record's JSON) with every string made writable as UTF-8: a name taken from a
+    file name that is not UTF-8 (`caf\xe9.py`, read by python as 'caf\udce9') is shown as
+    `caf\udce9`, never passed on to fail in a report's file or plot. The record keeps it as it was."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+        return value
+    if isinstance(value, dict):
+        return {printable(key): printable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [printable(item) for item in value]
+    return value
 
 
 def rebuild(folder: str | os.PathLike, write: bool = True) -> dict:

@@ -32,7 +32,7 @@ def render(report: ComparisonReport, chart: str | None = None) -> str:
             "overhead.", ""]
     out += _per_side(report) + [""]
     if chart:
-        out += [f"![median peak RSS split into loaded and overhead, with min-max whiskers; wall time]({quote(chart)})",
+        out += [f"![median peak RSS split into loaded and overhead, with min-max whiskers; wall time]({_link(chart)})",
                 ""]
     out += ["## Against the baseline", ""] + _against(report) + [""]
     out += _commands(report) + [""]
@@ -217,3 +217,8 @@ def _value(value: Scalar, in_mib: bool = False) -> str:
 def _aligned(rows: list[list[str]], right=()) -> list[str]:
     """The header row and the rows as a padded table, as lines."""
     return md.table(rows[0], rows[1:], right, aligned=True).split("\n")
+
+
+def _link(name: str) -> str:
+    """A link to a file by its name's own bytes (a name that is not UTF-8 too)."""
+    return quote(name, errors="surrogateescape")

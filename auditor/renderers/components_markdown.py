@@ -78,7 +78,7 @@ def _over_the_run(items: list[ComponentHistory], ends: int, plot: str | None) ->
                     "first seen", "last seen"], rows, right={2})
     more = (f"\n\n{len(items) - MAX_COMPONENT_ROWS:,} smaller components are left out; every "
             f"census is in the run record." if len(items) > MAX_COMPONENT_ROWS else "")
-    image = (f"\n\n![components at each stage end]({quote(plot)})\n\nEach component's bytes at "
+    image = (f"\n\n![components at each stage end]({_link(plot)})\n\nEach component's bytes at "
              "every stage end, the largest stacked (steps: a census is taken at stage ends only)."
              if plot else "")
     return f"### Over the run\n\n{lead}\n\n{table}{more}\n\n{_instances(items)}{image}"
@@ -240,3 +240,8 @@ def _component_tables(census: StageCensus, why: str = "") -> str:
                     + (f" (module buffers, {units.size(a.buffers)}, are counted under weights "
                        f"above but not in the ratio)." if a.buffers else "."))
     return f"{title}\n\n{lead}\n\n{table}\n\nBy category:\n\n{categories}\n\n{weights_note}"
+
+
+def _link(name: str) -> str:
+    """A link to a file by its name's own bytes (a name that is not UTF-8 too)."""
+    return quote(name, errors="surrogateescape")

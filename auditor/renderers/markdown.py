@@ -373,7 +373,7 @@ def _timeline(plot: str | None) -> str:
     if not plot:
         return ""
     return ("## Timeline\n\n"
-            f"![RSS over time]({quote(plot)})\n\n"
+            f"![RSS over time]({quote(plot, errors='surrogateescape')})\n\n"
             "RSS over the run, stage by stage, each stage's peak drawn inside it (the time of a peak "
             "inside a stage is not recorded).")
 

@@ -47,7 +47,7 @@ def _padded(rows: list[list[str]], right: set[int]) -> list[str]:
 def relative_link(target: Path, report_folder: Path) -> str:
     """A markdown link target to `target`, relative to the folder holding the report."""
     relative = Path(os.path.relpath(Path(target).resolve(), Path(report_folder).resolve())).as_posix()
-    return quote(relative)
+    return quote(relative, errors="surrogateescape")  # a file name that is not UTF-8: its own bytes
 
 
 INDENT = "&emsp;"  # a nested row's name in a table

@@ -49,7 +49,7 @@ def render(report: TrainStepReport, *, folders: list[Path], command: str,
     components PNG's path relative to the report."""
     parts = [f"# Training-step memory: {md.text(', '.join(report.architectures))}",
              _intro(report.intro, command), _sweep(report.sweep),
-             f"![components against the measured peaks]({quote(chart)})" if chart else ""]
+             f"![components against the measured peaks]({quote(chart, errors='surrogateescape')})" if chart else ""]
     for configuration, folder in zip(report.configurations, folders, strict=False):
         parts.append(_configuration(configuration, folder, report_folder))
     parts.append(environment_section(report.environment, head="## Environment (first configuration)"))
