@@ -15,11 +15,14 @@ raises RecursionError into it:
 
 The limit is the process's: while a thread's staged calls are open, other threads have that
 room too (a program recursing without end then stops a few frames deeper than alone). A limit
-the program sets while the auditor lends frames is kept, the loan on top of it.
+the program sets while the auditor lends frames is kept, the loan on top of it; what
+`sys.getrecursionlimit` tells the program is its own limit, the loan not counted (the first loan
+puts `program_limit` and `set_program_limit` in `sys`'s two functions' place).
 """
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 import threading
 
@@ -31,20 +34,51 @@ SLACK = 5  # once per open staged call: the frames that lending itself takes at 
 _lock = threading.RLock()  # re-entrant: a signal handler may stage calls while its thread is in here
 _lent = 0  # frames added to the program's limit now, in all threads
 _set = 0  # the limit last set here (0: none): another value means the program set its own
+_base = 0  # the program's own limit, the loan not counted
 _getlimit, _setlimit = sys.getrecursionlimit, sys.setrecursionlimit
 
 
 def _change(frames: int) -> int:
     """Lend `frames` more (negative: take them back); returns the limit before."""
-    global _lent, _set
+    global _lent, _set, _base
     with _lock:
+        if sys.getrecursionlimit is _getlimit:  # the program reads and sets its own limit, never the loan
+            sys.getrecursionlimit, sys.setrecursionlimit = program_limit, set_program_limit
         current = _getlimit()
-        base = current - _lent if current == _set else current  # the program's own limit
-        with contextlib.suppress(RecursionError, ValueError):  # too low for the frames open now: keep the higher
-            _setlimit(base + _lent + frames)
+        if current != _set:  # the program set its own limit (or none was set here yet)
+            _base = current
         _lent += frames
+        # Too low for the frames open now (a loan taken back deep in a recursion): the higher
+        # limit stays until a later change can set it; `_base` keeps the program's own.
+        with contextlib.suppress(RecursionError, ValueError):
+            _setlimit(_base + _lent)
         _set = _getlimit()
         return current
+
+
+def program_limit() -> int:
+    """`sys.getrecursionlimit` as the program sees it: its own limit, not the frames lent on top."""
+    current = _getlimit()
+    return _base if _lent and current == _set else current
+
+
+def set_program_limit(limit: int) -> None:
+    """`sys.setrecursionlimit` as the program calls it: its limit, the frames lent now on top."""
+    global _base, _set
+    with _lock:
+        if _lent and type(limit) is int and limit > 0:
+            try:
+                _setlimit(limit + _lent)  # too low where alone it is: the frames lent are below the program's too
+            except RecursionError as error:  # python's words, in the program's numbers
+                depth = re.findall(r"depth (\d+)", str(error))
+                if not depth:
+                    raise
+                at = int(depth[0]) - _lent - 1  # neither the frames lent nor this function's own
+                raise RecursionError(f"cannot set the recursion limit to {limit} at the recursion depth {at}: "
+                                     "the limit is too low") from None
+            _base, _set = limit, _getlimit()
+            return
+    _setlimit(limit)  # nothing lent, or a value python refuses: as python does
 
 
 def lend(frames: int = WRAPPER_FRAMES) -> None:
