@@ -8,10 +8,20 @@ from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import quote
 
+LONGEST = 2000  # characters of one value shown (a program's error message can be megabytes)
+
+
+def shortened(value) -> str:
+    """`value` as text, its head only when over LONGEST characters, saying how much is left out."""
+    value = str(value)
+    if len(value) <= LONGEST:
+        return value
+    return f"{value[:LONGEST]}... ({len(value) - LONGEST:,} characters more, in the run record)"
+
 
 def text(value) -> str:
     """Plain text safe inside a table cell."""
-    shown = str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    shown = shortened(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
     for char, entity in (("<", "&lt;"), (">", "&gt;"), ("*", "\\*"), ("[", "\\["), ("]", "\\]")):
         shown = shown.replace(char, entity)
     return shown
@@ -19,7 +29,7 @@ def text(value) -> str:
 
 def code(value) -> str:
     """Inline code safe inside a table cell."""
-    return "`" + str(value).replace("`", "'").replace("|", "\\|").replace("\n", " ") + "`"
+    return "`" + shortened(value).replace("`", "'").replace("|", "\\|").replace("\n", " ") + "`"
 
 
 def table(headers: list[str], rows: list[list[str]], right: Iterable[int] = (), aligned: bool = False) -> str:

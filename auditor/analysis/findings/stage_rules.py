@@ -127,7 +127,7 @@ def failures(record: RunRecord) -> list[Finding]:
     for stage in record.stages:
         if stage.status == "failed":
             found.append(Finding("failed-stage", "high",
-                                 f"Stage `{stage.path}` failed ({stage.error or 'no error recorded'}): "
+                                 f"Stage `{stage.path}` failed ({_head(stage.error or 'no error recorded')}): "
                                  f"its readings end where it failed.",
                                  {"stage": stage.path, "error": stage.error}))
         elif stage.status == "open":
@@ -138,7 +138,16 @@ def failures(record: RunRecord) -> list[Finding]:
     if exit_ is not None and exit_.status != "ok":
         found.append(Finding("failed-stage", "high",
                              f"The run ended {exit_.status}"
-                             + (f" ({exit_.error})" if exit_.error else "")
+                             + (f" ({_head(exit_.error)})" if exit_.error else "")
                              + ": later stages and the final readings may be missing.",
                              {"exit": exit_.status, "error": exit_.error}))
     return found
+
+
+LONGEST_ERROR = 2000  # characters of an error a finding quotes (a program's message can be megabytes)
+
+
+def _head(error: str) -> str:
+    if len(error) <= LONGEST_ERROR:
+        return error
+    return f"{error[:LONGEST_ERROR]}... ({len(error) - LONGEST_ERROR:,} characters more, in the run record)"
