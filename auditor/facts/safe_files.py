@@ -55,8 +55,9 @@ def replaced(path: str | os.PathLike, mode: str = "w", encoding: str | None = "u
     fd, tmp = _temporary(path)
     try:
         # text: a file name that is not UTF-8 ('caf\udce9', as python reads it) written as its own bytes
-        text = {"encoding": encoding, "errors": "surrogateescape"} if mode == "w" else {}
-        with os.fdopen(fd, mode, **text) as file:
+        text = mode == "w"
+        with os.fdopen(fd, mode, encoding=encoding if text else None,
+                       errors="surrogateescape" if text else None) as file:
             yield file
             file.flush()
             os.fsync(file.fileno())
