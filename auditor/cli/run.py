@@ -347,7 +347,7 @@ class _Sigterm:
         self.before = None      # the handler before the audit
         self.at_end = None      # the one in effect when the script ended: ours or the script's
         self.received = False   # a SIGTERM came while the record was being written
-        self.held: list[int] = []  # SIGINT, SIGHUP that came then
+        self.held = []  # SIGINT, SIGHUP that came then
         self.ended_by_ctrl_c = False  # the program ended by KeyboardInterrupt: a held SIGINT is that one
 
     @contextlib.contextmanager
@@ -376,7 +376,7 @@ class _Sigterm:
     @contextlib.contextmanager
     def deferred(self):
         # Ctrl-C and SIGHUP wait for the record too (the run is over: it is all that is left)
-        held: dict[int, object] = {}
+        held = {}
         if self.installed:
             for signum in (signal.SIGINT, signal.SIGHUP):
                 if signal.getsignal(signum) is not signal.SIG_IGN:
@@ -385,7 +385,7 @@ class _Sigterm:
             yield
         finally:
             for signum, handler in held.items():
-                signal.signal(signum, handler)  # type: ignore[arg-type]
+                signal.signal(signum, handler)
             if self.installed:
                 signal.signal(signal.SIGTERM, self.before)
                 if self.received:  # the record is written: end as the signal would have

@@ -32,7 +32,7 @@ class StatusFile:
     measured (opening it at each reading failed there, and the run lost its RSS). Opened
     again in a forked child, whose /proc/self is another process."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._fd: int | None = None
         self._pid = -1
         self._identity = (-1, -1)
@@ -41,11 +41,12 @@ class StatusFile:
     def read(self) -> tuple[int, int]:
         """(VmRSS, VmHWM) in bytes."""
         with self._lock:
-            if not self._ours():
+            fd = self._fd
+            if fd is None or not self._ours():
                 fd = os.open(_STATUS, os.O_RDONLY | os.O_CLOEXEC)
                 self._fd, self._pid = fd, os.getpid()
                 self._identity = _identity(fd)
-            data = os.pread(self._fd, 1 << 16, 0)
+            data = os.pread(fd, 1 << 16, 0)
         return _status_kib(data, b"VmRSS:") * 1024, _status_kib(data, b"VmHWM:") * 1024
 
     def _ours(self) -> bool:
