@@ -377,6 +377,7 @@ EXPORT = [
     (["run", "-o", "run"], "is a folder"),
     (["run", "-o", "missing/trace.json"], "does not exist"),
     (["run", "-o", f"{UNWRITABLE}/trace.json"], "not writable"),
+    (["run", "-o", "script.py"], "not a .json file"),
     (["run", "--format", "pprof"], "invalid choice"),
 ]
 

@@ -6,7 +6,7 @@ killed run) is rebuilt from its event log without writing run.json, and the expo
 comes from an unfinished run.
 
 Default output: trace.json in the run folder. An unreadable record, and an output that is a
-folder, cannot be written, or would replace part of a run record (run.json, events.jsonl, the
+folder, is not a .json file, cannot be written, or would replace part of a run record (run.json, events.jsonl, the
 memray trace, any file a record names), are usage errors: one line, exit status 2, nothing
 written. A damaged line in the middle of an event log is skipped with a warning on stderr.
 """
@@ -84,6 +84,9 @@ def check_output(out: Path, run: Path) -> None:
     clash = record_file_clash(out)
     if clash:
         raise UsageError(f"output {str(out)!r} {clash}; give another, such as {instead!r}")
+    if out.suffix.lower() != ".json":  # a trace written over script.py or notes.md would pass unnoticed
+        raise UsageError(f"output {str(out)!r} is not a .json file: the trace is JSON; give a name such as "
+                         f"{str(out.with_suffix('.json'))!r}")
     check_file_writable(out, f"cannot write {str(out)!r}")
 
 
