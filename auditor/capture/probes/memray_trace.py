@@ -238,8 +238,11 @@ class _Reader:
             return json.loads(line)
         status = process.wait()
         if status < 0:
-            raise RuntimeError(f"memray's reader was ended by {signal.Signals(-status).name} while reading the "
-                               "trace (its native symbol lookup can fail under a memory limit)")
+            name = signal.Signals(-status).name
+            why = ("interrupted: a Ctrl-C or stop reached its process group too"
+                   if -status in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+                   else "its native symbol lookup can fail under a memory limit")
+            raise RuntimeError(f"memray's reader was ended by {name} while reading the trace ({why})")
         self._stderr.seek(0)
         said = self._stderr.read().decode(errors="replace").strip().splitlines()
         raise RuntimeError(said[-1] if said else f"memray's reader ended with exit status {status}")
