@@ -248,6 +248,29 @@ RECURSION = """
     print(sys.getrecursionlimit())
 """
 
+TRACKED = """
+    import auditor
+    class Unhashable:
+        __hash__ = None
+        def __getattr__(self, name):
+            raise RuntimeError("no attributes")
+        def __repr__(self):
+            raise RuntimeError("no repr")
+    class Unnamed:
+        def __str__(self):
+            raise ValueError("no str")
+        __repr__ = __str__
+    with auditor.stage("tracked"):
+        for name, obj in [("int", 5), (None, None), (b"bytes", [1]), (Unhashable(), Unhashable()),
+                          ("class", Unhashable), ("module", auditor), ("", object())]:
+            auditor.track(name, obj)
+        for name in (Unnamed(), b"\\xff", "", 0):
+            auditor.mark(name)
+        auditor.track("weights", [bytearray(10)], categories={"a": 1})
+        auditor.track("other", [1], categories=5)
+    print("tracked")
+"""
+
 FAULTS = {
     "asyncio tasks' stages, @auditor.stage on async def and generators": lambda tmp_path: [
         _both(tmp_path, ASYNC, finished=[("serve/fetch", "ok"), ("serve/fetch/parse", "ok"), ("lines", "ok")])],
@@ -263,6 +286,8 @@ FAULTS = {
               finished=[("Tree.depth", "ok"), ("Tree.build", "ok"), ("Tree.count", "ok"), ("low limit", "ok")])],
     "auditor run -m package, sys.exit inside a stage": lambda tmp_path: [
         _both(tmp_path, "", module="mypkg", finished=[("main/work", "ok")])],
+    "auditor.track of an unhashable name, odd objects and categories=5, under --census": lambda tmp_path: [
+        _both(tmp_path, TRACKED, "--census", finished=[("tracked", "ok")])],
 }
 
 
@@ -315,7 +340,16 @@ def _module(fault: Injected, record) -> None:
     assert record.exit.code == 4 and fault.alone_stdout == "as __main__ mypkg.__main__\n"  # type: ignore[attr-defined]
 
 
+def _tracked(fault: Injected, record) -> None:
+    assert len(record.marks) == 4 and record.marks[1].name == "\\xff"
+    said = [w for w in record.warnings if "categories should map attribute names" in w]
+    assert len(said) == 2 and all(w in fault.result.stderr for w in said), record.warnings
+    assert not any("census failed" in w for w in record.warnings), record.warnings  # the census stayed on
+    assert record.stages[0].components is not None
+
+
 CHECKS = {
+    "auditor.track of an unhashable name, odd objects and categories=5, under --census": _tracked,
     "asyncio tasks' stages, @auditor.stage on async def and generators": _async,
     "stages in a signal handler, __del__, a finalizer, a thread pool, dying threads, forked children": _handlers,
     "a nested Audit ended by sys.exit while a thread opens stages": _nested,

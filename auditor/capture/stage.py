@@ -319,4 +319,26 @@ def track(name: str, obj, categories: dict[str, str] | None = None) -> None:
     audit = _active
     if audit is not None:
         with AUDITOR_CODE:
-            audit.track(name, obj, categories)
+            text = name if type(name) is str else as_text(name)  # a key of the roots: hashable, shown
+            try:
+                if categories is not None and not _is_text_map(categories):
+                    audit._warn(f"auditor.track({text!r}): categories should map attribute names to category "
+                                f"names, both text; what is not, in the {type(categories).__name__} given, is ignored")
+                    categories = _text_pairs(categories)
+                audit.track(text, obj, categories)
+            except Exception as error:  # the audit's own failure never reaches the program
+                audit._fault(f"tracking {text!r}", error)
+
+
+def _is_text_map(categories: object) -> bool:
+    return type(categories) is dict and all(type(k) is str and type(v) is str for k, v in categories.items())
+
+
+def _text_pairs(categories: object) -> dict[str, str] | None:
+    """The text pairs of what was given as categories, or None."""
+    try:
+        pairs = {k: v for k, v in dict(categories).items()  # type: ignore[call-overload]
+                 if type(k) is str and type(v) is str}
+    except Exception:  # not a mapping at all
+        return None
+    return pairs or None
