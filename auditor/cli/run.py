@@ -9,8 +9,8 @@ file, the module found), the output folder, each --stage target and the --label 
 The command exits with the program's own status; the audit never changes it (a record that
 cannot be written is a warning). SIGTERM while the program runs ends it as Ctrl-C does, through
 an exception (unless the program installed its own
-handler), so its stages close and the record says "interrupted"; the command then exits
-with 143 (128 + SIGTERM), the status a shell shows for a process SIGTERM ended.
+handler), so its stages close and the record says "interrupted"; the command then ends by
+SIGTERM itself, as python does (a shell shows 143, 128 + SIGTERM).
 """
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def main(args) -> int:
                                                               "cuda_history", "torch_profiler")}
         # the model's builder patched before the stages wrap it
         with _one_line_warnings(console), model_from, carry_into_spawn(audit, worker_options, args.label) as spawns:
-            status, ctrl_c = _run_script(audit, program, program_args, filename, lines.close)
+            status, ending_signal = _run_script(audit, program, program_args, filename, lines.close)
     finally:
         sys.path[:], sys.argv = saved_path, saved_argv
     record = _typed_record(console, audit)
@@ -145,8 +145,8 @@ def main(args) -> int:
                         module=program.module, code=program.code, args=program_args, cwd=os.getcwd(),
                         path=[path_entry])
         _project(console, audit, record, status, target, again, args)
-    if ctrl_c and the_command:  # python ends by the signal itself, after its exit handlers
-        _end_by_sigint_at_exit()
+    if ending_signal is not None and the_command:  # python ends by the signal itself
+        _end_by_signal_at_exit(ending_signal)
     return status
 
 
@@ -246,10 +246,11 @@ def _project(console, audit, record: RunRecord | None, status: int, target, prog
 
 
 def _run_script(audit, program: Main, program_args: list[str], filename: str,
-                lines_done=lambda: None) -> tuple[int, bool]:
-    """The program's exit status, as the interpreter would give it, and whether it ended by
-    KeyboardInterrupt; `filename`: its code's file name, where its traceback starts. `lines_done`: once the audit
-    has ended, before the script's traceback is printed (the stage lines end first)."""
+                lines_done=lambda: None) -> tuple[int, int | None]:
+    """The program's exit status, as the interpreter would give it, and the signal that ended
+    it (SIGINT for a KeyboardInterrupt, SIGTERM; None: none did); `filename`: its code's file
+    name, where its traceback starts. `lines_done`: once the audit has ended, before the
+    script's traceback is printed (the stage lines end first)."""
     try:
         with _standard_streams_kept_free():
             audit.__enter__()
@@ -274,7 +275,14 @@ def _run_script(audit, program: Main, program_args: list[str], filename: str,
             os.chdir(cwd)  # a script that changed folder: the paths the user gave mean what they did
             audit.__exit__(type(ended) if ended else None, ended, ended.__traceback__ if ended else None)
             _quietly(lines_done)
-    return _status(ended, filename), isinstance(ended, KeyboardInterrupt)
+    return _status(ended, filename), _ending_signal(ended)
+
+
+def _ending_signal(error: BaseException | None) -> int | None:
+    from auditor.capture.audit import Interrupted
+    if isinstance(error, Interrupted):
+        return error.signum
+    return signal.SIGINT if isinstance(error, KeyboardInterrupt) else None
 
 
 @contextlib.contextmanager
@@ -304,8 +312,7 @@ def _status(error: BaseException | None, filename: str) -> int:
         if error.code is not None and not isinstance(error.code, int):
             print(error.code, file=sys.stderr)
         return shell_code(error.code)  # sys.exit(263) exits 7, as the OS cuts it
-    if isinstance(error, Interrupted):
-        print(f"Terminated ({error})", file=sys.stderr)
+    if isinstance(error, Interrupted):  # ended by the signal at exit (a shell says "Terminated")
         return 128 + error.signum
     _print_script_traceback(error, filename)  # the program's own failure: show it as python would
     return 130 if isinstance(error, KeyboardInterrupt) else 1
@@ -320,18 +327,19 @@ def _is_the_command() -> bool:
     return getattr(spec, "name", None) == "auditor.__main__" or getattr(main_module, "main", None) is cli.main
 
 
-def _end_by_sigint_at_exit() -> None:
-    """End as python ends a program a KeyboardInterrupt left: after its exit handlers (the
-    program's, logging's) have run and the output is flushed, killed by SIGINT, so the parent
-    sees a process Ctrl-C ended (a shell: 130; a shell loop stops), not an exit status."""
+def _end_by_signal_at_exit(signum: int) -> None:
+    """End as python ends a program a KeyboardInterrupt left, or one SIGTERM ended: after the
+    exit handlers (the program's, logging's) have run and the output is flushed, killed by the
+    signal, so the parent sees a process the signal ended (a shell: 130, 143; a shell loop
+    stops; subprocess: -2, -15), not an exit status."""
     def end() -> None:
         atexit.unregister(end)
         atexit._run_exitfuncs()  # the others, in their order (this one was registered last: it runs first)
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
     atexit.register(end)
 
 
