@@ -212,6 +212,20 @@ def a_log_with_a_100mb_line(tmp_path: Path) -> Held:
                 f"report of the 20 MB warning exit {shown}, {size:,} bytes")
 
 
+def a_run_json_cut_short(tmp_path: Path) -> Held:
+    """run.json cut short (a copy interrupted) beside a whole events.jsonl: report refuses in one
+    line naming the rebuild that restores it; after `rebuild --force` the report renders."""
+    run = a_run(tmp_path / "run")
+    whole = (run / "run.json").read_bytes()
+    (run / "run.json").write_bytes(whole[:len(whole) // 2])
+    refused, err = command("report", run)
+    rebuilt, _ = command("rebuild", "--force", run)
+    again, _ = command("report", run)
+    held = refused == 2 and one_error_line(err) and "rebuild --force" in err and rebuilt == 0 and again == 0
+    return Held(held, f"report exit {refused} ({err.strip()[16:90]}...); rebuild --force exit {rebuilt}; "
+                      f"report then exit {again}")
+
+
 # -- folders ------------------------------------------------------------------------------------
 
 def an_immutable_run_folder(tmp_path: Path) -> Held:
@@ -268,6 +282,7 @@ CASES = {
     "a stage that fails with a 5 MB error message": an_error_of_megabytes,
     "events.jsonl in CRLF, with NUL bytes, cut half-way, header only, empty": logs_in_odd_shapes,
     "events.jsonl with a 100 MB line": a_log_with_a_100mb_line,
+    "run.json cut short beside a whole events.jsonl": a_run_json_cut_short,
     "a run folder made immutable, then report, export and rebuild": an_immutable_run_folder,
     "--run-dir a symlink to an existing run": a_run_dir_that_links_to_a_run,
     "a rank-7/ beside a 2-rank run's rank-0/ and rank-1/": a_leftover_rank_of_a_larger_world,

@@ -38,6 +38,7 @@ import errno
 import fcntl
 import json
 import os
+import shlex
 from pathlib import Path
 
 from auditor.facts import safe_files
@@ -396,16 +397,23 @@ def load(path: str | os.PathLike, from_events: bool = False) -> RunRecord:
     except FileNotFoundError:
         raise RunRecordError(f"no run record at {str(path)!r}") from None
     except (OSError, UnicodeDecodeError) as error:
-        raise RunRecordError(f"cannot read run record {str(path)!r}: {error}") from None
+        raise RunRecordError(f"cannot read run record {str(path)!r}: {error}{_rebuildable(path)}") from None
     if not text.strip():
-        raise RunRecordError(f"run record {str(path)!r} is empty")
+        raise RunRecordError(f"run record {str(path)!r} is empty{_rebuildable(path)}")
     try:
         record = json.loads(text)
     except json.JSONDecodeError as error:
         what = "truncated" if error.pos >= len(text.rstrip()) else "not valid JSON"
         raise RunRecordError(f"run record {str(path)!r} is {what} ({error.msg} at line "
-                             f"{error.lineno})") from None
+                             f"{error.lineno}){_rebuildable(path)}") from None
     return with_derived(validate(record, str(path)), path.parent)
+
+
+def _rebuildable(path: Path) -> str:
+    """How to have a damaged run.json again, when the event log it was made from is beside it."""
+    if path.name != RUN_FILE or not (path.parent / EVENTS_FILE).is_file():
+        return ""
+    return f" (`auditor rebuild --force {shlex.quote(str(path.parent))}` writes it again from its {EVENTS_FILE})"
 
 
 def write_derived(folder: str | os.PathLike, key: str, value) -> None:
