@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from fault_cases import Held
 from test_faults import (
+    FINISHED_BEFORE_THE_FAULT,
     TIMEOUT_S,
     Injected,
     assert_no_auditor_traceback,
@@ -32,6 +33,7 @@ from test_faults import (
     plain,
     run,
     shell_status,
+    signalled,
     write_script,
 )
 
@@ -191,7 +193,16 @@ def own_signal_handling(tmp_path: Path) -> Injected:
                     [("load", "ok"), ("wait", "ok"), ("slow", "failed")], alone.stderr)
 
 
+def sigterm_mid_stage(tmp_path: Path) -> Injected:
+    """SIGTERM inside a stage: python alone is ended by it, silently; so is `auditor run`, once
+    its record is written (it exited 143 and printed 'Terminated (SIGTERM)')."""
+    fault = signalled(tmp_path, signal.SIGTERM)
+    fault.finished = [*FINISHED_BEFORE_THE_FAULT, ("wait", "failed")]
+    return fault
+
+
 FAULTS = {
+    "SIGTERM mid-stage: ended by the signal, as python is": lambda tmp_path: [sigterm_mid_stage(tmp_path)],
     "stdout and stderr into `| head -1`, the program quiet after its first line": lambda tmp_path: [
         reader_left(tmp_path)],
     "started with stdin and stdout closed (<&- >&-), opening a file and starting a child": lambda tmp_path: [
@@ -219,6 +230,8 @@ def test_the_program_ends_as_it_does_alone(name, tmp_path):
     assert record.exit.code == fault.alone
     if name.startswith("RLIMIT_NOFILE"):  # VmHWM read through the descriptor the probe holds
         assert record.probes["rss"].method == "clear_refs" and not record.warnings, record.warnings
+    if name.startswith("SIGTERM"):  # as python: killed by it (subprocess: -15), not an exit status
+        assert fault.result.returncode == -signal.SIGTERM, fault.result.returncode
     if name.startswith("started with stdin"):
         assert "my first file is descriptor 0" in fault.result.stderr
 
