@@ -248,6 +248,27 @@ RECURSION = """
     print(sys.getrecursionlimit())
 """
 
+TIMER = """
+    import signal, time
+    import auditor
+    ticks = 0
+    def tick(signum, frame):
+        global ticks
+        ticks += 1
+        with auditor.stage("tick"):
+            auditor.mark("in tick")
+    signal.signal(signal.SIGALRM, tick)
+    signal.setitimer(signal.ITIMER_REAL, 0.005, 0.005)  # lands inside the stages' bookkeeping too
+    end, rounds = time.time() + 0.6, 0
+    while time.time() < end:
+        with auditor.stage("work"):
+            rounds += 1
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    with auditor.stage("quiet"):
+        time.sleep(0.02)
+    print("ticked", ticks > 10, rounds > 10)
+"""
+
 TRACKED = """
     import auditor
     class Unhashable:
@@ -286,6 +307,8 @@ FAULTS = {
               finished=[("Tree.depth", "ok"), ("Tree.build", "ok"), ("Tree.count", "ok"), ("low limit", "ok")])],
     "auditor run -m package, sys.exit inside a stage": lambda tmp_path: [
         _both(tmp_path, "", module="mypkg", finished=[("main/work", "ok")])],
+    "a timer's signal handler opening a stage every 5 ms": lambda tmp_path: [
+        _both(tmp_path, TIMER, finished=[("work", "ok"), ("quiet", "ok")])],
     "auditor.track of an unhashable name, odd objects and categories=5, under --census": lambda tmp_path: [
         _both(tmp_path, TRACKED, "--census", finished=[("tracked", "ok")])],
 }
@@ -348,7 +371,14 @@ def _tracked(fault: Injected, record) -> None:
     assert record.stages[0].components is not None
 
 
+def _timer(fault: Injected, record) -> None:
+    said = [w for w in record.warnings if "opened while the auditor was measuring" in w]
+    assert said and said[0] in fault.result.stderr, record.warnings  # those not recorded, counted
+    assert fault.status == 0  # the handlers nested inside the bookkeeping without end: a segfault (139)
+
+
 CHECKS = {
+    "a timer's signal handler opening a stage every 5 ms": _timer,
     "auditor.track of an unhashable name, odd objects and categories=5, under --census": _tracked,
     "asyncio tasks' stages, @auditor.stage on async def and generators": _async,
     "stages in a signal handler, __del__, a finalizer, a thread pool, dying threads, forked children": _handlers,

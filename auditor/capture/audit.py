@@ -42,7 +42,7 @@ from auditor.capture.census_roots import CensusRoots
 from auditor.capture.exit_status import describe as _describe
 from auditor.capture.exit_status import shell_code
 from auditor.capture.probe_set import ProbeSet
-from auditor.capture.stage import AUDITOR_CODE, _set_active, active_audit
+from auditor.capture.stage import AUDITOR_CODE, _set_active, active_audit, unrecorded_said
 from auditor.capture.stage_book import MARK_KEYS, Clock, Interval, StageBook
 from auditor.capture.stage_lifecycle import StageLifecycle
 from auditor.capture.staging.targets import Staging, Target, _labels
@@ -270,8 +270,9 @@ class Audit(StageLifecycle):
         finally:  # whatever failed above, the program gets its own callables back
             _set_active(None)
             self._staging.restore()
-        for message in self._staging.rebound:
-            self._warn(message)
+        for message in [*self._staging.rebound, unrecorded_said()]:
+            if message is not None:
+                self._warn(message)
         for target in self._staging.targets:
             if target.name not in self._calls and not self.workers_audited:  # theirs: in their records
                 self._warn(self._staging.never_called(target))

@@ -150,6 +150,9 @@ class stage:
         audit = _active
         if audit is None and not recording:
             return self
+        if _own.depth:  # opened by a signal handler or a finalizer that ran inside the auditor's own work
+            _skipped(self.name)
+            return self
         with AUDITOR_CODE:
             try:
                 room()  # the bookkeeping's frames on top of the program's (auditor.capture.recursion)
@@ -299,9 +302,38 @@ def as_text(name: object) -> str:
     return f"<{type(name).__name__}>"
 
 
+class _Unrecorded:
+    """Stages and marks a signal handler or a finalizer opened while its thread ran the auditor's
+    own work (a stage's bookkeeping): they are not recorded, since measuring each inside another's
+    measurement lets a frequent signal nest handlers without end (a timer every 5 ms overflowed
+    the C stack); the audit says how many at its end (`said`)."""
+    count = 0
+    first: str | None = None
+
+
+def _skipped(name: str) -> None:
+    if _Unrecorded.first is None:
+        _Unrecorded.first = name
+    _Unrecorded.count += 1
+
+
+def unrecorded_said() -> str | None:
+    """The warning for the stages and marks not recorded since the last call, or None."""
+    count, first = _Unrecorded.count, _Unrecorded.first
+    _Unrecorded.count, _Unrecorded.first = 0, None
+    if not count:
+        return None
+    return (f"{count:,} stage(s) or mark(s) opened while the auditor was measuring (in a signal handler or a "
+            f"finalizer that ran inside a stage's bookkeeping; the first {first!r}) are not recorded: their time "
+            "and memory are in the stage around them")
+
+
 def mark(name: str) -> None:
     """Record a point reading (RSS, and the opt-in probes) under the current stage."""
     audit = _active
+    if audit is not None and _own.depth:
+        _skipped(name if type(name) is str else as_text(name))
+        return
     if audit is not None:
         with AUDITOR_CODE:
             try:
