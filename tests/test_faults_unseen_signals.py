@@ -269,6 +269,34 @@ def ctrl_c_as_the_record_is_written(tmp_path: Path) -> Held:
                       f", exit {exit_}")
 
 
+SIGTERM_AS_THE_AUDIT_STARTS = """
+    import os, signal, sys
+    from auditor.capture.audit import Audit
+    start = Audit._start
+    def start_under_sigterm(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return start(self)
+    Audit._start = start_under_sigterm
+    from auditor.cli import main
+    sys.exit(main(["run", "--out", sys.argv[1], sys.argv[2]]))
+"""
+
+
+def sigterm_as_the_audit_starts(tmp_path: Path) -> Held:
+    """SIGTERM while the audit makes its folder and log, before the program's first line: it
+    left an empty events.jsonl that report and rebuild refuse; now a record that says so."""
+    script = write_script(tmp_path, """
+        print("the program ran")
+    """)
+    driver = write_script(tmp_path, SIGTERM_AS_THE_AUDIT_STARTS, "driver.py")
+    result = run([sys.executable, driver, tmp_path / "run", script], tmp_path)
+    written = (tmp_path / "run" / "run.json").is_file()
+    exit_ = auditor.load(tmp_path / "run").exit.to_json() if written else None
+    held = (result.returncode == -signal.SIGTERM and written and "the program ran" not in result.stdout
+            and exit_ == {"status": "interrupted", "code": 143, "error": "SIGTERM"})
+    return Held(held, f"status {result.returncode}, run.json {'written' if written else 'missing'}, exit {exit_}")
+
+
 def a_finished_run(folder: Path) -> Path:
     with auditor.Audit(folder, "finished"):
         for step in range(3):
@@ -318,6 +346,7 @@ def report_into_a_closed_pipe(tmp_path: Path) -> Held:
 
 
 CASES = {
+    "SIGTERM as the audit starts, before the program's first line": sigterm_as_the_audit_starts,
     "Ctrl-C as a finished program's record is written": ctrl_c_as_the_record_is_written,
     "SIGTERM to auditor report as it saves its PNG": sigterm_to_report,
     "auditor report | head -0": report_into_a_closed_pipe,

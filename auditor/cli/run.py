@@ -251,8 +251,9 @@ def _run_script(audit, program: Main, program_args: list[str], filename: str,
     it (SIGINT for a KeyboardInterrupt, SIGTERM; None: none did); `filename`: its code's file
     name, where its traceback starts. `lines_done`: once the audit has ended, before the
     script's traceback is printed (the stage lines end first)."""
+    sigterm = _Sigterm()
     try:
-        with _standard_streams_kept_free():
+        with _standard_streams_kept_free(), sigterm.starting():
             audit.__enter__()
     except FileExistsError:
         raise UsageError(f"output folder {str(audit.folder)!r} was taken by another run as this "
@@ -263,7 +264,7 @@ def _run_script(audit, program: Main, program_args: list[str], filename: str,
         raise UsageError(f"cannot write the run record in {str(audit.folder)!r}: "
                          f"{error.strerror or error}") from None
     ended: BaseException | None = None
-    cwd, sigterm = os.getcwd(), _Sigterm()
+    cwd = os.getcwd()
     try:
         with sigterm.interrupting():
             program.run(program_args)
@@ -357,6 +358,8 @@ class _Sigterm:
         self.received = False   # a SIGTERM came while the record was being written
         self.held = []  # SIGINT, SIGHUP that came then
         self.ended_by_ctrl_c = False  # the program ended by KeyboardInterrupt: a held SIGINT is that one
+        self.stopped_at_start = False  # a SIGTERM came while the audit started
+        self._original = None   # the handler before `starting`
 
     @contextlib.contextmanager
     def interrupting(self):
@@ -370,16 +373,39 @@ class _Sigterm:
             raise Interrupted(signum)
         try:
             before = signal.signal(signal.SIGTERM, interrupt)
+            if before == self._stop_at_start:
+                before = self._original
             self.before = signal.SIG_DFL if before is None else before  # None: set outside Python
             self.installed = True
         except ValueError:  # not the main thread
             pass
         try:
+            if self.stopped_at_start:  # before the program's first line: it ends there
+                raise Interrupted(signal.SIGTERM)
             yield
         finally:  # straight from one handler to the other: no moment without either
             if self.installed:
                 at_end = signal.signal(signal.SIGTERM, self._defer)
                 self.at_end = None if at_end is interrupt else at_end
+
+    @contextlib.contextmanager
+    def starting(self):
+        """While the audit starts (its folder, its log): a SIGTERM waits for it, then ends the
+        program before its first line, so the record says so (it left an empty event log)."""
+        try:
+            original = signal.signal(signal.SIGTERM, self._stop_at_start)
+            self._original = signal.SIG_DFL if original is None else original  # None: set outside Python
+        except ValueError:  # not the main thread
+            yield
+            return
+        try:
+            yield
+        except BaseException:  # no audit: as before it
+            signal.signal(signal.SIGTERM, self._original)
+            raise
+
+    def _stop_at_start(self, signum, frame):
+        self.stopped_at_start = True
 
     @contextlib.contextmanager
     def deferred(self):
