@@ -246,6 +246,9 @@ RECURSION = """
     with auditor.stage("high limit"):
         print("high", deepest(4_000, 50))
     print(sys.getrecursionlimit())
+    def numbers(n):  # staged by --stage job:numbers: a generator, said, not staged
+        yield from range(n)
+    print(sum(numbers(5)))
 """
 
 TIMER = """
@@ -292,6 +295,9 @@ TRACKED = """
     print("tracked")
 """
 
+STAGED = [f"--stage=shapes:{name}" for name in ("Tree.depth", "Tree.build", "Tree.count", "boom")] + [
+    "--stage=job:numbers"]
+
 FAULTS = {
     "asyncio tasks' stages, @auditor.stage on async def and generators": lambda tmp_path: [
         _both(tmp_path, ASYNC, finished=[("serve/fetch", "ok"), ("serve/fetch/parse", "ok"), ("lines", "ok")])],
@@ -302,8 +308,7 @@ FAULTS = {
     "a nested Audit ended by sys.exit while a thread opens stages": lambda tmp_path: [
         _both(tmp_path, NESTED, finished=[("before", "ok"), ("from a thread/child", "ok")])],
     "staged method, classmethod, staticmethod recursing; recursion limit 200 then 10,000": lambda tmp_path: [
-        _both(tmp_path, RECURSION, *[f"--stage=shapes:{name}" for name in ("Tree.depth", "Tree.build", "Tree.count",
-                                                                            "boom")],
+        _both(tmp_path, RECURSION, *STAGED,
               finished=[("Tree.depth", "ok"), ("Tree.build", "ok"), ("Tree.count", "ok"), ("low limit", "ok")])],
     "auditor run -m package, sys.exit inside a stage": lambda tmp_path: [
         _both(tmp_path, "", module="mypkg", finished=[("main/work", "ok")])],
@@ -356,6 +361,8 @@ def _recursion(fault: Injected, record) -> None:
     calls = {s.path: s.call.recursed for s in record.stages if s.call is not None and s.parent is None}
     assert calls == {"Tree.depth": 401, "Tree.build": 301, "Tree.count": 351, "boom": 601}, calls
     assert [s.status for s in record.stages if s.path == "boom"] == ["failed"]
+    said = [w for w in record.warnings if "'job:numbers' is a generator" in w]
+    assert said and said[0] in fault.result.stderr, record.warnings
 
 
 def _module(fault: Injected, record) -> None:

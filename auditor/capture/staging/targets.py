@@ -276,6 +276,8 @@ class Staging:
         """The warning for a target the program never called, with its cause where it is known:
         a script's name never bound, or not found in what the script bound."""
         late = self._late.get(target.spec)
+        if late is not None and late.refused is not None and late.refused == late.not_found:
+            return f"{late.refused}; its calls were not staged"
         if late is not None and late.not_found is not None:
             return (f"stage target {target.spec} was never called: it was not found in the script's "
                     f"namespace when it ran ({late.not_found})")
@@ -315,6 +317,7 @@ class LatePatch:
         top = target.name.split(".")[0]
         # why nothing was patched, as the script last bound the name (None once patched)
         self.not_found: str | None = f"the script never bound {top!r} by a top-level def, class, import or assignment"
+        self.refused: str | None = None  # why what the script bound cannot be staged
         self._stop = main_script.watch(target.script or "", top, self._bound)
 
     def _bound(self, module: types.ModuleType) -> None:
@@ -334,6 +337,11 @@ class LatePatch:
             return
         if not callable(getattr(raw, "__func__", raw)):
             self.not_found = f"{self.target.name} was a {type(raw).__name__}, not a function"
+            return
+        try:  # a generator or coroutine function, known only once the script defines it
+            _check_stageable(raw, self.target.spec)
+        except ValueError as error:
+            self.not_found = self.refused = str(error)
             return
         bound = Target(self.target.name, owner, attribute, self.target.spec)
         try:
