@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -173,13 +174,15 @@ def killed_log(tmp_path: Path, name: str, change) -> Path:
 
 
 def logs_in_odd_shapes(tmp_path: Path) -> Held:
-    """events.jsonl with CRLF endings, a line of NUL bytes, cut half-way, with only its header:
+    """events.jsonl with CRLF endings, a line of NUL bytes, cut half-way, with only its header, an
+    editor's byte-order mark (refused before):
     each renders (a warning for the damaged line); empty, or NUL bytes only: one line, exit 2."""
     renders = {
         "crlf": lambda b: b.replace(b"\n", b"\r\n"),
         "nul line": lambda b: b"\n".join([*b.split(b"\n")[:2], b"\0" * 64, *b.split(b"\n")[2:]]),
         "cut half-way": lambda b: b[:len(b) // 2],
         "header only": lambda b: b.split(b"\n")[0] + b"\n",
+        "a BOM": lambda b: b"\xef\xbb\xbf" + b,
     }
     refused = {"empty": lambda b: b"", "nul only": lambda b: b"\0" * 4096}
     seen, held = [], True
@@ -224,6 +227,41 @@ def a_run_json_cut_short(tmp_path: Path) -> Held:
     held = refused == 2 and one_error_line(err) and "rebuild --force" in err and rebuilt == 0 and again == 0
     return Held(held, f"report exit {refused} ({err.strip()[16:90]}...); rebuild --force exit {rebuilt}; "
                       f"report then exit {again}")
+
+
+def fifos_at_record_names(tmp_path: Path) -> Held:
+    """A FIFO planted at run.json, at events.jsonl (a killed run's folder) and at projections.json:
+    report and export waited forever for a writer; now each is refused in one line."""
+    seen, held = [], True
+    for name in ("run.json", "events.jsonl", "projections.json"):
+        run = a_run(tmp_path / name.split(".")[0])
+        if name == "events.jsonl":
+            (run / "run.json").unlink()
+        (run / name).unlink(missing_ok=True)
+        os.mkfifo(run / name)
+        for what in ("report", "export"):
+            try:
+                status, err = within(10, command, what, run)
+            except TimeoutError:
+                held, seen = False, [*seen, f"{what} at {name} HUNG"]
+                continue
+            held = held and status == 2 and one_error_line(err) and "regular file" in err
+            seen.append(f"{what} at {name} {status}")
+    return Held(held, "; ".join(seen))
+
+
+def within(seconds: int, function, *args):
+    """`function(*args)`, or TimeoutError when it has not returned after `seconds` (SIGALRM breaks
+    a blocking open or read in this, the main, thread)."""
+    def late(signum, frame):
+        raise TimeoutError(f"still waiting after {seconds} s")
+    previous = signal.signal(signal.SIGALRM, late)
+    signal.alarm(seconds)
+    try:
+        return function(*args)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 # -- folders ------------------------------------------------------------------------------------
@@ -283,6 +321,7 @@ CASES = {
     "events.jsonl in CRLF, with NUL bytes, cut half-way, header only, empty": logs_in_odd_shapes,
     "events.jsonl with a 100 MB line": a_log_with_a_100mb_line,
     "run.json cut short beside a whole events.jsonl": a_run_json_cut_short,
+    "a FIFO at run.json, events.jsonl or projections.json": fifos_at_record_names,
     "a run folder made immutable, then report, export and rebuild": an_immutable_run_folder,
     "--run-dir a symlink to an existing run": a_run_dir_that_links_to_a_run,
     "a rank-7/ beside a 2-rank run's rank-0/ and rank-1/": a_leftover_rank_of_a_larger_world,

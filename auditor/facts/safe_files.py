@@ -12,13 +12,16 @@ temporary behind.
     with replaced(path, "wb") as f:   # for writers that take a file: figure.savefig(f, format="png")
         ...
     open_new(path)                    # a file created here, never there before (an append-only log)
+    read_file(path)                   # a record's bytes: a FIFO or a device planted there is refused, never waited on
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import secrets
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,24 @@ def open_new(path: str | os.PathLike, extra_flags: int = 0, mode: int = 0o666) -
     """A descriptor of a file created at `path` now: FileExistsError if anything is there,
     a symlink (even one to nowhere) included, so nothing is ever written through a link."""
     return os.open(path, NEW_FILE | extra_flags, mode)
+
+
+def read_file(path: str | os.PathLike) -> bytes:
+    """The bytes of the regular file at `path` (a link to one counts). A FIFO planted at a record's
+    name would make a read wait forever for a writer, a device never end: OSError instead."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "it is a folder", str(path))
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "it is not a regular file (a FIFO, a device or a socket)", str(path))
+        with os.fdopen(fd, "rb") as file:
+            fd = -1  # the file object closes it
+            return file.read()
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _temporary(path: Path) -> tuple[int, Path]:

@@ -18,6 +18,7 @@ import json
 import os
 from pathlib import Path
 
+from auditor.facts import safe_files
 from auditor.record.schema import RunRecordError
 
 EVENTS_FILE = "events.jsonl"
@@ -44,7 +45,7 @@ def damaged_lines(folder: str | os.PathLike) -> list[str]:
 def being_written(folder: str | os.PathLike) -> bool:
     """Whether a running audit still holds the folder's event log (auditor.record.run_folder.EventLog)."""
     try:
-        fd = os.open(Path(folder) / EVENTS_FILE, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(Path(folder) / EVENTS_FILE, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return False
     try:
@@ -63,7 +64,7 @@ def read_event_log(folder: str | os.PathLike) -> tuple[list[dict], list[str]]:
     """(events, warnings about damaged lines); RunRecordError (one line) if there is no log to read."""
     path = Path(folder) / EVENTS_FILE
     try:
-        lines = path.read_bytes().splitlines()
+        lines = safe_files.read_file(path).removeprefix(b"\xef\xbb\xbf").splitlines()  # an editor's BOM
     except FileNotFoundError:
         raise RunRecordError(f"no event log at {str(path)!r}") from None
     except OSError as error:

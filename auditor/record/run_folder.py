@@ -230,7 +230,7 @@ def record_file_clash(out: str | os.PathLike) -> str | None:
     named: dict = {}
     with contextlib.suppress(OSError, ValueError, AttributeError):
         if (folder / RUN_FILE).is_file():
-            named = json.loads((folder / RUN_FILE).read_text(encoding="utf-8")).get("files") or {}
+            named = json.loads(safe_files.read_file(folder / RUN_FILE).decode("utf-8")).get("files") or {}
         elif (folder / EVENTS_FILE).is_file():
             for event in read_events(folder):
                 if event.get("event") in ("run_finished", "artifacts"):
@@ -393,11 +393,12 @@ def load(path: str | os.PathLike, from_events: bool = False) -> RunRecord:
     if path.is_dir():
         path = path / RUN_FILE
     try:
-        text = path.read_text(encoding="utf-8")
+        text = safe_files.read_file(path).decode("utf-8")
     except FileNotFoundError:
         raise RunRecordError(f"no run record at {str(path)!r}") from None
     except (OSError, UnicodeDecodeError) as error:
-        raise RunRecordError(f"cannot read run record {str(path)!r}: {error}{_rebuildable(path)}") from None
+        why = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise RunRecordError(f"cannot read run record {str(path)!r}: {why}{_rebuildable(path)}") from None
     if not text.strip():
         raise RunRecordError(f"run record {str(path)!r} is empty{_rebuildable(path)}")
     try:
@@ -435,9 +436,10 @@ def with_derived(record: RunRecord, folder: str | os.PathLike) -> RunRecord:
         if not path.exists():
             continue
         try:
-            value = json.loads(path.read_text(encoding="utf-8"))
+            value = json.loads(safe_files.read_file(path).decode("utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise RunRecordError(f"cannot read {str(path)!r}, derived from the run record: {error}") from None
+            why = error.strerror if isinstance(error, OSError) and error.strerror else error
+            raise RunRecordError(f"cannot read {str(path)!r}, derived from the run record: {why}") from None
         record.annotations[key] = derived.check(kind, value, str(path))
     return record
 
