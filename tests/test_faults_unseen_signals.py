@@ -193,6 +193,46 @@ def own_signal_handling(tmp_path: Path) -> Injected:
                     [("load", "ok"), ("wait", "ok"), ("slow", "failed")], alone.stderr)
 
 
+SLEEPS_A_SECOND = """
+    import time
+    import auditor
+    with auditor.stage("load"):
+        data = bytearray(5_000_000)
+    with auditor.stage("wait"):
+        print("ready", flush=True)
+        time.sleep(1)
+    print("done")
+"""
+
+
+def ignoring_sigterm_and_sighup() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+def sent_while_ignored(command, cwd: Path) -> subprocess.CompletedProcess:
+    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=ignoring_sigterm_and_sighup)
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    process.send_signal(signal.SIGTERM)
+    process.send_signal(signal.SIGHUP)
+    out, err = process.communicate(timeout=TIMEOUT_S)
+    return subprocess.CompletedProcess(command, process.returncode, line + out, err)
+
+
+def started_ignoring(tmp_path: Path) -> Injected:
+    """Started with SIGTERM and SIGHUP ignored (nohup, `trap '' TERM HUP`), then sent both:
+    python alone goes on ignoring them; the auditor's SIGTERM handler ended the program (-15)."""
+    script = write_script(tmp_path, SLEEPS_A_SECOND)
+    alone = sent_while_ignored(plain(script), tmp_path)
+    result = sent_while_ignored(audited("--out", tmp_path / "run", script), tmp_path)
+    assert alone.stdout == "ready\ndone\n", alone
+    return Injected(shell_status(alone.returncode), shell_status(result.returncode), result, tmp_path / "run",
+                    [("load", "ok"), ("wait", "ok")], alone.stderr)
+
+
 def sigterm_mid_stage(tmp_path: Path) -> Injected:
     """SIGTERM inside a stage: python alone is ended by it, silently; so is `auditor run`, once
     its record is written (it exited 143 and printed 'Terminated (SIGTERM)')."""
@@ -203,6 +243,8 @@ def sigterm_mid_stage(tmp_path: Path) -> Injected:
 
 FAULTS = {
     "SIGTERM mid-stage: ended by the signal, as python is": lambda tmp_path: [sigterm_mid_stage(tmp_path)],
+    "started with SIGTERM and SIGHUP ignored (nohup), sent both mid-stage": lambda tmp_path: [
+        started_ignoring(tmp_path)],
     "stdout and stderr into `| head -1`, the program quiet after its first line": lambda tmp_path: [
         reader_left(tmp_path)],
     "started with stdin and stdout closed (<&- >&-), opening a file and starting a child": lambda tmp_path: [

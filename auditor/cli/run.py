@@ -359,6 +359,7 @@ class _Sigterm:
         self.held = []  # SIGINT, SIGHUP that came then
         self.ended_by_ctrl_c = False  # the program ended by KeyboardInterrupt: a held SIGINT is that one
         self.stopped_at_start = False  # a SIGTERM came while the audit started
+        self.ignored = False    # the command was started ignoring SIGTERM: it stays ignored
         self._original = None   # the handler before `starting`
 
     @contextlib.contextmanager
@@ -372,11 +373,12 @@ class _Sigterm:
                 return self._as_before(signum, frame)
             raise Interrupted(signum)
         try:
-            before = signal.signal(signal.SIGTERM, interrupt)
-            if before == self._stop_at_start:
-                before = self._original
-            self.before = signal.SIG_DFL if before is None else before  # None: set outside Python
-            self.installed = True
+            if not self.ignored:  # ignored from the start: left so
+                before = signal.signal(signal.SIGTERM, interrupt)
+                if before == self._stop_at_start:
+                    before = self._original
+                self.before = signal.SIG_DFL if before is None else before  # None: set outside Python
+                self.installed = True
         except ValueError:  # not the main thread
             pass
         try:
@@ -392,6 +394,10 @@ class _Sigterm:
     def starting(self):
         """While the audit starts (its folder, its log): a SIGTERM waits for it, then ends the
         program before its first line, so the record says so (it left an empty event log)."""
+        self.ignored = signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        if self.ignored:  # started ignoring it (nohup, trap '' TERM): python alone would go on ignoring it
+            yield
+            return
         try:
             original = signal.signal(signal.SIGTERM, self._stop_at_start)
             self._original = signal.SIG_DFL if original is None else original  # None: set outside Python
