@@ -81,7 +81,7 @@ _FILES = {
 }
 
 ASYNC = """
-    import asyncio
+    import asyncio, gc
     import auditor
 
     @auditor.stage("fetch")
@@ -127,6 +127,15 @@ ASYNC = """
         with auditor.stage("bad"):
             raise KeyError("k")
 
+    async def stuck():
+        with auditor.stage("stuck"):
+            await asyncio.Future()
+    loop = asyncio.new_event_loop()
+    pending = loop.create_task(stuck())
+    loop.run_until_complete(asyncio.sleep(0.01))
+    loop.close()
+    del pending  # python says "Task was destroyed but it is pending!" now, with the task as it is
+    gc.collect()
     numbers_left = numbers(10)
     print(len(next(numbers_left)), len(next(numbers_left)))  # abandoned half-way
     reader = lines()
@@ -337,6 +346,9 @@ def _async(fault: Injected, record) -> None:
     said = [w for w in record.warnings if "'numbers' decorates a generator function" in w]
     assert said and said[0] in fault.result.stderr
     assert ("lines", "ok") in stages  # ended by GeneratorExit: closed, not failed
+    assert ("stuck", "ok") in stages and any("outside the asyncio task that opened it" in w for w in record.warnings)
+    destroyed = [line for line in fault.result.stderr.splitlines() if line.startswith("task: <Task pending")]
+    assert len(destroyed) == 1 and "auditor" not in destroyed[0], destroyed  # the task as alone, when alone
     assert _traceback(fault.alone_stderr) == _traceback(fault.result.stderr).replace("/audited/", "/alone/")
 
 

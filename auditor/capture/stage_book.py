@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from typing import Any
 
 from auditor.capture.recursion import current_task
@@ -110,17 +111,21 @@ class StageBook:
 
     def _lane(self) -> dict:
         """This thread's state, or its running asyncio task's: tasks on one thread interleave at
-        each await, so each keeps its own stack of stages, as a thread does."""
+        each await, so each keeps its own stack of stages, as a thread does. A task's is held
+        weakly: the book never keeps a task alive nor adds to what it shows."""
         local = self._local
-        lanes = getattr(local, "lanes", None)
-        if lanes is None:
-            lanes = local.lanes = {}
         task = current_task()
-        lane = lanes.get(task)
+        if task is None:
+            lane = getattr(local, "base", None)
+            if lane is None:
+                lane = local.base = {"stack": [], "folded": []}
+            return lane
+        tasks = getattr(local, "tasks", None)
+        if tasks is None:
+            tasks = local.tasks = weakref.WeakKeyDictionary()
+        lane = tasks.get(task)
         if lane is None:
-            lane = lanes[task] = {"stack": [], "folded": []}
-            if task is not None:  # forgotten when the task is: its id may be reused
-                task.add_done_callback(lambda done: lanes.pop(done, None))
+            lane = tasks[task] = {"stack": [], "folded": []}
         return lane
 
     def thread_stack(self) -> list[OpenStage]:
@@ -132,7 +137,7 @@ class StageBook:
         outside any task (the `with stage(...)` around `asyncio.run`), its stages' parent."""
         if current_task() is None:
             return None
-        base = getattr(self._local, "lanes", {}).get(None)
+        base = getattr(self._local, "base", None)
         return base["stack"][-1] if base and base["stack"] else None
 
     def thread_folded(self) -> list[object]:

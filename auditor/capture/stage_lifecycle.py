@@ -174,8 +174,9 @@ class StageLifecycle:
             self._book.thread_folded().clear()  # folded ones sat inside the deepest, closed now
         outer = closing[-1].entry
         if here is not None:
-            self._warn(f"stage {outer['path']!r}, opened on thread {outer['thread']!r}, was closed on thread "
-                       f"{here!r}; the audit closed it there"
+            where = (f"on thread {outer['thread']!r}, was closed on thread {here!r}" if here != outer["thread"] else
+                     f"on thread {here!r}, was closed there outside the asyncio task that opened it")
+            self._warn(f"stage {outer['path']!r}, opened {where}; the audit closed it there"
                        + (f", with the {len(closing) - 1} stage(s) open inside it" if len(closing) > 1 else ""))
         for inner in closing[:-1]:
             self._warn(f"stage {inner.entry['path']!r} was still open when its parent {outer['path']!r} "
