@@ -74,6 +74,16 @@ def long_output_names(tmp_path: Path) -> Held:
     return Held(held, f"export exit {export}; report exit {report}: {err.strip()[:100]}")
 
 
+def a_folder_at_the_reports_png(tmp_path: Path) -> Held:
+    """A folder named report-timeline.png in the run folder: the report is refused before it is
+    rendered (it was found only on writing the PNG), nothing written."""
+    run = a_run(tmp_path / "run")
+    (run / "report-timeline.png").mkdir()
+    status, err = command("report", run)
+    held = status == 2 and one_error_line(err) and "is a folder" in err and not (run / "report.md").exists()
+    return Held(held, f"report exit {status}: {err.strip()[16:110]}")
+
+
 # -- a run folder whose audit is still going --------------------------------------------------------
 
 WAITS_FOR_A_FILE = """
@@ -315,6 +325,7 @@ CASES = {
     "export -o and report -o at a FIFO and at a link to /proc/self/fd/1": outputs_that_are_streams,
     "outputs reaching run.json by another name (D/../D, an alias, RUN.JSON, a hard link)": outputs_by_other_names,
     "an output name of 245 characters": long_output_names,
+    "a folder named report-timeline.png in the run folder": a_folder_at_the_reports_png,
     "auditor report and rebuild while the audit is still writing the folder": report_of_a_run_still_going,
     "a script caf\\xe9.py and a run folder d\\xe9 named in bytes that are not UTF-8": names_that_are_not_utf8,
     "a stage that fails with a 5 MB error message": an_error_of_megabytes,

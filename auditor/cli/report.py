@@ -151,4 +151,8 @@ def _check_writable(out: Path) -> None:
     """One line unless `out` and the PNG beside it can be written; creates nothing."""
     if out.is_dir():
         raise UsageError(f"output {str(out)!r} is a folder; give a file name such as {str(out / DEFAULT_NAME)!r}")
+    for plot in (out.with_name(out.stem + "-timeline.png"), out.with_name(out.stem + "-components.png")):
+        if plot.is_dir():  # found only when the PNG is written, after the work
+            raise UsageError(f"cannot write the report to {str(out)!r}: its PNG {str(plot)!r} is a folder; "
+                             "give another name with -o")
     check_file_writable(out, f"cannot write the report to {str(out)!r}")
