@@ -160,6 +160,7 @@ RUN = [
     (["--out", "sentinel.txt", "script.py"], "is not a folder"),
     (["--out", "sentinel.txt/sub", "script.py"], "is not a folder"),
     (["--run-dir", "", "script.py"], "--run-dir is empty"),
+    (["--run-dir", "d" * 300, "script.py"], "over the file system's 255"),
     (["--out", f"{UNWRITABLE}/new", "script.py"], "not writable"),
     (["--stage", "no_such_module_here:f", "script.py"], "no module named"),
     (["--stage", "json:no_such_function", "script.py"], "has no attribute"),

@@ -156,6 +156,22 @@ def names_that_are_not_utf8(tmp_path: Path) -> Held:
                       f"exit {answers}; the name {'shown escaped' if shown else 'MISSING'}")
 
 
+def a_script_name_of_250_characters(tmp_path: Path) -> Held:
+    """`auditor run` of a script whose name has 250 characters (legal), into its default folder
+    under runs/: the run as alone (it died with a traceback, exit 1: runs/STAMP-NAME was over
+    255 bytes)."""
+    script = write_script(tmp_path, NOT_UTF8, name="a" * 247 + ".py")
+    alone = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=TIMEOUT_S)
+    done = subprocess.run([sys.executable, "-m", "auditor", "run", str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=TIMEOUT_S)
+    assert_no_auditor_traceback(done.stderr)
+    records = list((tmp_path / "runs").glob("*/run.json")) if (tmp_path / "runs").is_dir() else []
+    held = (done.returncode, done.stdout) == (alone.returncode, alone.stdout) and len(records) == 1
+    return Held(held, f"alone exit {alone.returncode}, audited exit {done.returncode}; "
+                      f"{len(records)} record under runs/ ({records[0].parent.name[:40] if records else '-'}...)")
+
+
 def an_error_of_megabytes(tmp_path: Path) -> Held:
     """A stage fails with a 5 MB message (what a program printing a big value in its error
     makes): the record keeps it whole; the report quotes its head and says how much more (the
@@ -328,6 +344,7 @@ CASES = {
     "a folder named report-timeline.png in the run folder": a_folder_at_the_reports_png,
     "auditor report and rebuild while the audit is still writing the folder": report_of_a_run_still_going,
     "a script caf\\xe9.py and a run folder d\\xe9 named in bytes that are not UTF-8": names_that_are_not_utf8,
+    "auditor run of a script named in 250 characters": a_script_name_of_250_characters,
     "a stage that fails with a 5 MB error message": an_error_of_megabytes,
     "events.jsonl in CRLF, with NUL bytes, cut half-way, header only, empty": logs_in_odd_shapes,
     "events.jsonl with a 100 MB line": a_log_with_a_100mb_line,

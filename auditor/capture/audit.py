@@ -421,7 +421,7 @@ def new_run_folder(name: str, root: str = "runs") -> Path:
     """runs/<timestamp>-<random>-<name>: unique across processes started in the same second
     (not created here: Audit creates it on entry, renaming it on the rare clash)."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "run"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:50] or "run"  # within 255 bytes
     return Path(root) / f"{stamp}-{secrets.token_hex(3)}-{safe}"
 
 

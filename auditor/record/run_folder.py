@@ -64,6 +64,10 @@ RANK_PREFIX = "rank-"  # rank N of a distributed run writes into RUN/rank-N/ (au
 def check_run_folder(folder: str | os.PathLike) -> Path:
     """Raise ValueError (one line) unless a run can be written to `folder`; creates nothing."""
     folder = Path(folder)
+    long = next((part for part in folder.parts if len(os.fsencode(part)) > 255), None)
+    if long is not None:  # any look at it would fail: File name too long
+        raise ValueError(f"output folder {str(folder)[:60]!r}...: the name {long[:24]!r}... is "
+                         f"{len(os.fsencode(long))} bytes, over the file system's 255; choose a shorter one")
     dangling = dangling_link(folder)
     if dangling:
         raise ValueError(f"output folder {dangling}")
