@@ -379,6 +379,8 @@ EXPORT = [
     (["run", "-o", "missing/trace.json"], "does not exist"),
     (["run", "-o", f"{UNWRITABLE}/trace.json"], "not writable"),
     (["run", "-o", "script.py"], "not a .json file"),
+    (["run", "-o", "t" * 300 + ".json"], "over the file system's limit"),
+    (["t" * 300], "over the file system's limit"),
     (["run", "--format", "pprof"], "invalid choice"),
 ]
 

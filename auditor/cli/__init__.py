@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import os
 import select
@@ -304,6 +305,13 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + signal.SIGPIPE
     except UsageError as error:
         print(f"auditor: error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # a path typed longer than a file name may be: any look at it fails
+        if error.errno != errno.ENAMETOOLONG:
+            raise
+        name = str(error.filename or "")
+        print(f"auditor: error: {name[:60]!r}{'...' if len(name) > 60 else ''} holds a name over the file "
+              "system's limit (255 bytes); give a shorter one", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # before a command's own handling began (checks, imports)
         print("auditor: interrupted", file=sys.stderr)
