@@ -233,16 +233,20 @@ def started_ignoring(tmp_path: Path) -> Injected:
                     [("load", "ok"), ("wait", "ok")], alone.stderr)
 
 
-def sigterm_mid_stage(tmp_path: Path) -> Injected:
-    """SIGTERM inside a stage: python alone is ended by it, silently; so is `auditor run`, once
-    its record is written (it exited 143 and printed 'Terminated (SIGTERM)')."""
-    fault = signalled(tmp_path, signal.SIGTERM)
+def ended_mid_stage(tmp_path: Path, signum: int) -> Injected:
+    """SIGTERM, or SIGHUP (the terminal closed), inside a stage: python alone is ended by it,
+    silently; so is `auditor run`, once its record is written (after SIGTERM it exited 143 and
+    printed 'Terminated (SIGTERM)'; SIGHUP killed it with the event log alone)."""
+    fault = signalled(tmp_path, signum)
     fault.finished = [*FINISHED_BEFORE_THE_FAULT, ("wait", "failed")]
     return fault
 
 
 FAULTS = {
-    "SIGTERM mid-stage: ended by the signal, as python is": lambda tmp_path: [sigterm_mid_stage(tmp_path)],
+    "SIGTERM mid-stage: ended by the signal, as python is": lambda tmp_path: [
+        ended_mid_stage(tmp_path, signal.SIGTERM)],
+    "SIGHUP mid-stage (the terminal closed): ended by it, the record says so": lambda tmp_path: [
+        ended_mid_stage(tmp_path, signal.SIGHUP)],
     "started with SIGTERM and SIGHUP ignored (nohup), sent both mid-stage": lambda tmp_path: [
         started_ignoring(tmp_path)],
     "stdout and stderr into `| head -1`, the program quiet after its first line": lambda tmp_path: [
@@ -272,8 +276,11 @@ def test_the_program_ends_as_it_does_alone(name, tmp_path):
     assert record.exit.code == fault.alone
     if name.startswith("RLIMIT_NOFILE"):  # VmHWM read through the descriptor the probe holds
         assert record.probes["rss"].method == "clear_refs" and not record.warnings, record.warnings
-    if name.startswith("SIGTERM"):  # as python: killed by it (subprocess: -15), not an exit status
-        assert fault.result.returncode == -signal.SIGTERM, fault.result.returncode
+    for signum in (signal.SIGTERM, signal.SIGHUP):  # as python: killed by it, not an exit status
+        if name.startswith(signal.Signals(signum).name):
+            assert fault.result.returncode == -signum, fault.result.returncode
+            assert record.exit.to_json() == {"status": "interrupted", "code": 128 + signum,
+                                             "error": signal.Signals(signum).name}
     if name.startswith("started with stdin"):
         assert "my first file is descriptor 0" in fault.result.stderr
 

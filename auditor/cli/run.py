@@ -7,10 +7,10 @@ Everything the user typed is checked before anything is created: the program (th
 file, the module found), the output folder, each --stage target and the --label function
 (resolved with python's sys.path[0] for the program, as the program itself would import them).
 The command exits with the program's own status; the audit never changes it (a record that
-cannot be written is a warning). SIGTERM while the program runs ends it as Ctrl-C does, through
-an exception (unless the program installed its own
-handler), so its stages close and the record says "interrupted"; the command then ends by
-SIGTERM itself, as python does (a shell shows 143, 128 + SIGTERM).
+cannot be written is a warning). SIGTERM or SIGHUP while the program runs ends it as Ctrl-C
+does, through an exception (unless the program installed its own handler, or the command was
+started ignoring it), so its stages close and the record says "interrupted"; the command then
+ends by that signal itself, as python does (a shell shows 143 or 129, 128 + the signal).
 """
 from __future__ import annotations
 
@@ -251,9 +251,12 @@ def _run_script(audit, program: Main, program_args: list[str], filename: str,
     it (SIGINT for a KeyboardInterrupt, SIGTERM; None: none did); `filename`: its code's file
     name, where its traceback starts. `lines_done`: once the audit has ended, before the
     script's traceback is printed (the stage lines end first)."""
-    sigterm = _Sigterm()
+    # SIGTERM and SIGHUP end the program as Ctrl-C does; Ctrl-C waits for the record too
+    endings = [_EndingSignal(signal.SIGTERM, holds=(signal.SIGINT,)), _EndingSignal(signal.SIGHUP)]
     try:
-        with _standard_streams_kept_free(), sigterm.starting():
+        with _standard_streams_kept_free(), contextlib.ExitStack() as starting:
+            for ending in endings:
+                starting.enter_context(ending.starting())
             audit.__enter__()
     except FileExistsError:
         raise UsageError(f"output folder {str(audit.folder)!r} was taken by another run as this "
@@ -266,13 +269,17 @@ def _run_script(audit, program: Main, program_args: list[str], filename: str,
     ended: BaseException | None = None
     cwd = os.getcwd()
     try:
-        with sigterm.interrupting():
+        with contextlib.ExitStack() as interrupting:
+            for ending in endings:
+                interrupting.enter_context(ending.interrupting())
             program.run(program_args)
     except BaseException as raised:  # the script's own ending: the record says how it ended
         ended = raised
     finally:
-        sigterm.ended_by_ctrl_c = isinstance(ended, KeyboardInterrupt)
-        with sigterm.deferred():
+        with contextlib.ExitStack() as deferred:
+            for ending in endings:
+                ending.ended_by_ctrl_c = isinstance(ended, KeyboardInterrupt)
+                deferred.enter_context(ending.deferred())
             os.chdir(cwd)  # a script that changed folder: the paths the user gave mean what they did
             audit.__exit__(type(ended) if ended else None, ended, ended.__traceback__ if ended else None)
             _quietly(lines_done)
@@ -344,19 +351,22 @@ def _end_by_signal_at_exit(signum: int) -> None:
     atexit.register(end)
 
 
-class _Sigterm:
-    """SIGTERM under `auditor run`. While the script runs it raises Interrupted in it, as
-    Ctrl-C raises KeyboardInterrupt (a handler the script installs replaces ours). While the
-    audit writes its record it waits until the record is written, then acts as it would have:
-    torchrun sends one to every rank as soon as one fails, and a rank that had just finished
-    must keep its record. Outside the main thread signals stay as they are."""
+class _EndingSignal:
+    """SIGTERM (or SIGHUP: the terminal closed) under `auditor run`. While the script runs it
+    raises Interrupted in it, as Ctrl-C raises KeyboardInterrupt (a handler the script installs
+    replaces ours). While the audit writes its record it waits until the record is written, then
+    acts as it would have: torchrun sends one to every rank as soon as one fails, and a rank
+    that had just finished must keep its record. `holds`: other signals that wait for the
+    record then too (Ctrl-C). Outside the main thread, or ignored from the start, signals stay
+    as they are."""
 
-    def __init__(self):
+    def __init__(self, signum: int, holds: tuple[int, ...] = ()) -> None:
+        self.signum, self.holds = signum, holds
         self.installed = False  # False outside the main thread: nothing to swap
         self.before = None      # the handler before the audit
         self.at_end = None      # the one in effect when the script ended: ours or the script's
         self.received = False   # a SIGTERM came while the record was being written
-        self.held = []  # SIGINT, SIGHUP that came then
+        self.held: list[int] = []  # signals of `holds` that came then
         self.ended_by_ctrl_c = False  # the program ended by KeyboardInterrupt: a held SIGINT is that one
         self.stopped_at_start = False  # a SIGTERM came while the audit started
         self.ignored = False    # the command was started ignoring SIGTERM: it stays ignored
@@ -374,7 +384,7 @@ class _Sigterm:
             raise Interrupted(signum)
         try:
             if not self.ignored:  # ignored from the start: left so
-                before = signal.signal(signal.SIGTERM, interrupt)
+                before = signal.signal(self.signum, interrupt)
                 if before == self._stop_at_start:
                     before = self._original
                 self.before = signal.SIG_DFL if before is None else before  # None: set outside Python
@@ -383,23 +393,23 @@ class _Sigterm:
             pass
         try:
             if self.stopped_at_start:  # before the program's first line: it ends there
-                raise Interrupted(signal.SIGTERM)
+                raise Interrupted(self.signum)
             yield
         finally:  # straight from one handler to the other: no moment without either
             if self.installed:
-                at_end = signal.signal(signal.SIGTERM, self._defer)
+                at_end = signal.signal(self.signum, self._defer)
                 self.at_end = None if at_end is interrupt else at_end
 
     @contextlib.contextmanager
     def starting(self):
         """While the audit starts (its folder, its log): a SIGTERM waits for it, then ends the
         program before its first line, so the record says so (it left an empty event log)."""
-        self.ignored = signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        self.ignored = signal.getsignal(self.signum) is signal.SIG_IGN
         if self.ignored:  # started ignoring it (nohup, trap '' TERM): python alone would go on ignoring it
             yield
             return
         try:
-            original = signal.signal(signal.SIGTERM, self._stop_at_start)
+            original = signal.signal(self.signum, self._stop_at_start)
             self._original = signal.SIG_DFL if original is None else original  # None: set outside Python
         except ValueError:  # not the main thread
             yield
@@ -407,7 +417,7 @@ class _Sigterm:
         try:
             yield
         except BaseException:  # no audit: as before it
-            signal.signal(signal.SIGTERM, self._original)
+            signal.signal(self.signum, self._original)
             raise
 
     def _stop_at_start(self, signum, frame):
@@ -415,10 +425,10 @@ class _Sigterm:
 
     @contextlib.contextmanager
     def deferred(self):
-        # Ctrl-C and SIGHUP wait for the record too (the run is over: it is all that is left)
+        # the signals it holds wait for the record too (the run is over: it is all that is left)
         held = {}
         if self.installed:
-            for signum in (signal.SIGINT, signal.SIGHUP):
+            for signum in self.holds:
                 if signal.getsignal(signum) is not signal.SIG_IGN:
                     held[signum] = signal.signal(signum, self._hold)
         try:
@@ -427,11 +437,11 @@ class _Sigterm:
             for signum, handler in held.items():
                 signal.signal(signum, handler)
             if self.installed:
-                signal.signal(signal.SIGTERM, self.before)
+                signal.signal(self.signum, self.before)
                 if self.received:  # the record is written: end as the signal would have
                     if self.at_end is not None:
-                        signal.signal(signal.SIGTERM, self.at_end)  # the script's own handler
-                    signal.raise_signal(signal.SIGTERM)
+                        signal.signal(self.signum, self.at_end)  # the script's own handler
+                    signal.raise_signal(self.signum)
             for signum in self.held:
                 if signum != signal.SIGINT or not self.ended_by_ctrl_c:  # not twice
                     signal.raise_signal(signum)
