@@ -53,11 +53,15 @@ FIRST_LINE_THEN_STAGES = """
 
 
 def read_one_line(command, cwd: Path) -> subprocess.CompletedProcess:
-    """`command 2>&1 | head -1`: stdout and stderr into one pipe, closed after its first line."""
+    """`command 2>&1 | grep -m1 first`: stdout and stderr into one pipe, closed after the
+    program's first line (a warning of the auditor's before it, where clear_refs cannot be
+    written, is read past)."""
     process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, preexec_fn=default_signals)
     assert process.stdout is not None
     line = process.stdout.readline()
+    while line.startswith("auditor: "):
+        line = process.stdout.readline()
     process.stdout.close()
     process.wait(timeout=TIMEOUT_S)
     return subprocess.CompletedProcess(command, process.returncode, line, "")
