@@ -337,6 +337,25 @@ def a_leftover_rank_of_a_larger_world(tmp_path: Path) -> Held:
     return Held(held, f"report exit {status}: {err.strip()[:120]}")
 
 
+def ranks_missing_or_linked(tmp_path: Path) -> Held:
+    """A real 2-rank run's folder without rank-1/ gives rank 0's report saying rank 1 left no
+    record; rank-0/ and rank-1/ as symlinks to the ranks' folders elsewhere merge as the folders
+    do, the report written in the folder named, not through the links."""
+    missing, linked, real = tmp_path / "missing", tmp_path / "linked", tmp_path / "real"
+    shutil.copytree(TWO_RANKS, real, ignore=shutil.ignore_patterns("*.md", "*.png"))
+    shutil.copytree(real / "rank-0", missing / "rank-0")
+    status, err = command("report", missing)
+    said = status == 0 and "No record from rank 1" in (missing / "report.md").read_text()
+    linked.mkdir()
+    for rank in ("rank-0", "rank-1"):
+        (linked / rank).symlink_to(real / rank)
+    merged, _ = command("report", linked)
+    text = (linked / "report.md").read_text() if merged == 0 else ""
+    held = said and merged == 0 and "| 1 |" in text and not list(real.rglob("report.md"))
+    return Held(held, f"rank 1 missing: report exit {status} ({'says so' if said else 'SILENT'}); "
+                      f"linked ranks: report exit {merged}")
+
+
 CASES = {
     "export -o and report -o at a FIFO and at a link to /proc/self/fd/1": outputs_that_are_streams,
     "outputs reaching run.json by another name (D/../D, an alias, RUN.JSON, a hard link)": outputs_by_other_names,
@@ -353,6 +372,7 @@ CASES = {
     "a run folder made immutable, then report, export and rebuild": an_immutable_run_folder,
     "--run-dir a symlink to an existing run": a_run_dir_that_links_to_a_run,
     "a rank-7/ beside a 2-rank run's rank-0/ and rank-1/": a_leftover_rank_of_a_larger_world,
+    "a 2-rank run's folder without rank-1/, and one whose rank folders are links": ranks_missing_or_linked,
 }
 
 
