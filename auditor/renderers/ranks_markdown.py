@@ -40,7 +40,7 @@ def _title(merged: MergedRanks) -> str:
     if merged.launcher:
         lines.append("\n" + _launcher(merged.launcher))
     if merged.unfinished:
-        lines.append(f"\n**Unfinished: rank {_list(merged.unfinished)}** (killed, or its log could not be "
+        lines.append(f"\n**Unfinished: rank {_list(merged.unfinished)}** (killed, still going, or its log could not be "
                      "written): rendered from its event log; stages never finished are marked open.")
     if merged.missing_ranks:
         lines.append(f"\n**No record from rank {_list(merged.missing_ranks)}** of world size "
