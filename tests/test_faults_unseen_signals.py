@@ -323,14 +323,15 @@ def ctrl_c_as_the_record_is_written(tmp_path: Path) -> Held:
                       f", exit {exit_}")
 
 
-SIGTERM_AS_THE_AUDIT_STARTS = """
+# the signal lands as soon as the run's event log is made, still empty
+SIGNAL_AS_THE_AUDIT_STARTS = """
     import os, signal, sys
-    from auditor.capture.audit import Audit
-    start = Audit._start
-    def start_under_sigterm(self):
-        os.kill(os.getpid(), signal.SIGTERM)
-        return start(self)
-    Audit._start = start_under_sigterm
+    from auditor.record.run_folder import EventLog
+    made = EventLog.__init__
+    def made_then_signalled(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        os.kill(os.getpid(), getattr(signal, os.environ["SIGNAL"]))
+    EventLog.__init__ = made_then_signalled
     from auditor.cli import main
     sys.exit(main(["run", "--out", sys.argv[1], sys.argv[2]]))
 """
@@ -342,13 +343,27 @@ def sigterm_as_the_audit_starts(tmp_path: Path) -> Held:
     script = write_script(tmp_path, """
         print("the program ran")
     """)
-    driver = write_script(tmp_path, SIGTERM_AS_THE_AUDIT_STARTS, "driver.py")
-    result = run([sys.executable, driver, tmp_path / "run", script], tmp_path)
+    driver = write_script(tmp_path, SIGNAL_AS_THE_AUDIT_STARTS, "driver.py")
+    result = run([sys.executable, driver, tmp_path / "run", script], tmp_path, env={**os.environ, "SIGNAL": "SIGTERM"})
     written = (tmp_path / "run" / "run.json").is_file()
     exit_ = auditor.load(tmp_path / "run").exit.to_json() if written else None
     held = (result.returncode == -signal.SIGTERM and written and "the program ran" not in result.stdout
             and exit_ == {"status": "interrupted", "code": 143, "error": "SIGTERM"})
     return Held(held, f"status {result.returncode}, run.json {'written' if written else 'missing'}, exit {exit_}")
+
+
+def ctrl_c_as_the_audit_starts(tmp_path: Path) -> Held:
+    """Ctrl-C while the audit starts (with --census it imports torch there, seconds): it left
+    an empty events.jsonl in a new folder, which report and rebuild refuse; now no folder."""
+    script = write_script(tmp_path, """
+        print("the program ran")
+    """)
+    driver = write_script(tmp_path, SIGNAL_AS_THE_AUDIT_STARTS, "driver.py")
+    result = run([sys.executable, driver, tmp_path / "run", script], tmp_path, env={**os.environ, "SIGNAL": "SIGINT"})
+    left = sorted(p.name for p in (tmp_path / "run").iterdir()) if (tmp_path / "run").exists() else None
+    held = (shell_status(result.returncode) == 130 and left is None and "the program ran" not in result.stdout
+            and result.stderr.strip() == "auditor: interrupted")
+    return Held(held, f"status {shell_status(result.returncode)}, run folder {left}, stderr {result.stderr[-200:]!r}")
 
 
 def a_finished_run(folder: Path) -> Path:
@@ -401,6 +416,7 @@ def report_into_a_closed_pipe(tmp_path: Path) -> Held:
 
 CASES = {
     "SIGTERM as the audit starts, before the program's first line": sigterm_as_the_audit_starts,
+    "Ctrl-C as the audit starts, before the program's first line": ctrl_c_as_the_audit_starts,
     "Ctrl-C as a finished program's record is written": ctrl_c_as_the_record_is_written,
     "SIGTERM to auditor report as it saves its PNG": sigterm_to_report,
     "auditor report | head -0": report_into_a_closed_pipe,

@@ -253,11 +253,15 @@ def _run_script(audit, program: Main, program_args: list[str], filename: str,
     script's traceback is printed (the stage lines end first)."""
     # SIGTERM and SIGHUP end the program as Ctrl-C does; Ctrl-C waits for the record too
     endings = [_EndingSignal(signal.SIGTERM, holds=(signal.SIGINT,)), _EndingSignal(signal.SIGHUP)]
+    created = not os.path.lexists(audit.folder)
     try:
         with _standard_streams_kept_free(), contextlib.ExitStack() as starting:
             for ending in endings:
                 starting.enter_context(ending.starting())
             audit.__enter__()
+    except KeyboardInterrupt:  # Ctrl-C as it starts (--census imports torch there): no empty log left
+        _undo_start(Path(audit.folder), created)
+        raise
     except FileExistsError:
         raise UsageError(f"output folder {str(audit.folder)!r} was taken by another run as this "
                          "one started; choose a new --run-dir") from None
@@ -284,6 +288,17 @@ def _run_script(audit, program: Main, program_args: list[str], filename: str,
             audit.__exit__(type(ended) if ended else None, ended, ended.__traceback__ if ended else None)
             _quietly(lines_done)
     return _status(ended, filename), _ending_signal(ended)
+
+
+def _undo_start(folder: Path, created: bool) -> None:
+    """A start stopped before the log's first line: its empty log, and the folder if this run
+    made it, go (report and rebuild refuse a log without its run_started line)."""
+    log = folder / "events.jsonl"
+    with contextlib.suppress(OSError):
+        if log.is_file() and not log.is_symlink() and log.stat().st_size == 0:
+            log.unlink()
+        if created:
+            folder.rmdir()  # only when empty: anything else written there stays
 
 
 def _ending_signal(error: BaseException | None) -> int | None:
