@@ -364,9 +364,14 @@ def peak_stage(stages: list[dict], rss_peak: int | None, where: dict | None = No
     holders = [s for s in stages if s["status"] != "open" and s["rss"]["peak"] == rss_peak]
     if not holders:
         return None
-    named = [s for s in holders if where is not None and where["kind"] == "stage" and s["path"] == where["stage"]]
-    if named:
-        return min(named, key=lambda s: s["end_s"])
+    if where is not None and where.get("kind") in ("stage", "unstaged"):
+        # the stage `where` names, or the one around the unstaged time it names (none at the top
+        # level): with stages on several threads, other threads' stages running then hold the
+        # process-wide peak too, and naming one of them would say two places
+        path = where.get("stage") if where["kind"] == "stage" else where.get("parent")
+        named = [s for s in holders if s["path"] == path]
+        if named or where["kind"] == "unstaged":
+            return min(named, key=lambda s: s["end_s"]) if named else None
     return max(holders, key=lambda s: (s["path"].count("/") + 1 if s["parent"] else 0, s["id"]))
 
 
