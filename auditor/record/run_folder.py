@@ -364,15 +364,20 @@ def peak_stage(stages: list[dict], rss_peak: int | None, where: dict | None = No
     holders = [s for s in stages if s["status"] != "open" and s["rss"]["peak"] == rss_peak]
     if not holders:
         return None
+    deepest = lambda s: (s["path"].count("/") + 1 if s["parent"] else 0, s["id"])  # noqa: E731
     if where is not None and where.get("kind") in ("stage", "unstaged"):
-        # the stage `where` names, or the one around the unstaged time it names (none at the top
-        # level): with stages on several threads, other threads' stages running then hold the
-        # process-wide peak too, and naming one of them would say two places
+        # the stage `where` names; for unstaged time, the stage around it, else the stages just
+        # before and after it on its thread (a peak at the boundary where one frees what the
+        # other built). Never another thread's stage that merely ran then: with stages on
+        # several threads they hold the process-wide peak too, and naming one says two places.
         path = where.get("stage") if where["kind"] == "stage" else where.get("parent")
-        named = [s for s in holders if s["path"] == path]
-        if named or where["kind"] == "unstaged":
-            return min(named, key=lambda s: s["end_s"]) if named else None
-    return max(holders, key=lambda s: (s["path"].count("/") + 1 if s["parent"] else 0, s["id"]))
+        named = [s for s in holders if path is not None and s["path"] == path]
+        if named:
+            return min(named, key=lambda s: s["end_s"])
+        if where["kind"] == "unstaged":
+            beside = {where.get("after"), where.get("before")} - {None}
+            return max((s for s in holders if s["path"] in beside), key=deepest, default=None)
+    return max(holders, key=deepest)
 
 
 def _attach_memray_sites(record: dict) -> None:
