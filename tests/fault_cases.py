@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 
 @dataclass
 class Held:
@@ -19,3 +21,11 @@ class Held:
 
 
 Case = Callable[[Path], Held]
+
+
+@pytest.fixture(autouse=True)
+def not_a_rank(monkeypatch):
+    """The cases' own audits are plain runs, whatever launched the tests (a module that imports
+    this fixture has it on each of its tests)."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)

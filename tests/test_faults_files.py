@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fault_cases import Held
+from fault_cases import Held, not_a_rank  # noqa: F401  (an autouse fixture: plain runs)
 from test_faults import TIMEOUT_S, assert_no_auditor_traceback, write_script
 
 import auditor
@@ -215,13 +215,6 @@ CASES = {
     "rank 0 and rank 1 of two different torchrun launches": ranks_of_two_launches,
     "the committed records of a real 2-rank gloo torchrun run still merge": ranks_of_one_launch,
 }
-
-
-@pytest.fixture(autouse=True)
-def not_a_rank(monkeypatch):
-    """The cases' own audits are plain runs, whatever launched the tests."""
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
-        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -275,9 +275,9 @@ CHECKS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(FAULTS))
-def test_the_program_runs_as_alone(tmp_path, name):
-    (fault,) = FAULTS[name](tmp_path)
+def ran_as_alone(fault: Injected):
+    """The audited run's status, stdout and tracebacks are the script's alone; its record reads,
+    with every stage that finished. Returns the record."""
     result = fault.result
     assert fault.status == fault.alone, result.stderr
     assert result.stdout == fault.alone_stdout  # type: ignore[attr-defined]
@@ -286,6 +286,13 @@ def test_the_program_runs_as_alone(tmp_path, name):
     record = auditor.load(fault.folder)  # run.json, read
     present = {(s.path, s.status) for s in record.stages}
     assert set(fault.finished) <= present, present
+    return record
+
+
+@pytest.mark.parametrize("name", sorted(FAULTS))
+def test_the_program_runs_as_alone(tmp_path, name):
+    (fault,) = FAULTS[name](tmp_path)
+    record = ran_as_alone(fault)
     assert _report(fault.folder).startswith("# Memory report")
     check = CHECKS.get(name)
     if check is not None:

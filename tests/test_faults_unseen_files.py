@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fault_cases import Held
+from fault_cases import Held, not_a_rank  # noqa: F401  (an autouse fixture: plain runs)
 from test_faults import TIMEOUT_S, assert_no_auditor_traceback, write_script
 from test_faults_files import TWO_RANKS, a_run, command, one_error_line
 
@@ -374,13 +374,6 @@ CASES = {
     "a rank-7/ beside a 2-rank run's rank-0/ and rank-1/": a_leftover_rank_of_a_larger_world,
     "a 2-rank run's folder without rank-1/, and one whose rank folders are links": ranks_missing_or_linked,
 }
-
-
-@pytest.fixture(autouse=True)
-def not_a_rank(monkeypatch):
-    """The cases' own audits are plain runs, whatever launched the tests."""
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
-        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fault_cases import Held
+from fault_cases import Held, not_a_rank  # noqa: F401  (an autouse fixture: plain runs)
 from test_faults import (
     FINISHED_BEFORE_THE_FAULT,
     TIMEOUT_S,
@@ -421,13 +421,6 @@ CASES = {
     "SIGTERM to auditor report as it saves its PNG": sigterm_to_report,
     "auditor report | head -0": report_into_a_closed_pipe,
 }
-
-
-@pytest.fixture(autouse=True)
-def not_a_rank(monkeypatch):
-    """The cases' own audits are plain runs, whatever launched the tests."""
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
-        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
