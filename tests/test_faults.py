@@ -173,17 +173,23 @@ def test_a_script_that_handles_sigterm_itself_keeps_its_own_ending(tmp_path):
 
 # `auditor run`, with a SIGTERM sent to itself the moment the audit starts writing its record:
 # where torchrun's lands on a rank that had just finished when another rank failed.
-SIGTERM_AS_THE_RECORD_IS_WRITTEN = """
+def signal_as_the_record_is_written(name: str) -> str:
+    """A driver of `auditor run` that sends itself signal `name` (SIGTERM, SIGINT, ...) the
+    moment the audit starts writing its record."""
+    return f"""
     import os, signal, sys
     from auditor.capture.audit import Audit
     finish = Audit._finish
-    def finish_under_sigterm(self, exc):
-        os.kill(os.getpid(), signal.SIGTERM)
+    def finish_under_the_signal(self, exc):
+        os.kill(os.getpid(), signal.{name})
         finish(self, exc)
-    Audit._finish = finish_under_sigterm
+    Audit._finish = finish_under_the_signal
     from auditor.cli import main
     sys.exit(main(["run", "--out", sys.argv[1], sys.argv[2]]))
 """
+
+
+SIGTERM_AS_THE_RECORD_IS_WRITTEN = signal_as_the_record_is_written("SIGTERM")
 
 
 def test_a_sigterm_while_the_record_is_written_waits_for_it(tmp_path):

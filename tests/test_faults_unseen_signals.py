@@ -33,6 +33,7 @@ from test_faults import (
     plain,
     run,
     shell_status,
+    signal_as_the_record_is_written,
     signalled,
     write_script,
 )
@@ -292,17 +293,7 @@ def test_the_program_ends_as_it_does_alone(name, tmp_path):
 
 # -- the auditor's own commands ------------------------------------------------------------
 
-CTRL_C_AS_THE_RECORD_IS_WRITTEN = """
-    import os, signal, sys
-    from auditor.capture.audit import Audit
-    finish = Audit._finish
-    def finish_under_ctrl_c(self, exc):
-        os.kill(os.getpid(), signal.SIGINT)
-        finish(self, exc)
-    Audit._finish = finish_under_ctrl_c
-    from auditor.cli import main
-    sys.exit(main(["run", "--out", sys.argv[1], sys.argv[2]]))
-"""
+CTRL_C_AS_THE_RECORD_IS_WRITTEN = signal_as_the_record_is_written("SIGINT")
 
 
 def ctrl_c_as_the_record_is_written(tmp_path: Path) -> Held:
